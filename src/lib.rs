@@ -1,0 +1,9 @@
+//! lockstep: lossless compression of checkpoint trajectories (ULP-residual delta codec) and of
+//! text (integer-only GPT-2 driving a range coder), producing identical bytes on every backend.
+//!
+//! Start reading at [`delta`]: the CPU reference codec every other backend must match.
+
+pub mod error;
+pub mod lm;
+
+pub use error::{Error, Result};
