@@ -7,3 +7,11 @@ pub mod error;
 pub mod lm;
 
 pub use error::{Error, Result};
+pub mod baseline;
+pub mod bytes;
+pub mod checkpoint;
+pub mod delta;
+pub mod dtype;
+pub mod entropy;
+pub mod float;
+pub mod output;

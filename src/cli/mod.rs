@@ -1,9 +1,16 @@
 use clap::{Parser, Subcommand};
 
+mod delta;
+mod demo;
+mod report;
 mod text;
 
 #[derive(Parser)]
-#[command(name = "lockstep", version, about = "Lossless compression for checkpoint trajectories and text")]
+#[command(
+    name = "lockstep",
+    version,
+    about = "Lossless compression for checkpoint trajectories and text"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -11,6 +18,11 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Compress the trajectory embedded in the repository, verify it, print the table.
+    Demo(demo::DemoArgs),
+    /// Checkpoint delta codec: one checkpoint against its predecessor.
+    #[command(subcommand)]
+    Delta(delta::DeltaCmd),
     /// Text codec: integer GPT-2 + range coder.
     #[command(subcommand)]
     Text(text::TextCmd),
@@ -21,6 +33,8 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> lockstep::Result<()> {
     match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Delta(cmd) => delta::run(cmd),
         Command::Text(cmd) => text::run_text(cmd),
         Command::Model(cmd) => text::run_model(cmd),
     }

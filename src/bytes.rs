@@ -1,0 +1,158 @@
+//! Little-endian byte writing and bounds-checked reading, shared by every on-disk format.
+//! Readers return `Error::Format` on truncation or impossible values; they never panic.
+
+use crate::{Error, Result};
+
+#[derive(Default)]
+pub struct ByteWriter {
+    pub buf: Vec<u8>,
+}
+
+impl ByteWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    pub fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+    /// LEB128: 7 bits per byte, low groups first, high bit set on all but the last byte.
+    pub fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.buf.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.buf.push(v as u8);
+    }
+    /// A varint length followed by the bytes.
+    pub fn blob(&mut self, b: &[u8]) {
+        self.varint(b.len() as u64);
+        self.bytes(b);
+    }
+}
+
+/// Size in bytes of `v` as a varint.
+pub fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+pub struct ByteReader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> ByteReader<'a> {
+    /// `what` names the structure being read, for error messages.
+    pub fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Self { buf, pos: 0, what }
+    }
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    pub fn err(&self, detail: impl Into<String>) -> Error {
+        Error::format(self.what, detail)
+    }
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return Err(self.err(format!(
+                "truncated: needed {n} bytes at offset {}, {} left",
+                self.pos,
+                self.remaining()
+            )));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    pub fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for i in 0..10 {
+            let b = self.u8()?;
+            let bits = (b & 0x7f) as u64;
+            if i == 9 && b > 1 {
+                return Err(self.err("varint overflows 64 bits"));
+            }
+            v |= bits << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(self.err("varint longer than 10 bytes"))
+    }
+    /// A varint that must not exceed `max` (used for counts that size allocations).
+    pub fn varint_max(&mut self, max: u64, field: &str) -> Result<u64> {
+        let v = self.varint()?;
+        if v > max {
+            return Err(self.err(format!("{field} = {v} exceeds its limit {max}")));
+        }
+        Ok(v)
+    }
+    pub fn blob(&mut self) -> Result<&'a [u8]> {
+        let n = self.varint_max(self.remaining() as u64, "length")?;
+        self.take(n as usize)
+    }
+    pub fn expect_end(&self) -> Result<()> {
+        if self.remaining() != 0 {
+            return Err(self.err(format!("{} unexpected trailing bytes", self.remaining())));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_roundtrip_and_sizes_match() {
+        for v in [0u64, 1, 127, 128, 16383, 16384, u32::MAX as u64, u64::MAX] {
+            let mut w = ByteWriter::new();
+            w.varint(v);
+            assert_eq!(w.len(), varint_len(v));
+            let mut r = ByteReader::new(&w.buf, "test");
+            assert_eq!(r.varint().unwrap(), v);
+            r.expect_end().unwrap();
+        }
+    }
+
+    #[test]
+    fn truncation_is_an_error() {
+        let mut r = ByteReader::new(&[0x80, 0x80], "test");
+        assert!(r.varint().is_err());
+        let mut r = ByteReader::new(&[1, 2, 3], "test");
+        assert!(r.u32().is_err());
+    }
+}

@@ -1,0 +1,76 @@
+//! `lockstep demo`: the README's first command. Codes each checkpoint of the trajectory shipped
+//! in `demo/` against its predecessor, decodes it, checks the bytes, and prints the table.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::file::{decode_file, encode_file};
+use lockstep::delta::{EncodeOptions, DEFAULT_BATCH_BYTES};
+use lockstep::{Error, Result};
+
+use super::report;
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Directory of *.safetensors checkpoints, coded in name order.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/demo"))]
+    dir: PathBuf,
+}
+
+pub fn run(args: DemoArgs) -> Result<()> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&args.dir)
+        .map_err(|e| Error::io(&args.dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.len() < 2 {
+        return Err(Error::Invalid(format!(
+            "{} holds fewer than two checkpoints",
+            args.dir.display()
+        )));
+    }
+    let tmp = std::env::temp_dir().join(format!("lockstep-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = (|| {
+        for pair in files.windows(2) {
+            let (r, t) = (Checkpoint::open(&pair[0])?, Checkpoint::open(&pair[1])?);
+            let name = |p: &PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
+            println!("\n== {} -> {}", name(&pair[0]), name(&pair[1]));
+            let lsd = tmp.join("delta.lsd");
+            let start = std::time::Instant::now();
+            encode_file(&r, &t, &lsd, &EncodeOptions::default(), DEFAULT_BATCH_BYTES)?;
+            let enc = start.elapsed().as_secs_f64();
+            let back = tmp.join("decoded.safetensors");
+            let start = std::time::Instant::now();
+            decode_file(
+                &r,
+                &std::fs::read(&lsd).map_err(|e| Error::io(&lsd, e))?,
+                &back,
+            )?;
+            let dec = start.elapsed().as_secs_f64();
+            let same = std::fs::read(&back).map_err(|e| Error::io(&back, e))? == t.bytes();
+            if !same {
+                return Err(Error::Invalid(
+                    "decoded file differs from the original".into(),
+                ));
+            }
+            let size = std::fs::metadata(&lsd)
+                .map_err(|e| Error::io(&lsd, e))?
+                .len();
+            println!(
+                "  .lsd file: {} -> {} bytes ({:.2}%), decoded file byte-identical; encode+verify {:.0} ms, decode {:.0} ms",
+                t.file_len(),
+                size,
+                100.0 * size as f64 / t.file_len() as f64,
+                enc * 1e3,
+                dec * 1e3
+            );
+            report::print_pair_stats(&report::pair_stats(&r, &t, true)?, false);
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}

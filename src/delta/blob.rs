@@ -1,0 +1,622 @@
+//! The tensor blob: one self-contained, checksummed unit per tensor (docs/FORMAT.md).
+
+use rayon::prelude::*;
+
+use super::chunk::{decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS, LANES};
+use super::model::{Hist, Space, Stage, StageTable, Tables, STAGES};
+use super::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
+use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
+use crate::bytes::{ByteReader, ByteWriter};
+use crate::dtype::{DType, FloatLayout};
+use crate::entropy::freq::{COST_ONE_BIT, PROB_BITS};
+use crate::{Error, Result};
+
+pub const MAGIC: &[u8; 4] = b"LSDB";
+pub const VERSION: u8 = 1;
+/// Largest number of dimensions a blob may record.
+pub const MAX_NDIM: usize = 32;
+/// zstd level of the generic (non-float) path.
+const GENERIC_ZSTD_LEVEL: i32 = 9;
+
+/// How a blob's payload is coded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Target equals reference; no payload.
+    Identical = 0,
+    /// Target bytes verbatim (the fallback that bounds every blob's size).
+    Raw = 1,
+    /// The ULP-residual model: tables, chunk index, rANS words, raw tails.
+    Modeled = 2,
+    /// Generic path for non-float types: zstd of target XOR reference.
+    ZstdXor = 3,
+}
+
+impl Mode {
+    fn from_u8(v: u8) -> Result<Mode> {
+        Ok(match v {
+            0 => Mode::Identical,
+            1 => Mode::Raw,
+            2 => Mode::Modeled,
+            3 => Mode::ZstdXor,
+            _ => return Err(Error::format("tensor blob", format!("unknown mode {v}"))),
+        })
+    }
+    fn uses_reference(self) -> bool {
+        self != Mode::Raw
+    }
+}
+
+/// The fixed part of every blob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlobHeader {
+    pub mode: Mode,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub n_elements: u64,
+    /// CRC-32 of the reference tensor's bytes (0 for Raw blobs, which do not need one).
+    pub reference_crc: u32,
+    /// CRC-32 of the decoded target tensor's bytes.
+    pub target_crc: u32,
+}
+
+/// Elements in a shape, or an error if the product overflows.
+pub fn element_count(shape: &[u64]) -> Result<u64> {
+    shape.iter().try_fold(1u64, |acc, &d| {
+        acc.checked_mul(d)
+            .ok_or_else(|| Error::format("tensor shape", format!("{shape:?} overflows")))
+    })
+}
+
+fn write_header(w: &mut ByteWriter, h: &BlobHeader) {
+    w.bytes(MAGIC);
+    w.u8(VERSION);
+    w.u8(h.mode as u8);
+    w.u8(h.dtype.code());
+    w.u8(h.shape.len() as u8);
+    for &d in &h.shape {
+        w.varint(d);
+    }
+    w.u32(h.reference_crc);
+    w.u32(h.target_crc);
+}
+
+/// Check the trailing checksum and parse the header; returns the header and the payload.
+pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err(Error::format(
+            "tensor blob",
+            "not a lockstep tensor blob (bad magic)",
+        ));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    let stored = u32::from_le_bytes(crc.try_into().unwrap());
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        return Err(Error::Checksum {
+            what: "tensor blob".into(),
+            stored: stored as u64,
+            computed: computed as u64,
+        });
+    }
+    let mut r = ByteReader::new(body, "tensor blob");
+    r.take(4)?;
+    let version = r.u8()?;
+    if version != VERSION {
+        return Err(Error::Unsupported(format!(
+            "tensor blob format version {version} (this build reads {VERSION})"
+        )));
+    }
+    let mode = Mode::from_u8(r.u8()?)?;
+    let dtype = DType::from_code(r.u8()?)?;
+    let ndim = r.u8()? as usize;
+    if ndim > MAX_NDIM {
+        return Err(r.err(format!("{ndim} dimensions (at most {MAX_NDIM})")));
+    }
+    let shape = (0..ndim).map(|_| r.varint()).collect::<Result<Vec<_>>>()?;
+    let n_elements = element_count(&shape)?;
+    let header = BlobHeader {
+        mode,
+        dtype,
+        shape,
+        n_elements,
+        reference_crc: r.u32()?,
+        target_crc: r.u32()?,
+    };
+    let pos = r.pos();
+    Ok((header, &body[pos..]))
+}
+
+/// Little-endian element `j` of a tensor of `size`-byte elements.
+fn elements(bytes: &[u8], size: usize) -> Vec<u64> {
+    bytes
+        .chunks_exact(size)
+        .map(|c| {
+            let mut v = [0u8; 8];
+            v[..size].copy_from_slice(c);
+            u64::from_le_bytes(v)
+        })
+        .collect()
+}
+
+fn store_elements(values: &[u64], size: usize, out: &mut [u8]) {
+    for (dst, v) in out.chunks_exact_mut(size).zip(values) {
+        dst.copy_from_slice(&v.to_le_bytes()[..size]);
+    }
+}
+
+/// Reference facts per element; the exponent class is zeroed when conditioning is off.
+fn reference_info(refs: &[u64], fl: FloatLayout, condition: bool) -> Vec<RefInfo> {
+    refs.par_iter()
+        .map(|&r| {
+            let mut i = ref_info(r, fl);
+            if !condition {
+                i.er = 0;
+            }
+            i
+        })
+        .collect()
+}
+
+/// The neighbor whose update sign is a context for the sign stage: one row up when rows are at
+/// least `LANES` wide (so it is always decoded in an earlier step), else the same lane's
+/// previous element.
+pub fn neighbor_distance(shape: &[u64]) -> usize {
+    match shape.last() {
+        Some(&cols) if shape.len() >= 2 && cols >= LANES as u64 && cols <= u32::MAX as u64 => {
+            cols as usize
+        }
+        _ => LANES,
+    }
+}
+
+fn chunk_ranges(n: usize) -> Vec<std::ops::Range<usize>> {
+    (0..n.div_ceil(CHUNK_ELEMS))
+        .map(|c| c * CHUNK_ELEMS..((c + 1) * CHUNK_ELEMS).min(n))
+        .collect()
+}
+
+/// Histograms of every stage of a layout; chunk-local like the coder (the neighbor context
+/// never reaches into the previous chunk).
+fn histograms(
+    syms: &[Sym],
+    info: &[RefInfo],
+    width: u32,
+    stages: &[Stage],
+    neighbor: Option<usize>,
+) -> Vec<Hist> {
+    let fresh = || -> Vec<Hist> {
+        stages
+            .iter()
+            .map(|&s| Hist::new(Space::new(s, width)))
+            .collect()
+    };
+    chunk_ranges(syms.len())
+        .into_par_iter()
+        .map(|range| {
+            let mut hists = fresh();
+            let (syms, info) = (&syms[range.clone()], &info[range]);
+            for (j, s) in syms.iter().enumerate() {
+                let up = match neighbor {
+                    Some(d) if j >= d => symbols::sign_state(&syms[j - d]),
+                    _ => 0,
+                };
+                for h in hists.iter_mut() {
+                    let sp = h.space;
+                    if sp.present(s) {
+                        let a = sp.alphabet();
+                        h.counts[sp.context(s, info[j], up) * a + sp.symbol(s)] += 1;
+                    }
+                }
+            }
+            hists
+        })
+        .reduce(fresh, |mut a, b| {
+            for (x, y) in a.iter_mut().zip(&b) {
+                x.add(y);
+            }
+            a
+        })
+}
+
+fn table_bytes(t: &StageTable) -> u64 {
+    let mut w = ByteWriter::new();
+    t.write(&mut w);
+    w.len() as u64
+}
+
+/// One way of coding a float tensor, with its estimated size.
+struct Candidate {
+    layout: Layout,
+    neighbor: Option<usize>,
+    syms: Vec<Sym>,
+    hists: Vec<Hist>,
+    tables: Tables,
+    /// Estimated payload cost in COST_ONE_BIT units: data + tables + raw tail.
+    cost: u64,
+}
+
+fn candidate(
+    refs: &[u64],
+    tgts: &[u64],
+    info: &[RefInfo],
+    fl: FloatLayout,
+    layout: Layout,
+    shape: &[u64],
+) -> Candidate {
+    let w = fl.width;
+    let syms: Vec<Sym> = refs
+        .par_iter()
+        .zip(tgts.par_iter())
+        .map(|(&r, &x)| encode_element(r, x, w, layout))
+        .collect();
+    let tail: u64 = syms.iter().map(|s| s.b.saturating_sub(3) as u64).sum();
+    let tail_cost = tail * COST_ONE_BIT;
+    let stage_cost = |t: &StageTable, h: &Hist| t.data_cost(h) + table_bytes(t) * 8 * COST_ONE_BIT;
+    match layout {
+        Layout::Paper => {
+            let hists = histograms(&syms, info, w, &STAGES[..3], None);
+            let stages: Vec<StageTable> =
+                hists.iter().map(|h| StageTable::select(h, false)).collect();
+            let cost = tail_cost
+                + stages
+                    .iter()
+                    .zip(&hists)
+                    .map(|(t, h)| stage_cost(t, h))
+                    .sum::<u64>();
+            Candidate {
+                layout,
+                neighbor: None,
+                syms,
+                hists,
+                tables: Tables { stages },
+                cost,
+            }
+        }
+        Layout::Signed => {
+            let d = neighbor_distance(shape);
+            let mut hists = histograms(&syms, info, w, &STAGES, Some(d));
+            let mut stages: Vec<StageTable> = hists[..3]
+                .iter()
+                .map(|h| StageTable::select(h, true))
+                .collect();
+            let with = StageTable::select(&hists[3], true);
+            let flat_hist = hists[3].without_neighbor();
+            let without = StageTable::select(&flat_hist, true);
+            let (c_with, c_without) = (
+                stage_cost(&with, &hists[3]),
+                stage_cost(&without, &flat_hist),
+            );
+            let neighbor = if c_with < c_without {
+                stages.push(with);
+                Some(d)
+            } else {
+                stages.push(without);
+                hists[3] = flat_hist;
+                None
+            };
+            let cost = tail_cost
+                + stages
+                    .iter()
+                    .zip(&hists)
+                    .map(|(t, h)| stage_cost(t, h))
+                    .sum::<u64>();
+            Candidate {
+                layout,
+                neighbor,
+                syms,
+                hists,
+                tables: Tables { stages },
+                cost,
+            }
+        }
+    }
+}
+
+/// Encode without the decode-and-compare check (callers outside benches want
+/// [`super::encode_tensor`]).
+pub fn encode_unverified(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
+    let dtype = pair.dtype;
+    let n = element_count(pair.shape)?;
+    let raw_bytes = n
+        .checked_mul(dtype.size() as u64)
+        .ok_or_else(|| Error::Invalid("tensor too large".into()))?;
+    for (what, b) in [("reference", pair.reference), ("target", pair.target)] {
+        if b.len() as u64 != raw_bytes {
+            return Err(Error::Mismatch(format!(
+                "{what} has {} bytes but a {dtype} tensor of shape {:?} needs {raw_bytes}",
+                b.len(),
+                pair.shape
+            )));
+        }
+    }
+    if pair.shape.len() > MAX_NDIM {
+        return Err(Error::Unsupported(format!(
+            "{} dimensions",
+            pair.shape.len()
+        )));
+    }
+    let mut header = BlobHeader {
+        mode: Mode::Identical,
+        dtype,
+        shape: pair.shape.to_vec(),
+        n_elements: n,
+        reference_crc: crc32fast::hash(pair.reference),
+        target_crc: crc32fast::hash(pair.target),
+    };
+    let mut report = Report {
+        n_elements: n,
+        raw_bytes,
+        ..Report::default()
+    };
+
+    let mut payload = ByteWriter::new();
+    if pair.reference == pair.target {
+        header.mode = Mode::Identical;
+    } else if let Some(fl) = dtype.float_layout() {
+        header.mode = Mode::Modeled;
+        encode_modeled(pair, fl, opts, &mut payload, &mut report)?;
+    } else {
+        header.mode = Mode::ZstdXor;
+        let xor: Vec<u8> = pair
+            .reference
+            .iter()
+            .zip(pair.target)
+            .map(|(a, b)| a ^ b)
+            .collect();
+        let z = zstd::bulk::compress(&xor, GENERIC_ZSTD_LEVEL)
+            .map_err(|e| Error::Invalid(format!("zstd failed: {e}")))?;
+        payload.blob(&z);
+        report.stream_bytes = z.len() as u64;
+    }
+    if header.mode != Mode::Identical && payload.len() as u64 >= raw_bytes {
+        header.mode = Mode::Raw;
+        header.reference_crc = 0;
+        payload = ByteWriter::new();
+        payload.bytes(pair.target);
+        report = Report {
+            n_elements: n,
+            raw_bytes,
+            stream_bytes: raw_bytes,
+            ..Report::default()
+        };
+    }
+    let mut w = ByteWriter::new();
+    write_header(&mut w, &header);
+    w.bytes(&payload.buf);
+    let crc = crc32fast::hash(&w.buf);
+    w.u32(crc);
+    report.mode = Some(header.mode);
+    report.blob_bytes = w.len() as u64;
+    Ok((w.buf, report))
+}
+
+fn encode_modeled(
+    pair: &TensorPair,
+    fl: FloatLayout,
+    opts: &EncodeOptions,
+    out: &mut ByteWriter,
+    report: &mut Report,
+) -> Result<()> {
+    let size = pair.dtype.size();
+    let refs = elements(pair.reference, size);
+    let tgts = elements(pair.target, size);
+    let info = reference_info(&refs, fl, opts.condition_on_exponent);
+    let make = |layout| candidate(&refs, &tgts, &info, fl, layout, pair.shape);
+    let chosen = match opts.layout {
+        LayoutChoice::Paper => make(Layout::Paper),
+        LayoutChoice::Signed => make(Layout::Signed),
+        LayoutChoice::Auto => {
+            let signed = make(Layout::Signed);
+            let paper = make(Layout::Paper);
+            if paper.cost < signed.cost {
+                paper
+            } else {
+                signed
+            }
+        }
+    };
+
+    let chunks: Vec<EncodedChunk> = chunk_ranges(chosen.syms.len())
+        .into_par_iter()
+        .map(|r| {
+            encode_chunk(
+                &chosen.syms[r.clone()],
+                &info[r],
+                &chosen.tables,
+                chosen.neighbor,
+            )
+        })
+        .collect();
+
+    out.u8(chosen.layout as u8);
+    let flags = opts.condition_on_exponent as u8 | (chosen.neighbor.is_some() as u8) << 1;
+    out.u8(flags);
+    if let Some(d) = chosen.neighbor {
+        out.varint(d as u64);
+    }
+    out.varint(CHUNK_ELEMS as u64);
+    out.u8(LANES as u8);
+    out.u8(PROB_BITS as u8);
+    let before_tables = out.len();
+    for t in &chosen.tables.stages {
+        t.write(out);
+    }
+    report.table_bytes = (out.len() - before_tables) as u64;
+    for c in &chunks {
+        out.u32(c.words.len() as u32);
+        out.u32(c.tail_bits as u32);
+        for &s in &c.states {
+            out.u32(s);
+        }
+    }
+    let mut stream = 0u64;
+    for c in &chunks {
+        for &wd in &c.words {
+            out.u16(wd);
+        }
+        out.bytes(&c.tail);
+        stream += 2 * c.words.len() as u64 + c.tail.len() as u64;
+    }
+    report.layout = Some(chosen.layout);
+    report.neighbor = chosen.neighbor.is_some();
+    report.stream_bytes = stream;
+    report.tail_bits = chunks.iter().map(|c| c.tail_bits).sum();
+    for (i, (t, h)) in chosen.tables.stages.iter().zip(&chosen.hists).enumerate() {
+        report.stage_bits[i] = t.data_cost(h) as f64 / COST_ONE_BIT as f64;
+    }
+    Ok(())
+}
+
+/// Decode a blob against the reference tensor's bytes.
+pub fn decode(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
+    let (h, payload) = read_header(bytes)?;
+    let size = h.dtype.size() as u64;
+    let raw_bytes = h
+        .n_elements
+        .checked_mul(size)
+        .filter(|&b| b <= isize::MAX as u64)
+        .ok_or_else(|| Error::format("tensor blob", "tensor size overflows"))?;
+    if h.mode.uses_reference() {
+        if reference.len() as u64 != raw_bytes {
+            return Err(Error::Mismatch(format!(
+                "reference tensor has {} bytes, the blob's {} {:?} tensor needs {raw_bytes}",
+                reference.len(),
+                h.dtype,
+                h.shape
+            )));
+        }
+        let crc = crc32fast::hash(reference);
+        if crc != h.reference_crc {
+            return Err(Error::Mismatch(format!(
+                "wrong reference tensor: its CRC-32 is {crc:#010x}, the blob was coded against {:#010x}",
+                h.reference_crc
+            )));
+        }
+    }
+    let mut r = ByteReader::new(payload, "tensor blob payload");
+    let out = match h.mode {
+        Mode::Identical => reference.to_vec(),
+        Mode::Raw => r.take(raw_bytes as usize)?.to_vec(),
+        Mode::ZstdXor => {
+            let z = r.blob()?;
+            let xor = zstd::bulk::decompress(z, raw_bytes as usize)
+                .map_err(|e| Error::format("tensor blob zstd payload", e.to_string()))?;
+            if xor.len() != reference.len() {
+                return Err(r.err("zstd payload has the wrong length"));
+            }
+            xor.iter().zip(reference).map(|(a, b)| a ^ b).collect()
+        }
+        Mode::Modeled => {
+            let fl = h
+                .dtype
+                .float_layout()
+                .ok_or_else(|| r.err(format!("modeled blob of non-float dtype {}", h.dtype)))?;
+            decode_modeled(&mut r, &h, fl, reference)?
+        }
+    };
+    r.expect_end()?;
+    let crc = crc32fast::hash(&out);
+    if crc != h.target_crc {
+        return Err(Error::Checksum {
+            what: "decoded tensor".into(),
+            stored: h.target_crc as u64,
+            computed: crc as u64,
+        });
+    }
+    Ok(out)
+}
+
+fn decode_modeled(
+    r: &mut ByteReader,
+    h: &BlobHeader,
+    fl: FloatLayout,
+    reference: &[u8],
+) -> Result<Vec<u8>> {
+    let layout = match r.u8()? {
+        0 => Layout::Paper,
+        1 => Layout::Signed,
+        v => return Err(r.err(format!("unknown layout {v}"))),
+    };
+    let flags = r.u8()?;
+    if flags & !3 != 0 {
+        return Err(r.err(format!("unknown flags {flags:#x}")));
+    }
+    let condition = flags & 1 != 0;
+    let neighbor = if flags & 2 != 0 {
+        let d = r.varint_max(u32::MAX as u64, "neighbor distance")? as usize;
+        if d < LANES {
+            return Err(r.err(format!("neighbor distance {d} below the lane count")));
+        }
+        Some(d)
+    } else {
+        None
+    };
+    let (chunk_elems, lanes, prob_bits) = (r.varint()?, r.u8()?, r.u8()?);
+    if (chunk_elems, lanes as usize, prob_bits as u32) != (CHUNK_ELEMS as u64, LANES, PROB_BITS) {
+        return Err(Error::Unsupported(format!(
+            "stream geometry chunk={chunk_elems} lanes={lanes} prob_bits={prob_bits}"
+        )));
+    }
+    let n_stages = if layout == Layout::Signed { 4 } else { 3 };
+    let stages = STAGES[..n_stages]
+        .iter()
+        .map(|&s| StageTable::read(r, Space::new(s, fl.width)))
+        .collect::<Result<Vec<_>>>()?;
+    let tables = Tables { stages };
+
+    let n = h.n_elements as usize;
+    let ranges = chunk_ranges(n);
+    let mut index = Vec::with_capacity(ranges.len().min(r.remaining() / 8));
+    for range in &ranges {
+        let n_words = r.u32()? as usize;
+        let tail_bits = r.u32()? as u64;
+        let mut states = [0u32; LANES];
+        for s in states.iter_mut() {
+            *s = r.u32()?;
+        }
+        if tail_bits > range.len() as u64 * 64 {
+            return Err(r.err("chunk tail longer than possible"));
+        }
+        index.push((n_words, tail_bits, states));
+    }
+    let mut coded = Vec::with_capacity(index.len());
+    for &(n_words, tail_bits, states) in &index {
+        let words: Vec<u16> = r
+            .take(
+                n_words
+                    .checked_mul(2)
+                    .ok_or_else(|| r.err("word count overflows"))?,
+            )?
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        let tail = r.take(tail_bits.div_ceil(8) as usize)?.to_vec();
+        coded.push(EncodedChunk {
+            words,
+            states,
+            tail,
+            tail_bits,
+        });
+    }
+
+    let size = h.dtype.size();
+    let refs = elements(reference, size);
+    let info = reference_info(&refs, fl, condition);
+    let decoded: Vec<Vec<u64>> = ranges
+        .into_par_iter()
+        .zip(coded.par_iter())
+        .map(|(range, chunk)| {
+            let syms = decode_chunk(&info[range.clone()], &tables, neighbor, chunk)?;
+            Ok(refs[range]
+                .iter()
+                .zip(&syms)
+                .map(|(&rv, s)| decode_element(rv, s, fl.width, layout))
+                .collect())
+        })
+        .collect::<Result<_>>()?;
+    let mut out = vec![0u8; n * size];
+    for (values, dst) in decoded.iter().zip(out.chunks_mut(CHUNK_ELEMS * size)) {
+        store_elements(values, size, dst);
+    }
+    Ok(out)
+}

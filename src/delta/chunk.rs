@@ -1,0 +1,201 @@
+//! The interleaved rANS coding of one chunk: the sequence of operations every backend must
+//! reproduce exactly (docs/FORMAT.md, "chunk coding order").
+//!
+//! A chunk holds up to `CHUNK_ELEMS` consecutive elements; element `j` of the chunk belongs to
+//! lane `j % LANES`, and `j / LANES` is its *step*. Decoding runs step by step; inside a step,
+//! stage by stage (B, Q1, Q2, S); inside a stage, lane by lane. All lanes share one stream of
+//! 16-bit words. The encoder performs the mirror image (steps, stages and lanes all reversed)
+//! and reverses its words. Raw tails are bit-packed separately, in element order, LSB first.
+
+use super::model::{Space, Tables};
+use super::symbols::{sign_state, RefInfo, Sym};
+use crate::entropy::freq::PROB_BITS;
+use crate::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
+use crate::{Error, Result};
+
+/// Interleaved rANS states per chunk.
+pub const LANES: usize = 32;
+/// Elements per chunk (the last chunk of a tensor may be shorter).
+pub const CHUNK_ELEMS: usize = 1 << 17;
+
+/// One chunk's coded output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedChunk {
+    pub words: Vec<u16>,
+    pub states: [u32; LANES],
+    pub tail: Vec<u8>,
+    pub tail_bits: u64,
+}
+
+/// The sign state of the element `neighbor` places before `j`, if that element is in the chunk.
+#[inline]
+fn up_state(syms: &[Sym], j: usize, neighbor: Option<usize>) -> u8 {
+    match neighbor {
+        Some(d) if j >= d => sign_state(&syms[j - d]),
+        _ => 0,
+    }
+}
+
+pub fn encode_chunk(
+    syms: &[Sym],
+    info: &[RefInfo],
+    tables: &Tables,
+    neighbor: Option<usize>,
+) -> EncodedChunk {
+    let n = syms.len();
+    let mut states = [RANS_L; LANES];
+    let mut words = Vec::with_capacity(n);
+    for step in (0..n.div_ceil(LANES)).rev() {
+        let lanes = LANES.min(n - step * LANES);
+        for table in tables.stages.iter().rev() {
+            let space = table.space;
+            for lane in (0..lanes).rev() {
+                let j = step * LANES + lane;
+                let s = &syms[j];
+                if !space.present(s) {
+                    continue;
+                }
+                let ctx = space.context(s, info[j], up_state(syms, j, neighbor));
+                let row = table.row(table.map[ctx]);
+                let sym = space.symbol(s);
+                enc_put(&mut states[lane], &mut words, row.start[sym], row.freq[sym]);
+            }
+        }
+    }
+    words.reverse();
+
+    let mut tail = BitWriter::default();
+    for s in syms.iter().filter(|s| s.b >= 4) {
+        tail.put(s.tail, (s.b - 3) as u32);
+    }
+    let tail_bits = tail.bits;
+    EncodedChunk {
+        words,
+        states,
+        tail: tail.finish(),
+        tail_bits,
+    }
+}
+
+/// Decode a chunk of `info.len()` elements. Any inconsistency (a context without a table, the
+/// word stream running dry or left over, lanes not returning to their initial state, a tail of
+/// the wrong length) is reported as a format error.
+pub fn decode_chunk(
+    info: &[RefInfo],
+    tables: &Tables,
+    neighbor: Option<usize>,
+    chunk: &EncodedChunk,
+) -> Result<Vec<Sym>> {
+    let bad = |detail: &str| Error::format("tensor blob chunk", detail.to_string());
+    let n = info.len();
+    let mut syms = vec![Sym::default(); n];
+    let mut states = chunk.states;
+    let mut pos = 0usize;
+    let words = &chunk.words;
+    for step in 0..n.div_ceil(LANES) {
+        let lanes = LANES.min(n - step * LANES);
+        for table in &tables.stages {
+            let space: Space = table.space;
+            for lane in 0..lanes {
+                let j = step * LANES + lane;
+                if !space.present(&syms[j]) {
+                    continue;
+                }
+                let ctx = space.context(&syms[j], info[j], up_state(&syms, j, neighbor));
+                let ri = table.map[ctx];
+                if ri == u32::MAX {
+                    return Err(bad("a symbol's context has no frequency row"));
+                }
+                let row = table.row(ri);
+                let state = &mut states[lane];
+                let sym = row.lookup(dec_get(*state));
+                if !dec_advance(state, words, &mut pos, row.start[sym], row.freq[sym]) {
+                    return Err(bad("rANS word stream ended early"));
+                }
+                let s = &mut syms[j];
+                match space.stage {
+                    super::model::Stage::B => s.b = sym as u8,
+                    super::model::Stage::Q1 => s.q1 = sym as u8,
+                    super::model::Stage::Q2 => s.q2 = sym as u8,
+                    super::model::Stage::S => s.neg = sym as u8,
+                }
+            }
+        }
+    }
+    if pos != words.len() || states.iter().any(|&s| s != RANS_L) {
+        return Err(bad("rANS lanes did not end in their initial state"));
+    }
+    let mut tail = BitReader::new(&chunk.tail, chunk.tail_bits);
+    for s in syms.iter_mut().filter(|s| s.b >= 4) {
+        s.tail = tail
+            .get((s.b - 3) as u32)
+            .ok_or_else(|| bad("raw tail shorter than the bit lengths require"))?;
+    }
+    if tail.consumed != chunk.tail_bits {
+        return Err(bad("raw tail longer than the bit lengths require"));
+    }
+    Ok(syms)
+}
+
+const _: () = assert!(PROB_BITS <= 16);
+
+/// LSB-first bit packer.
+#[derive(Default)]
+struct BitWriter {
+    out: Vec<u8>,
+    acc: u128,
+    n: u32,
+    bits: u64,
+}
+
+impl BitWriter {
+    fn put(&mut self, v: u64, nbits: u32) {
+        self.acc |= (v as u128) << self.n;
+        self.n += nbits;
+        self.bits += nbits as u64;
+        while self.n >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.n -= 8;
+        }
+    }
+    fn finish(mut self) -> Vec<u8> {
+        if self.n > 0 {
+            self.out.push(self.acc as u8);
+        }
+        self.out
+    }
+}
+
+struct BitReader<'a> {
+    buf: &'a [u8],
+    limit: u64,
+    consumed: u64,
+}
+
+impl<'a> BitReader<'a> {
+    fn new(buf: &'a [u8], limit: u64) -> Self {
+        BitReader {
+            buf,
+            limit,
+            consumed: 0,
+        }
+    }
+    fn get(&mut self, nbits: u32) -> Option<u64> {
+        if self.consumed + nbits as u64 > self.limit {
+            return None;
+        }
+        let mut v = 0u64;
+        let mut got = 0u32;
+        while got < nbits {
+            let byte = self.buf[(self.consumed / 8) as usize];
+            let off = (self.consumed % 8) as u32;
+            let take = (8 - off).min(nbits - got);
+            let bits = ((byte >> off) as u64) & ((1u64 << take) - 1);
+            v |= bits << got;
+            got += take;
+            self.consumed += take as u64;
+        }
+        Some(v)
+    }
+}

@@ -1,0 +1,152 @@
+//! The `.lsd` delta file: one checkpoint coded against another (docs/FORMAT.md, "delta file").
+//! Decoding reproduces the target file byte for byte, header and metadata included.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::{decode_tensor, encode_batched, EncodeOptions, Report, TensorPair};
+use crate::bytes::{ByteReader, ByteWriter};
+use crate::checkpoint::Checkpoint;
+use crate::output::AtomicFile;
+use crate::{Error, Result};
+
+pub const FILE_MAGIC: &[u8; 4] = b"LSDF";
+pub const FILE_END: &[u8; 4] = b"LSDE";
+pub const FILE_VERSION: u8 = 1;
+
+/// Per-tensor outcome of a file encode.
+#[derive(Clone, Debug)]
+pub struct TensorOutcome {
+    pub name: String,
+    pub dtype: crate::dtype::DType,
+    pub report: Report,
+}
+
+/// Check that every target tensor has a reference tensor of the same dtype and shape.
+pub fn check_compatible(reference: &Checkpoint, target: &Checkpoint) -> Result<()> {
+    let refs: HashMap<&str, _> = reference
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    for t in &target.tensors {
+        let r = refs.get(t.name.as_str()).ok_or_else(|| {
+            Error::Mismatch(format!(
+                "tensor '{}' is in the target but not in the reference {}",
+                t.name,
+                reference.path.display()
+            ))
+        })?;
+        if r.stored_dtype != t.stored_dtype || r.shape != t.shape {
+            return Err(Error::Mismatch(format!(
+                "tensor '{}': reference is {} {:?}, target is {} {:?}",
+                t.name, r.stored_dtype, r.shape, t.stored_dtype, t.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Encode `target` against `reference` into `out` (written to a temporary file, renamed into
+/// place only when complete). Every tensor is verified by decoding before it is written.
+pub fn encode_file(
+    reference: &Checkpoint,
+    target: &Checkpoint,
+    out: &Path,
+    opts: &EncodeOptions,
+    budget: usize,
+) -> Result<Vec<TensorOutcome>> {
+    check_compatible(reference, target)?;
+    let mut f = AtomicFile::create(out)?;
+    let mut w = ByteWriter::new();
+    w.bytes(FILE_MAGIC);
+    w.u8(FILE_VERSION);
+    w.u64(target.file_len() as u64);
+    w.bytes(blake3::hash(target.bytes()).as_bytes());
+    w.blob(target.header_bytes());
+    w.varint(target.tensors.len() as u64);
+    f.write_all(&w.buf)?;
+
+    let mut outcomes = Vec::new();
+    for batch in super::batches(target.tensors.iter().map(|t| t.end - t.start), budget) {
+        let entries = &target.tensors[batch];
+        let pairs: Vec<TensorPair> = entries
+            .iter()
+            .map(|t| TensorPair {
+                dtype: t.dtype,
+                shape: &t.shape,
+                reference: reference.data(reference.get(&t.name).unwrap()),
+                target: target.data(t),
+            })
+            .collect();
+        let coded = encode_batched(&pairs, opts, usize::MAX)?;
+        for (t, (blob, report)) in entries.iter().zip(coded) {
+            let mut w = ByteWriter::new();
+            w.blob(t.name.as_bytes());
+            w.blob(&blob);
+            f.write_all(&w.buf)?;
+            outcomes.push(TensorOutcome {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                report,
+            });
+        }
+    }
+    f.write_all(FILE_END)?;
+    f.commit()?;
+    Ok(outcomes)
+}
+
+/// Decode `delta` (the bytes of an `.lsd` file) against `reference` into `out`; the result is
+/// checked against the stored BLAKE3 hash of the original before it is renamed into place.
+pub fn decode_file(reference: &Checkpoint, delta: &[u8], out: &Path) -> Result<()> {
+    let mut r = ByteReader::new(delta, "delta file");
+    if r.take(4)? != FILE_MAGIC {
+        return Err(r.err("not a lockstep delta file (bad magic)"));
+    }
+    let version = r.u8()?;
+    if version != FILE_VERSION {
+        return Err(Error::Unsupported(format!("delta file version {version}")));
+    }
+    let file_len = r.u64()?;
+    let hash: [u8; 32] = r.take(32)?.try_into().unwrap();
+    let header = r.blob()?;
+    let n = r.varint_max(delta.len() as u64, "tensor count")?;
+
+    let mut f = AtomicFile::create(out)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut written = 0u64;
+    let mut emit = |bytes: &[u8], f: &mut AtomicFile| -> Result<()> {
+        hasher.update(bytes);
+        written += bytes.len() as u64;
+        f.write_all(bytes)
+    };
+    emit(header, &mut f)?;
+    for _ in 0..n {
+        let name = std::str::from_utf8(r.blob()?)
+            .map_err(|_| r.err("tensor name is not UTF-8"))?
+            .to_string();
+        let blob = r.blob()?;
+        let reference_tensor = reference.get(&name).ok_or_else(|| {
+            Error::Mismatch(format!(
+                "tensor '{name}' is not in the reference {}",
+                reference.path.display()
+            ))
+        })?;
+        let data = decode_tensor(blob, reference.data(reference_tensor))
+            .map_err(|e| Error::Invalid(format!("tensor '{name}': {e}")))?;
+        emit(&data, &mut f)?;
+    }
+    if r.take(4)? != FILE_END {
+        return Err(r.err("missing end marker (truncated?)"));
+    }
+    r.expect_end()?;
+    if written != file_len || *hasher.finalize().as_bytes() != hash {
+        return Err(Error::Checksum {
+            what: "decoded checkpoint file (BLAKE3)".into(),
+            stored: file_len,
+            computed: written,
+        });
+    }
+    f.commit()
+}

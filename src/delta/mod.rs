@@ -1,0 +1,159 @@
+//! The checkpoint delta codec (ULPack method, extended): code a target tensor against the
+//! co-located reference tensor of the previous checkpoint, losslessly, as a self-contained blob.
+//!
+//! Pipeline for a float tensor (read top to bottom; the byte layout is in docs/FORMAT.md):
+//!
+//! 1. [`symbols`]: every element pair becomes (b, q1, q2, sign, raw tail), from the exact
+//!    ordered-integer residual of src/float.rs.
+//! 2. [`model`]: per-tensor histograms of each stage under its context; integer table
+//!    selection (which contexts get their own row) and normalization.
+//! 3. [`chunk`]: chunks of `CHUNK_ELEMS` elements, each coded by `LANES` interleaved rANS
+//!    states in a fixed order, raw tails bit-packed beside them.
+//! 4. [`blob`]: header, tables, chunk index, streams, checksum. If that is not smaller than the
+//!    raw tensor, the raw tensor is stored instead.
+//!
+//! Every encode is decoded again and compared with the target before it is returned.
+
+pub mod analysis;
+pub mod blob;
+pub mod chunk;
+pub mod file;
+pub mod model;
+pub mod stats;
+pub mod symbols;
+
+use crate::dtype::DType;
+use crate::{Error, Result};
+pub use blob::{BlobHeader, Mode};
+pub use chunk::{CHUNK_ELEMS, LANES};
+pub use symbols::Layout;
+
+/// Which symbol layout to use for float tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LayoutChoice {
+    /// Per tensor, whichever of the two is estimated smaller (the default).
+    #[default]
+    Auto,
+    /// The paper's layout and models, every occupied context with its own row (the control).
+    Paper,
+    /// Modeled update sign, neighbor context where it pays, pruned tables.
+    Signed,
+}
+
+/// Encoder settings. None of them is needed to decode: the blob records what was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodeOptions {
+    pub layout: LayoutChoice,
+    /// Condition every model on the reference exponent (off = the paper's Table 10 ablation).
+    pub condition_on_exponent: bool,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        EncodeOptions {
+            layout: LayoutChoice::Auto,
+            condition_on_exponent: true,
+        }
+    }
+}
+
+/// One tensor to encode: the target and its co-located reference, same dtype and shape.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorPair<'a> {
+    pub dtype: DType,
+    pub shape: &'a [u64],
+    pub reference: &'a [u8],
+    pub target: &'a [u8],
+}
+
+/// What an encode produced, for stats tables.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    pub n_elements: u64,
+    /// Size of the target tensor in bytes.
+    pub raw_bytes: u64,
+    /// Size of the blob in bytes.
+    pub blob_bytes: u64,
+    pub mode: Option<Mode>,
+    pub layout: Option<Layout>,
+    /// Whether the update-sign stage uses the neighbor context.
+    pub neighbor: bool,
+    /// Ideal code length per stage (B, Q1, Q2, S) under the transmitted tables, in bits.
+    pub stage_bits: [f64; 4],
+    /// Raw tail bits.
+    pub tail_bits: u64,
+    /// Bytes of frequency tables.
+    pub table_bytes: u64,
+    /// rANS words plus tail bytes (everything that is not framing).
+    pub stream_bytes: u64,
+}
+
+impl Report {
+    /// Framing overhead: everything but the coded streams (header, tables, chunk index, lane
+    /// states, checksum).
+    pub fn framing_bytes(&self) -> u64 {
+        self.blob_bytes - self.stream_bytes
+    }
+}
+
+/// Encode one tensor into a self-contained, verified blob.
+pub fn encode_tensor(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
+    let (bytes, report) = blob::encode_unverified(pair, opts)?;
+    let decoded = decode_tensor(&bytes, pair.reference)?;
+    if decoded != pair.target {
+        return Err(Error::Invalid(
+            "internal error: encoded tensor did not decode to the target (nothing written)".into(),
+        ));
+    }
+    Ok((bytes, report))
+}
+
+/// Decode a blob against its reference tensor's bytes.
+pub fn decode_tensor(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
+    blob::decode(bytes, reference)
+}
+
+/// Encode many tensors, batch by batch under a byte budget, tensors within a batch in parallel.
+/// Blobs are tensor-local: neither the budget nor the thread count changes a single byte.
+pub fn encode_batched(
+    pairs: &[TensorPair],
+    opts: &EncodeOptions,
+    budget_bytes: usize,
+) -> Result<Vec<(Vec<u8>, Report)>> {
+    use rayon::prelude::*;
+    let mut out = Vec::with_capacity(pairs.len());
+    for batch in batches(pairs.iter().map(|p| p.target.len()), budget_bytes) {
+        let coded: Vec<_> = pairs[batch]
+            .par_iter()
+            .map(|p| encode_tensor(p, opts))
+            .collect::<Result<_>>()?;
+        out.extend(coded);
+    }
+    Ok(out)
+}
+
+/// Split items of the given sizes into consecutive ranges of at most `budget` bytes (an item
+/// larger than the budget gets a batch of its own).
+pub fn batches(
+    sizes: impl IntoIterator<Item = usize>,
+    budget: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut acc, mut i) = (0, 0usize, 0);
+    for size in sizes {
+        if i > start && acc + size > budget {
+            out.push(start..i);
+            start = i;
+            acc = 0;
+        }
+        acc += size;
+        i += 1;
+    }
+    if i > start {
+        out.push(start..i);
+    }
+    out
+}
+
+/// The paper's default batch budget.
+pub const DEFAULT_BATCH_BYTES: usize = 64 << 20;

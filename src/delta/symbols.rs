@@ -1,0 +1,153 @@
+//! From a (reference, target) element pair to the symbols the entropy coder sees, and back.
+//!
+//! Two layouts of the same exact transform (src/float.rs):
+//!
+//! - **Paper** (ULPack): the coded value is the ZigZag residual `z`; its sign lives in the raw
+//!   tail as z's lowest bit.
+//! - **Signed** (lockstep's default where it wins): the coded value is the magnitude `|delta|`
+//!   and the sign of every non-zero update becomes its own modeled stage, because in real
+//!   training the sign is predictable from what the decoder already holds.
+//!
+//! Either way the value `v` is split into its bit length `b`, the two bits `q1`, `q2` below
+//! the leading one, and a raw tail of `max(b - 3, 0)` bits.
+
+use crate::dtype::FloatLayout;
+use crate::float;
+
+/// Which value is decomposed and whether the sign is modeled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    Paper = 0,
+    Signed = 1,
+}
+
+/// The decoder-side facts about one element that contexts may use: all from the reference.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RefInfo {
+    /// Exponent class of the reference value (its exponent field, see [`exp_class`]).
+    pub er: u8,
+    /// Sign bit of the reference value.
+    pub rs: u8,
+}
+
+/// One element's coded symbols.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sym {
+    /// Bit length of the coded value, 0 ..= w.
+    pub b: u8,
+    /// First bit below the leading one (valid when b >= 2).
+    pub q1: u8,
+    /// Second bit below the leading one (valid when b >= 3).
+    pub q2: u8,
+    /// 1 if the update is negative (Signed layout, valid when b >= 1).
+    pub neg: u8,
+    /// The `b - 3` raw bits below q2 (valid when b >= 4).
+    pub tail: u64,
+}
+
+/// Number of exponent classes: contexts reserve this many whatever the dtype.
+pub const EXP_CLASSES: usize = 256;
+
+/// The reference's exponent class. For types with at most 8 exponent bits it is the exponent
+/// field itself. f64's 11-bit field is clamped to 256 classes around the bias
+/// (`clamp(e - 1023 + 128, 0, 255)`): magnitudes from 2^-128 to 2^127 keep their own class.
+#[inline]
+pub fn exp_class(u: u64, fl: FloatLayout) -> u8 {
+    let e = float::exponent_field(u, fl.mantissa_bits, fl.exponent_bits);
+    if fl.exponent_bits <= 8 {
+        e as u8
+    } else {
+        (e as i64 - 1023 + 128).clamp(0, 255) as u8
+    }
+}
+
+#[inline]
+pub fn ref_info(r: u64, fl: FloatLayout) -> RefInfo {
+    RefInfo {
+        er: exp_class(r, fl),
+        rs: (r >> (fl.width - 1)) as u8 & 1,
+    }
+}
+
+/// Bit length: 0 for 0, else the position of the leading one plus one.
+#[inline]
+pub fn bitlen(v: u64) -> u8 {
+    (64 - v.leading_zeros()) as u8
+}
+
+/// Split a coded value into (b, q1, q2, tail).
+#[inline]
+pub fn decompose(v: u64, neg: bool) -> Sym {
+    let b = bitlen(v);
+    let bit = |i: u8| ((v >> i) & 1) as u8;
+    Sym {
+        b,
+        q1: if b >= 2 { bit(b - 2) } else { 0 },
+        q2: if b >= 3 { bit(b - 3) } else { 0 },
+        neg: neg as u8,
+        tail: if b >= 4 {
+            v & ((1u64 << (b - 3)) - 1)
+        } else {
+            0
+        },
+    }
+}
+
+/// Inverse of [`decompose`] (the value only; the sign is carried separately).
+#[inline]
+pub fn compose(s: &Sym) -> u64 {
+    match s.b {
+        0 => 0,
+        1 => 1,
+        2 => 2 | s.q1 as u64,
+        b => {
+            let top = (4 | (s.q1 as u64) << 1 | s.q2 as u64) << (b - 3);
+            top | s.tail
+        }
+    }
+}
+
+/// Symbols of target element `x` against reference element `r`.
+#[inline]
+pub fn encode_element(r: u64, x: u64, w: u32, layout: Layout) -> Sym {
+    let d = float::displacement(r, x, w);
+    match layout {
+        Layout::Paper => decompose(float::zigzag(d, w), false),
+        Layout::Signed => decompose(float::magnitude(d, w), d < 0),
+    }
+}
+
+/// Target element from its symbols and the reference element.
+#[inline]
+pub fn decode_element(r: u64, s: &Sym, w: u32, layout: Layout) -> u64 {
+    let v = compose(s);
+    let d = match layout {
+        Layout::Paper => float::unzigzag(v, w),
+        Layout::Signed => float::with_sign(v, s.neg != 0, w),
+    };
+    float::apply_displacement(r, d, w)
+}
+
+/// The sign state a later element sees of this one: 0 no update, 1 up, 2 down.
+#[inline]
+pub fn sign_state(s: &Sym) -> u8 {
+    if s.b == 0 {
+        0
+    } else {
+        1 + s.neg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decompose_compose_roundtrip() {
+        for v in (0..5000u64).chain([u64::MAX, 1 << 63, (1 << 63) + 12345]) {
+            let s = decompose(v, false);
+            assert_eq!(compose(&s), v, "{v}");
+            assert_eq!(s.b as u32, 64 - v.leading_zeros());
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Integer frequency normalization and cost estimation.
+//!
+//! Every backend produces integer histograms; this host-side code turns them into the tables
+//! that are transmitted. It is integer-only so that two machines given the same counts make the
+//! same tables and the same encoder decisions, bit for bit.
+
+/// Probability precision of the rANS tables: every row sums to `1 << PROB_BITS`.
+pub const PROB_BITS: u32 = 12;
+/// Sum of every normalized row.
+pub const PROB_TOTAL: u32 = 1 << PROB_BITS;
+
+/// Scale `counts` to frequencies summing to [`PROB_TOTAL`], giving every symbol seen at least 1
+/// and unseen symbols 0.
+///
+/// Rule (deterministic, documented in docs/FORMAT.md): `f = max(1, floor(c * TOTAL / N))` for each
+/// seen symbol; then the shortfall is added to the symbol with the largest count (ties: lowest
+/// index), or an excess is removed one unit at a time from the symbol with the largest
+/// frequency above 1 (ties: lowest index). Returns all zeros when `counts` are all zero.
+pub fn normalize(counts: &[u64]) -> Vec<u32> {
+    let n: u64 = counts.iter().sum();
+    let mut freqs = vec![0u32; counts.len()];
+    if n == 0 {
+        return freqs;
+    }
+    let total = PROB_TOTAL as u64;
+    let mut sum: i64 = 0;
+    for (f, &c) in freqs.iter_mut().zip(counts) {
+        if c > 0 {
+            *f = ((c as u128 * total as u128 / n as u128) as u32).max(1);
+            sum += *f as i64;
+        }
+    }
+    let target = total as i64;
+    if sum < target {
+        let best = argmax(counts.iter().copied());
+        freqs[best] += (target - sum) as u32;
+    }
+    while sum > target {
+        // At most (alphabet size) units over: each forced-to-1 symbol adds less than one unit.
+        let best = argmax(freqs.iter().map(|&f| if f > 1 { f as u64 } else { 0 }));
+        freqs[best] -= 1;
+        sum -= 1;
+    }
+    freqs
+}
+
+fn argmax(values: impl Iterator<Item = u64>) -> usize {
+    let mut best = 0;
+    let mut best_v = 0;
+    for (i, v) in values.enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best
+}
+
+/// Fixed-point scale of cost estimates: 1 bit = 65536 units.
+pub const COST_ONE_BIT: u64 = 1 << 16;
+
+/// `log2(x)` in 16.16 fixed point for `x >= 1`, computed with integers only (bit-by-bit
+/// squaring), so every machine gets the same value and the same encoder decisions.
+pub fn log2_fixed(x: u64) -> u64 {
+    debug_assert!(x >= 1);
+    let n = 63 - x.leading_zeros() as u64;
+    // y in [2^31, 2^32) represents the mantissa x / 2^n in [1, 2) with 31 fractional bits.
+    let mut y: u64 = if n >= 31 {
+        x >> (n - 31)
+    } else {
+        x << (31 - n)
+    };
+    let mut frac = 0u64;
+    for _ in 0..16 {
+        y = (y * y) >> 31;
+        frac <<= 1;
+        if y >= 1 << 32 {
+            y >>= 1;
+            frac |= 1;
+        }
+    }
+    (n << 16) | frac
+}
+
+/// Cost in [`COST_ONE_BIT`] units of coding symbols with `counts` under `freqs` (each symbol
+/// costs `PROB_BITS - log2(freq)` bits). Every counted symbol must have a non-zero frequency.
+pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
+    counts
+        .iter()
+        .zip(freqs)
+        .filter(|(&c, _)| c > 0)
+        .map(|(&c, &f)| c * ((PROB_BITS as u64) * COST_ONE_BIT - log2_fixed(f as u64)))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_sum_to_total_and_keep_seen_symbols() {
+        let cases: Vec<Vec<u64>> = vec![
+            vec![1],
+            vec![0, 5, 0],
+            vec![1_000_000, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+            (0..65).map(|i| 1 + i * i).collect(),
+            vec![7, 0, 3, 4096, 1],
+            vec![1; 4096],
+        ];
+        for counts in cases {
+            let f = normalize(&counts);
+            assert_eq!(f.iter().sum::<u32>(), PROB_TOTAL, "{counts:?}");
+            for (c, f) in counts.iter().zip(&f) {
+                assert_eq!(*c > 0, *f > 0);
+            }
+        }
+        assert!(normalize(&[0, 0]).iter().all(|&f| f == 0));
+    }
+
+    #[test]
+    fn log2_fixed_is_close_to_log2() {
+        for x in [1u64, 2, 3, 5, 1000, 4095, 4096, 1 << 40, u64::MAX] {
+            let got = log2_fixed(x) as f64 / 65536.0;
+            let want = (x as f64).log2();
+            assert!((got - want).abs() < 1e-4, "{x}: {got} vs {want}");
+        }
+    }
+}
