@@ -76,7 +76,9 @@ fn write_header(w: &mut ByteWriter, h: &BlobHeader) {
     for &d in &h.shape {
         w.varint(d);
     }
-    w.u32(h.reference_crc);
+    if h.mode.uses_reference() {
+        w.u32(h.reference_crc);
+    }
     w.u32(h.target_crc);
 }
 
@@ -119,7 +121,7 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
         dtype,
         shape,
         n_elements,
-        reference_crc: r.u32()?,
+        reference_crc: if mode.uses_reference() { r.u32()? } else { 0 },
         target_crc: r.u32()?,
     };
     let pos = r.pos();
@@ -315,6 +317,20 @@ fn candidate(
 /// Encode without the decode-and-compare check (callers outside benches want
 /// [`super::encode_tensor`]).
 pub fn encode_unverified(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
+    encode_with(pair, opts, true)
+}
+
+/// Encode a float tensor in the Modeled mode even where the raw fallback would be smaller:
+/// lets tests drive the entropy coder over every bit pattern. Not verified.
+pub fn encode_modeled_only(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
+    encode_with(pair, opts, false)
+}
+
+fn encode_with(
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    allow_fallback: bool,
+) -> Result<(Vec<u8>, Report)> {
     let dtype = pair.dtype;
     let n = element_count(pair.shape)?;
     let raw_bytes = n
@@ -350,7 +366,7 @@ pub fn encode_unverified(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec
     };
 
     let mut payload = ByteWriter::new();
-    if pair.reference == pair.target {
+    if pair.reference == pair.target && allow_fallback {
         header.mode = Mode::Identical;
     } else if let Some(fl) = dtype.float_layout() {
         header.mode = Mode::Modeled;
@@ -368,7 +384,8 @@ pub fn encode_unverified(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec
         payload.blob(&z);
         report.stream_bytes = z.len() as u64;
     }
-    if header.mode != Mode::Identical && payload.len() as u64 >= raw_bytes {
+    let fallback = allow_fallback || !dtype.is_float();
+    if fallback && header.mode != Mode::Identical && payload.len() as u64 >= raw_bytes {
         header.mode = Mode::Raw;
         header.reference_crc = 0;
         payload = ByteWriter::new();
@@ -443,8 +460,8 @@ fn encode_modeled(
     }
     report.table_bytes = (out.len() - before_tables) as u64;
     for c in &chunks {
-        out.u32(c.words.len() as u32);
-        out.u32(c.tail_bits as u32);
+        out.varint(c.words.len() as u64);
+        out.varint(c.tail_bits);
         for &s in &c.states {
             out.u32(s);
         }
@@ -568,14 +585,11 @@ fn decode_modeled(
     let ranges = chunk_ranges(n);
     let mut index = Vec::with_capacity(ranges.len().min(r.remaining() / 8));
     for range in &ranges {
-        let n_words = r.u32()? as usize;
-        let tail_bits = r.u32()? as u64;
+        let n_words = r.varint_max(range.len() as u64 * 4, "chunk word count")? as usize;
+        let tail_bits = r.varint_max(range.len() as u64 * 64, "chunk tail bits")?;
         let mut states = [0u32; LANES];
         for s in states.iter_mut() {
             *s = r.u32()?;
-        }
-        if tail_bits > range.len() as u64 * 64 {
-            return Err(r.err("chunk tail longer than possible"));
         }
         index.push((n_words, tail_bits, states));
     }
