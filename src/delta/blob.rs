@@ -177,36 +177,27 @@ fn chunk_ranges(n: usize) -> Vec<std::ops::Range<usize>> {
         .collect()
 }
 
-/// Histograms of every stage of a layout; chunk-local like the coder (the neighbor context
+/// Histograms of the given stage spaces; chunk-local like the coder (the neighbor context
 /// never reaches into the previous chunk).
 fn histograms(
     syms: &[Sym],
     info: &[RefInfo],
-    width: u32,
-    stages: &[Stage],
-    neighbor: Option<usize>,
+    spaces: &[Space],
+    distance: Option<usize>,
 ) -> Vec<Hist> {
-    let fresh = || -> Vec<Hist> {
-        stages
-            .iter()
-            .map(|&s| Hist::new(Space::new(s, width)))
-            .collect()
-    };
+    let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
     chunk_ranges(syms.len())
         .into_par_iter()
         .map(|range| {
             let mut hists = fresh();
             let (syms, info) = (&syms[range.clone()], &info[range]);
             for (j, s) in syms.iter().enumerate() {
-                let up = match neighbor {
-                    Some(d) if j >= d => symbols::sign_state(&syms[j - d]),
-                    _ => 0,
-                };
+                let nb = symbols::neighbor(syms, j, distance);
                 for h in hists.iter_mut() {
                     let sp = h.space;
                     if sp.present(s) {
                         let a = sp.alphabet();
-                        h.counts[sp.context(s, info[j], up) * a + sp.symbol(s)] += 1;
+                        h.counts[sp.context(s, info[j], nb) * a + sp.symbol(s)] += 1;
                     }
                 }
             }
@@ -226,10 +217,16 @@ fn table_bytes(t: &StageTable) -> u64 {
     w.len() as u64
 }
 
+/// Estimated cost of a stage (data + table) in COST_ONE_BIT units.
+fn stage_cost(t: &StageTable, h: &Hist) -> u64 {
+    t.data_cost(h) + table_bytes(t) * 8 * COST_ONE_BIT
+}
+
 /// One way of coding a float tensor, with its estimated size.
 struct Candidate {
     layout: Layout,
-    neighbor: Option<usize>,
+    /// Neighbor distance, if any stage's context uses the neighbor.
+    distance: Option<usize>,
     syms: Vec<Sym>,
     hists: Vec<Hist>,
     tables: Tables,
@@ -252,65 +249,51 @@ fn candidate(
         .map(|(&r, &x)| encode_element(r, x, w, layout))
         .collect();
     let tail: u64 = syms.iter().map(|s| s.b.saturating_sub(3) as u64).sum();
-    let tail_cost = tail * COST_ONE_BIT;
-    let stage_cost = |t: &StageTable, h: &Hist| t.data_cost(h) + table_bytes(t) * 8 * COST_ONE_BIT;
-    match layout {
+    let (mut hists, mut stages, distance) = match layout {
         Layout::Paper => {
-            let hists = histograms(&syms, info, w, &STAGES[..3], None);
+            let spaces: Vec<Space> = STAGES[..3]
+                .iter()
+                .map(|&s| Space::new(s, w, false))
+                .collect();
+            let hists = histograms(&syms, info, &spaces, None);
             let stages: Vec<StageTable> =
                 hists.iter().map(|h| StageTable::select(h, false)).collect();
-            let cost = tail_cost
-                + stages
-                    .iter()
-                    .zip(&hists)
-                    .map(|(t, h)| stage_cost(t, h))
-                    .sum::<u64>();
-            Candidate {
-                layout,
-                neighbor: None,
-                syms,
-                hists,
-                tables: Tables { stages },
-                cost,
-            }
+            (hists, stages, None)
         }
         Layout::Signed => {
             let d = neighbor_distance(shape);
-            let mut hists = histograms(&syms, info, w, &STAGES, Some(d));
-            let mut stages: Vec<StageTable> = hists[..3]
-                .iter()
-                .map(|h| StageTable::select(h, true))
-                .collect();
-            let with = StageTable::select(&hists[3], true);
-            let flat_hist = hists[3].without_neighbor();
-            let without = StageTable::select(&flat_hist, true);
-            let (c_with, c_without) = (
-                stage_cost(&with, &hists[3]),
-                stage_cost(&without, &flat_hist),
-            );
-            let neighbor = if c_with < c_without {
-                stages.push(with);
-                Some(d)
-            } else {
-                stages.push(without);
-                hists[3] = flat_hist;
-                None
-            };
-            let cost = tail_cost
-                + stages
-                    .iter()
-                    .zip(&hists)
-                    .map(|(t, h)| stage_cost(t, h))
-                    .sum::<u64>();
-            Candidate {
-                layout,
-                neighbor,
-                syms,
-                hists,
-                tables: Tables { stages },
-                cost,
+            let spaces: Vec<Space> = STAGES.iter().map(|&s| Space::new(s, w, true)).collect();
+            let hists = histograms(&syms, info, &spaces, Some(d));
+            let stages: Vec<StageTable> =
+                hists.iter().map(|h| StageTable::select(h, true)).collect();
+            (hists, stages, Some(d))
+        }
+    };
+    // Where a neighbor context does not pay for its larger tables, fold it away.
+    for i in 0..stages.len() {
+        if stages[i].space.neighbor {
+            let plain_hist = hists[i].without_neighbor();
+            let plain = StageTable::select(&plain_hist, true);
+            if stage_cost(&plain, &plain_hist) <= stage_cost(&stages[i], &hists[i]) {
+                stages[i] = plain;
+                hists[i] = plain_hist;
             }
         }
+    }
+    let distance = distance.filter(|_| stages.iter().any(|t| t.space.neighbor));
+    let cost = tail * COST_ONE_BIT
+        + stages
+            .iter()
+            .zip(&hists)
+            .map(|(t, h)| stage_cost(t, h))
+            .sum::<u64>();
+    Candidate {
+        layout,
+        distance,
+        syms,
+        hists,
+        tables: Tables { stages },
+        cost,
     }
 }
 
@@ -440,15 +423,24 @@ fn encode_modeled(
                 &chosen.syms[r.clone()],
                 &info[r],
                 &chosen.tables,
-                chosen.neighbor,
+                chosen.distance,
             )
         })
         .collect();
 
     out.u8(chosen.layout as u8);
-    let flags = opts.condition_on_exponent as u8 | (chosen.neighbor.is_some() as u8) << 1;
+    let uses = |stage: Stage| {
+        chosen
+            .tables
+            .stages
+            .get(stage as usize)
+            .is_some_and(|t| t.space.neighbor)
+    };
+    let flags = opts.condition_on_exponent as u8
+        | (uses(Stage::S) as u8) << 1
+        | (uses(Stage::B) as u8) << 2;
     out.u8(flags);
-    if let Some(d) = chosen.neighbor {
+    if let Some(d) = chosen.distance {
         out.varint(d as u64);
     }
     out.varint(CHUNK_ELEMS as u64);
@@ -475,7 +467,8 @@ fn encode_modeled(
         stream += 2 * c.words.len() as u64 + c.tail.len() as u64;
     }
     report.layout = Some(chosen.layout);
-    report.neighbor = chosen.neighbor.is_some();
+    report.neighbor = uses(Stage::S);
+    report.b_neighbor = uses(Stage::B);
     report.stream_bytes = stream;
     report.tail_bits = chunks.iter().map(|c| c.tail_bits).sum();
     for (i, (t, h)) in chosen.tables.stages.iter().zip(&chosen.hists).enumerate() {
@@ -555,11 +548,12 @@ fn decode_modeled(
         v => return Err(r.err(format!("unknown layout {v}"))),
     };
     let flags = r.u8()?;
-    if flags & !3 != 0 {
+    if flags & !7 != 0 {
         return Err(r.err(format!("unknown flags {flags:#x}")));
     }
     let condition = flags & 1 != 0;
-    let neighbor = if flags & 2 != 0 {
+    let (s_neighbor, b_neighbor) = (flags & 2 != 0, flags & 4 != 0);
+    let distance = if s_neighbor || b_neighbor {
         let d = r.varint_max(u32::MAX as u64, "neighbor distance")? as usize;
         if d < LANES {
             return Err(r.err(format!("neighbor distance {d} below the lane count")));
@@ -577,7 +571,14 @@ fn decode_modeled(
     let n_stages = if layout == Layout::Signed { 4 } else { 3 };
     let stages = STAGES[..n_stages]
         .iter()
-        .map(|&s| StageTable::read(r, Space::new(s, fl.width)))
+        .map(|&s| {
+            let nb = match s {
+                Stage::B => b_neighbor,
+                Stage::S => s_neighbor,
+                _ => false,
+            };
+            StageTable::read(r, Space::new(s, fl.width, nb))
+        })
         .collect::<Result<Vec<_>>>()?;
     let tables = Tables { stages };
 
@@ -620,7 +621,7 @@ fn decode_modeled(
         .into_par_iter()
         .zip(coded.par_iter())
         .map(|(range, chunk)| {
-            let syms = decode_chunk(&info[range.clone()], &tables, neighbor, chunk)?;
+            let syms = decode_chunk(&info[range.clone()], &tables, distance, chunk)?;
             Ok(refs[range]
                 .iter()
                 .zip(&syms)
