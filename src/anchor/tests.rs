@@ -1,0 +1,84 @@
+use super::*;
+
+fn roundtrip(dtype: DType, shape: &[u64], bytes: &[u8]) -> AnchorReport {
+    let (blob, report) = encode(dtype, shape, bytes).unwrap();
+    assert_eq!(decode(&blob).unwrap(), bytes);
+    assert!(
+        blob.len() <= bytes.len() + 64,
+        "{dtype}: {} > {}",
+        blob.len(),
+        bytes.len()
+    );
+    report
+}
+
+fn lcg(seed: &mut u64) -> u64 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *seed >> 11
+}
+
+#[test]
+fn every_dtype_and_odd_lengths_roundtrip() {
+    let mut seed = 7;
+    for dtype in DType::ALL {
+        for n in [0usize, 1, LANES - 1, LANES + 1, 1000, CHUNK_ELEMS + 3] {
+            let bytes: Vec<u8> = (0..n * dtype.size())
+                .map(|_| lcg(&mut seed) as u8)
+                .collect();
+            roundtrip(dtype, &[n as u64], &bytes);
+        }
+    }
+}
+
+#[test]
+fn special_values_and_skewed_floats_roundtrip_and_shrink() {
+    // Gaussian-ish bf16 weights around 0.02 with zeros, infinities and NaN payloads mixed in.
+    let mut seed = 3;
+    let mut vals: Vec<u16> = (0..50_000)
+        .map(|_| {
+            let s: i64 = (0..4).map(|_| (lcg(&mut seed) % 2001) as i64 - 1000).sum();
+            half::bf16::from_f32(s as f32 * 1e-5).to_bits()
+        })
+        .collect();
+    vals.extend([
+        0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0xffff, 0x0001, 0x8001,
+    ]);
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let r = roundtrip(DType::BF16, &[vals.len() as u64], &bytes);
+    assert_eq!(r.mode, Some(AnchorMode::Modeled));
+    assert!(r.blob_bytes < zipnn::size(DType::BF16, &bytes), "{r:?}");
+
+    let f32s: Vec<u8> = (0..20_000u32)
+        .flat_map(|i| ((i as f32 * 0.37).sin() * 0.05).to_le_bytes())
+        .chain(
+            [f32::NAN, f32::INFINITY, -0.0, f32::MIN_POSITIVE / 3.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes()),
+        )
+        .collect();
+    let r = roundtrip(DType::F32, &[20_004], &f32s);
+    assert!(r.blob_bytes < f32s.len() as u64);
+    let f64s: Vec<u8> = (0..5000u32)
+        .flat_map(|i| ((i as f64 * 0.11).cos() * 3.0).to_le_bytes())
+        .collect();
+    roundtrip(DType::F64, &[5000], &f64s);
+}
+
+#[test]
+fn corrupt_and_truncated_blobs_are_errors() {
+    let bytes: Vec<u8> = (0..10_000u32)
+        .flat_map(|i| half::bf16::from_f32((i % 97) as f32 * 1e-3).to_le_bytes())
+        .collect();
+    let (blob, _) = encode(DType::BF16, &[10_000], &bytes).unwrap();
+    for cut in [0, 3, 8, blob.len() / 2, blob.len() - 1] {
+        assert!(decode(&blob[..cut]).is_err());
+    }
+    for i in (0..blob.len()).step_by(97) {
+        let mut b = blob.clone();
+        b[i] ^= 0x10;
+        assert!(decode(&b).is_err(), "flip at {i}");
+    }
+    assert!(encode(DType::BF16, &[3], &[0u8; 5]).is_err());
+}
