@@ -8,6 +8,7 @@ pub mod lm;
 
 pub use error::{Error, Result};
 pub mod anchor;
+pub mod archive;
 pub mod baseline;
 pub mod bytes;
 pub mod checkpoint;
