@@ -250,7 +250,10 @@ fn find_footer(map: &[u8]) -> Option<(Footer, usize)> {
             }
         }
         // Scan back for the previous footer's end marker.
-        let search = &map[HEADER_LEN.min(end)..end.saturating_sub(1)];
+        if end <= HEADER_LEN + FOOTER_LEN {
+            return None;
+        }
+        let search = &map[HEADER_LEN..end - 1];
         let pos = search.windows(4).rposition(|w| w == FOOTER_END)?;
         end = HEADER_LEN + pos + 4;
     }

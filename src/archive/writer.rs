@@ -36,6 +36,9 @@ pub struct PackOptions {
     pub batch_bytes: usize,
     /// `pack`: replace an existing file at the output path.
     pub overwrite: bool,
+    /// Also code delta-eligible tensors standalone and keep the smaller blob (slower encode;
+    /// pays early in training when checkpoints are far apart).
+    pub try_anchor: bool,
 }
 
 impl Default for PackOptions {
@@ -45,6 +48,7 @@ impl Default for PackOptions {
             delta: EncodeOptions::default(),
             batch_bytes: delta::DEFAULT_BATCH_BYTES,
             overwrite: false,
+            try_anchor: false,
         }
     }
 }
@@ -280,7 +284,21 @@ fn encode_one(
         };
         let (bytes, rep) = delta::encode_tensor(&pair, &opts.delta)
             .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
-        if rep.mode != Some(Mode::Raw) {
+        let keep = rep.mode != Some(Mode::Raw)
+            && (!opts.try_anchor || {
+                let (a, _) = anchor::encode(t.dtype, &t.shape, data)
+                    .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
+                if a.len() < bytes.len() {
+                    return Ok(Coded {
+                        kind: BlobKind::Anchor,
+                        bytes: a,
+                        reference: None,
+                        depth: 0,
+                    });
+                }
+                true
+            });
+        if keep {
             return Ok(Coded {
                 kind: BlobKind::Delta,
                 bytes,

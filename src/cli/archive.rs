@@ -27,6 +27,9 @@ pub struct PackArgs {
     /// Replace an existing archive at the output path.
     #[arg(long)]
     force: bool,
+    /// Also code each delta tensor standalone and keep the smaller (slower).
+    #[arg(long)]
+    try_anchor: bool,
     /// Batch budget in MiB (memory and speed, never the bytes).
     #[arg(long, default_value_t = 64)]
     batch_mib: u64,
@@ -160,6 +163,7 @@ pub fn pack(a: PackArgs) -> Result<()> {
         keyframe_interval: a.keyframe_interval,
         batch_bytes: (a.batch_mib.max(1) as usize) << 20,
         overwrite: a.force,
+        try_anchor: a.try_anchor,
         ..Default::default()
     };
     let pb = bar(total, a.json, "pack");
