@@ -182,7 +182,9 @@ pub fn read_header(bytes: &[u8]) -> Result<u32> {
             "archive format version {version} (this build reads {FORMAT_VERSION})"
         )));
     }
-    r.take(3)?;
+    if r.take(3)? != [0, 0, 0] {
+        return Err(r.err("reserved header bytes are not zero"));
+    }
     let k = r.u32()?;
     if k == 0 {
         return Err(r.err("keyframe interval 0"));

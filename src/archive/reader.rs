@@ -55,7 +55,7 @@ impl Archive {
             }
             e => e,
         })?;
-        let (footer, end) = find_footer(&map).ok_or_else(|| {
+        let (footer, end) = find_footer(&map)?.ok_or_else(|| {
             Error::format(
                 format!("archive {}", path.display()),
                 "no valid commit found (truncated or damaged before its first checkpoint was committed)",
@@ -238,23 +238,32 @@ fn slice(map: &[u8], offset: u64, len: u64) -> Option<&[u8]> {
     Some(&map[offset as usize..end as usize])
 }
 
-/// The last valid footer and the offset just past it.
-fn find_footer(map: &[u8]) -> Option<(Footer, usize)> {
+/// The last valid footer and the offset just past it. A complete, valid footer at the very
+/// end whose commit record is damaged is corruption, not an interrupted append (appends make
+/// the commit durable before writing its footer): that is an error, not a silent fallback.
+fn find_footer(map: &[u8]) -> Result<Option<(Footer, usize)>> {
     let mut end = map.len();
     loop {
         if let Some(f) = read_footer(map, end) {
-            if let Some(b) = slice(map, f.commit_offset, f.commit_len) {
-                if read_commit(b).is_ok() {
-                    return Some((f, end));
+            match slice(map, f.commit_offset, f.commit_len).map(read_commit) {
+                Some(Ok(_)) => return Ok(Some((f, end))),
+                Some(Err(e)) if end == map.len() => {
+                    return Err(Error::format(
+                        "archive",
+                        format!("the last commit record is damaged ({e})"),
+                    ))
                 }
+                _ => {}
             }
         }
         // Scan back for the previous footer's end marker.
         if end <= HEADER_LEN + FOOTER_LEN {
-            return None;
+            return Ok(None);
         }
         let search = &map[HEADER_LEN..end - 1];
-        let pos = search.windows(4).rposition(|w| w == FOOTER_END)?;
+        let Some(pos) = search.windows(4).rposition(|w| w == FOOTER_END) else {
+            return Ok(None);
+        };
         end = HEADER_LEN + pos + 4;
     }
 }
