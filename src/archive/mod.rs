@@ -15,19 +15,37 @@
 //!
 //! The byte layout is in docs/FORMAT.md ("Trajectory archive").
 //!
-//! ```no_run
+//! ```
 //! use lockstep::archive::{self, Archive, PackOptions};
-//! use std::path::Path;
+//! # use safetensors::tensor::{serialize, Dtype, TensorView};
+//! # let dir = tempfile::tempdir()?;
+//! # let ckpt = |step: u32| {
+//! #     let w: Vec<u8> = (0..4096u32)
+//! #         .flat_map(|i| half::bf16::from_f32(((i * 7919 % 1000) as f32 - 500.0) * 1e-4 + step as f32 * 1e-5).to_le_bytes())
+//! #         .collect();
+//! #     let path = dir.path().join(format!("step{step}.safetensors"));
+//! #     let view = TensorView::new(Dtype::BF16, vec![64, 64], &w).unwrap();
+//! #     std::fs::write(&path, serialize([("w", view)], None).unwrap()).unwrap();
+//! #     path
+//! # };
+//! let (a, b, c) = (ckpt(100), ckpt(200), ckpt(300)); // step100.safetensors, ...
+//! let run = dir.path().join("run.lstp");
 //!
-//! // Pack two checkpoints, add a third later, restore the second.
-//! let sources = archive::resolve_many(&["run/step100.safetensors".into(), "run/step200.safetensors".into()])?;
-//! archive::pack(Path::new("run.lstp"), &sources, None, &PackOptions::default(), &|_| {})?;
-//! let next = archive::resolve(Path::new("run/step300.safetensors"))?;
-//! archive::append(Path::new("run.lstp"), &next, None, &PackOptions::default(), &|_| {})?;
-//! let a = Archive::open("run.lstp")?;
-//! a.extract(200, Path::new("restored.safetensors"), &|_| {})?;
-//! assert!(a.verify(&|_| {}).damaged.is_empty());
-//! # Ok::<(), lockstep::Error>(())
+//! // Pack two checkpoints (steps parsed from the names), append a third later.
+//! let sources = archive::resolve_many(&[a, b.clone()])?;
+//! archive::pack(&run, &sources, None, &PackOptions::default(), &|_bytes| {})?;
+//! archive::append(&run, &archive::resolve(&c)?, None, &PackOptions::default(), &|_| {})?;
+//!
+//! // Restore step 200 byte for byte, read one tensor, check everything.
+//! let ar = Archive::open(&run)?;
+//! assert_eq!(ar.checkpoints.len(), 3);
+//! let out = dir.path().join("restored.safetensors");
+//! ar.extract(200, &out, &|_| {})?;
+//! assert_eq!(std::fs::read(&out)?, std::fs::read(&b)?);
+//! assert_eq!(ar.tensor(300, "w")?.len(), 4096 * 2);
+//! assert!(ar.verify(&|_| {}).damaged.is_empty());
+//! println!("ratio {:.3}", ar.stats().ratio());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub mod format;

@@ -195,6 +195,16 @@ impl Archive {
             })
     }
 
+    /// The bytes of one tensor of the checkpoint at `step`, decoded and hash-checked.
+    pub fn tensor(&self, step: u64, name: &str) -> Result<Vec<u8>> {
+        let ck = self.checkpoint(step)?;
+        let t = ck
+            .tensors()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::Invalid(format!("step {step} has no tensor '{name}'")))?;
+        self.decode_blob(t.blob)
+    }
+
     /// Decode a blob (following its reference chain) and check its BLAKE3 hash.
     pub fn decode_blob(&self, id: u64) -> Result<Vec<u8>> {
         self.decode_cached(id, &BlobCache::new())
