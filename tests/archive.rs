@@ -201,7 +201,7 @@ fn sharded_save_pretrained_directories_roundtrip() {
     std::fs::create_dir_all(run.join("checkpoint-200/tokenizer")).unwrap();
     std::fs::write(run.join("checkpoint-200/tokenizer/vocab.txt"), b"a\nb\n").unwrap();
     let ar = dir.path().join("run.lstp");
-    let srcs = archive::resolve_many(&[run.clone()]).unwrap();
+    let srcs = archive::resolve_many(std::slice::from_ref(&run)).unwrap();
     assert_eq!(srcs.len(), 2);
     assert_eq!(srcs[1].files.len(), 6);
     let reps = archive::pack(&ar, &srcs, None, &opts(8), &|_| {}).unwrap();

@@ -611,6 +611,7 @@ struct DecodeCtx<'a> {
     h_slots: &'a [Vec<u16>],
 }
 
+#[allow(clippy::needless_range_loop)]
 fn decode_chunk(
     c: &DecodeCtx,
     first: usize,

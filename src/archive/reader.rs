@@ -353,6 +353,9 @@ pub struct VerifyReport {
     pub ignored_tail: u64,
 }
 
+/// Receives (tensor name or `None` for the file itself, error) during `verify`.
+type OnError<'a> = dyn FnMut(Option<&str>, Error) + 'a;
+
 /// Decoded files of one checkpoint are produced tensor batch by tensor batch under this budget.
 pub const DECODE_BATCH_BYTES: u64 = 64 << 20;
 /// `verify` keeps the previous checkpoint's decoded tensors (reference chains) up to this size.
@@ -368,7 +371,7 @@ impl Archive {
         cache: &BlobCache,
         keep: Option<&mut BlobCache>,
         sink: &mut dyn FnMut(&[u8]) -> Result<()>,
-        mut on_error: Option<&mut dyn FnMut(Option<&str>, Error)>,
+        mut on_error: Option<&mut OnError>,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<([u8; 32], u64)> {
         let mut hasher = blake3::Hasher::new();

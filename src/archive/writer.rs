@@ -317,6 +317,7 @@ fn encode_one(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn add_checkpoint(
     state: &mut State,
     out: &mut Out,
@@ -337,7 +338,7 @@ fn add_checkpoint(
             )));
         }
     }
-    let keyframe = state.checkpoints.len() % state.k as usize == 0;
+    let keyframe = state.checkpoints.len().is_multiple_of(state.k as usize);
     let first_blob = state.blobs.len() as u64;
     let mut report = AddReport {
         step,
