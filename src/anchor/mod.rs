@@ -68,6 +68,8 @@ pub struct AnchorReport {
     pub head_bits: u32,
     /// What stage E is conditioned on.
     pub context: ExpContext,
+    /// What stage H is conditioned on.
+    pub head_context: HeadContext,
 }
 
 /// The fixed part of an anchor blob.
@@ -97,9 +99,10 @@ pub fn encode(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(Vec<u8>, Anc
     };
     let mut best: Option<(AnchorMode, Vec<u8>)> = None;
     if let Some(fl) = dtype.float_layout().filter(|_| n > 0) {
-        let (payload, t, ctx) = encode_modeled(bytes, fl, shape);
+        let (payload, t, ctx, hctx) = encode_modeled(bytes, fl, shape);
         report.head_bits = t;
         report.context = ctx;
+        report.head_context = hctx;
         best = Some((AnchorMode::Modeled, payload));
     } else if !bytes.is_empty() {
         let z = zstd::bulk::compress(bytes, ZSTD_LEVEL)
@@ -134,6 +137,7 @@ pub fn encode(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(Vec<u8>, Anc
     if mode != AnchorMode::Modeled {
         report.head_bits = 0;
         report.context = ExpContext::None;
+        report.head_context = HeadContext::Exponent;
     }
     Ok((blob, report))
 }
@@ -372,6 +376,61 @@ impl ExpContext {
     }
 }
 
+/// What stage H (sign and top mantissa bits) is conditioned on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum HeadContext {
+    /// The element's exponent field (for exponent fields of at most 8 bits; else one context).
+    #[default]
+    Exponent,
+    /// The element's column and its exponent class: `col * 16 + max(0, e + 15 - top)`, where
+    /// `top` is a frequent large exponent of the tensor. Rows of embeddings that moved together
+    /// share their leading mantissa bits column by column.
+    ColumnClass { cols: usize, top: u32 },
+}
+
+/// Exponent classes of [`HeadContext::ColumnClass`].
+pub const HEAD_CLASSES: usize = 16;
+
+impl HeadContext {
+    fn contexts(self, g: &Geometry) -> usize {
+        match self {
+            HeadContext::Exponent => g.h_contexts(),
+            HeadContext::ColumnClass { cols, .. } => cols * HEAD_CLASSES,
+        }
+    }
+    #[inline]
+    fn ctx(self, g: &Geometry, e: u32, j: usize) -> usize {
+        match self {
+            HeadContext::Exponent => g.h_ctx(e),
+            HeadContext::ColumnClass { cols, top } => {
+                (j % cols) * HEAD_CLASSES
+                    + (e + HEAD_CLASSES as u32 - 1).saturating_sub(top) as usize
+            }
+        }
+    }
+    fn write(self, w: &mut ByteWriter) {
+        match self {
+            HeadContext::Exponent => w.u8(0),
+            HeadContext::ColumnClass { cols, top } => {
+                w.u8(1);
+                w.varint(cols as u64);
+                w.varint(top as u64);
+            }
+        }
+    }
+    fn read(r: &mut ByteReader, g: &Geometry) -> Result<HeadContext> {
+        Ok(match r.u8()? {
+            0 => HeadContext::Exponent,
+            1 => {
+                let cols = r.varint_max(MAX_COLUMN_CONTEXTS, "column count")?.max(1) as usize;
+                let top = r.varint_max(g.e_alphabet() as u64 - 1, "top exponent")? as u32;
+                HeadContext::ColumnClass { cols, top }
+            }
+            k => return Err(r.err(format!("unknown head context kind {k}"))),
+        })
+    }
+}
+
 /// Candidate contexts: none, the previous element and, for matrices, the element one row up
 /// and the column.
 fn candidates(shape: &[u64], can_order1: bool) -> Vec<ExpContext> {
@@ -390,7 +449,11 @@ fn candidates(shape: &[u64], can_order1: bool) -> Vec<ExpContext> {
     d
 }
 
-fn encode_modeled(bytes: &[u8], fl: FloatLayout, shape: &[u64]) -> (Vec<u8>, u32, ExpContext) {
+fn encode_modeled(
+    bytes: &[u8],
+    fl: FloatLayout,
+    shape: &[u64],
+) -> (Vec<u8>, u32, ExpContext, HeadContext) {
     let g = Geometry::new(fl);
     let n = bytes.len() / g.size;
     let t_max = g.m.min(MAX_HEAD_BITS);
@@ -403,26 +466,25 @@ fn encode_modeled(bytes: &[u8], fl: FloatLayout, shape: &[u64]) -> (Vec<u8>, u32
                 .iter()
                 .map(|c| Hist::new(c.contexts(ea), ea))
                 .collect::<Vec<_>>(),
-            Hist::new(g.h_contexts(), 1 << (t_max + 1)),
+            Hist::new(1, ea),
         )
     };
 
-    // Histograms at the largest head: stage E under each candidate context (and none), stage H
-    // under the exponent.
-    let (hes, hh) = ranges
+    // Pass 1: stage E under each candidate context, and the exponent counts.
+    let (hes, e_counts) = ranges
         .par_iter()
         .map(|r| {
-            let (mut hes, mut hh) = fresh();
+            let (mut hes, mut e0) = fresh();
             let mut es = Vec::with_capacity(r.len());
             for (k, j) in r.clone().enumerate() {
-                let (e, head, _) = g.split(load(bytes, g.size, j), t_max);
+                let (e, _, _) = g.split(load(bytes, g.size, j), t_max);
                 es.push(e);
                 for (h, &c) in hes.iter_mut().zip(&dists) {
                     h.inc(c.ctx(&es, k, j), e as usize);
                 }
-                hh.inc(g.h_ctx(e), head as usize);
+                e0.inc(0, e as usize);
             }
-            (hes, hh)
+            (hes, e0)
         })
         .reduce(fresh, |(mut a, mut b), (x, y)| {
             for (p, q) in a.iter_mut().zip(&x) {
@@ -430,6 +492,46 @@ fn encode_modeled(bytes: &[u8], fl: FloatLayout, shape: &[u64]) -> (Vec<u8>, u32
             }
             b.add(&y);
             (a, b)
+        });
+
+    // Pass 2: stage H at the largest head under each candidate context.
+    let mut hcands = vec![HeadContext::Exponent];
+    if let Some(&cols) = shape.last() {
+        if shape.len() >= 2 && cols > 1 && cols <= MAX_COLUMN_CONTEXTS {
+            // `top`: the largest exponent held by at least 1/1024 of the elements.
+            let top = (0..ea)
+                .rev()
+                .find(|&e| e_counts.counts[e] * 1024 >= n as u64)
+                .unwrap_or(0) as u32;
+            hcands.push(HeadContext::ColumnClass {
+                cols: cols as usize,
+                top,
+            });
+        }
+    }
+    let fresh_h = || -> Vec<Hist> {
+        hcands
+            .iter()
+            .map(|c| Hist::new(c.contexts(&g), 1 << (t_max + 1)))
+            .collect()
+    };
+    let hhs = ranges
+        .par_iter()
+        .map(|r| {
+            let mut hs = fresh_h();
+            for j in r.clone() {
+                let (e, head, _) = g.split(load(bytes, g.size, j), t_max);
+                for (h, c) in hs.iter_mut().zip(&hcands) {
+                    h.inc(c.ctx(&g, e, j), head as usize);
+                }
+            }
+            hs
+        })
+        .reduce(fresh_h, |mut a, b| {
+            for (p, q) in a.iter_mut().zip(&b) {
+                p.add(q);
+            }
+            a
         });
 
     // Stage E: the cheapest context (ties: the earlier candidate).
@@ -443,24 +545,26 @@ fn encode_modeled(bytes: &[u8], fl: FloatLayout, shape: &[u64]) -> (Vec<u8>, u32
     }
     let (_, dist, e_table) = best_e.unwrap();
 
-    // Stage H: the number of modeled mantissa bits.
-    let mut best: Option<(u64, u32, Table)> = None;
-    for t in 0..=t_max {
-        let mut h = Hist::new(hh.n_ctx, 1 << (t + 1));
-        for ctx in 0..hh.n_ctx {
-            for (sym, &c) in hh.row(ctx).iter().enumerate() {
-                let sign = (sym >> t_max) & 1;
-                let top = (sym & ((1 << t_max) - 1)) >> (t_max - t);
-                h.counts[ctx * h.alphabet + ((sign << t) | top)] += c;
+    // Stage H: the context and the number of modeled mantissa bits (ties: the earlier).
+    let mut best: Option<(u64, u32, HeadContext, Table)> = None;
+    for (hh, &hc) in hhs.iter().zip(&hcands) {
+        for t in 0..=t_max {
+            let mut h = Hist::new(hh.n_ctx, 1 << (t + 1));
+            for ctx in 0..hh.n_ctx {
+                for (sym, &c) in hh.row(ctx).iter().enumerate() {
+                    let sign = (sym >> t_max) & 1;
+                    let top = (sym & ((1 << t_max) - 1)) >> (t_max - t);
+                    h.counts[ctx * h.alphabet + ((sign << t) | top)] += c;
+                }
+            }
+            let table = Table::select(&h);
+            let c = table.total_cost(&h) + (g.m - t) as u64 * n as u64 * COST_ONE_BIT;
+            if best.as_ref().is_none_or(|(bc, _, _, _)| c < *bc) {
+                best = Some((c, t, hc, table));
             }
         }
-        let table = Table::select(&h);
-        let c = table.total_cost(&h) + (g.m - t) as u64 * n as u64 * COST_ONE_BIT;
-        if best.as_ref().is_none_or(|(bc, _, _)| c < *bc) {
-            best = Some((c, t, table));
-        }
     }
-    let (_, t, h_table) = best.unwrap();
+    let (_, t, hctx, h_table) = best.unwrap();
 
     let chunks: Vec<(Vec<u16>, [u32; LANES], Vec<u8>)> = ranges
         .par_iter()
@@ -471,6 +575,7 @@ fn encode_modeled(bytes: &[u8], fl: FloatLayout, shape: &[u64]) -> (Vec<u8>, u32
                 g,
                 t,
                 dist,
+                hctx,
                 &e_table,
                 &h_table,
             )
@@ -480,6 +585,7 @@ fn encode_modeled(bytes: &[u8], fl: FloatLayout, shape: &[u64]) -> (Vec<u8>, u32
     let mut w = ByteWriter::new();
     w.u8(t as u8);
     dist.write(&mut w);
+    hctx.write(&mut w);
     e_table.write(&mut w);
     h_table.write(&mut w);
     for (words, states, _) in &chunks {
@@ -494,7 +600,7 @@ fn encode_modeled(bytes: &[u8], fl: FloatLayout, shape: &[u64]) -> (Vec<u8>, u32
         }
         w.bytes(tail);
     }
-    (w.buf, t, dist)
+    (w.buf, t, dist, hctx)
 }
 
 fn encode_chunk(
@@ -503,6 +609,7 @@ fn encode_chunk(
     g: Geometry,
     t: u32,
     dist: ExpContext,
+    hctx: HeadContext,
     e_table: &Table,
     h_table: &Table,
 ) -> (Vec<u16>, [u32; LANES], Vec<u8>) {
@@ -523,7 +630,7 @@ fn encode_chunk(
         let lanes = LANES.min(n - step * LANES);
         for lane in (0..lanes).rev() {
             let j = step * LANES + lane;
-            let row = &h_table.rows[h_table.map[g.h_ctx(es[j])] as usize];
+            let row = &h_table.rows[h_table.map[hctx.ctx(&g, es[j], first + j)] as usize];
             let s = heads[j] as usize;
             enc_put(&mut states[lane], &mut words, row.start[s], row.freq[s]);
         }
@@ -552,9 +659,10 @@ fn decode_modeled(payload: &[u8], fl: FloatLayout, n: usize) -> Result<Vec<u8>> 
     if dist != ExpContext::None && !g.can_order1 {
         return Err(r.err("exponent context for a dtype that has none"));
     }
+    let hctx = HeadContext::read(&mut r, &g)?;
     let ea = g.e_alphabet();
     let e_table = Table::read(&mut r, dist.contexts(ea), ea)?;
-    let h_table = Table::read(&mut r, g.h_contexts(), 1 << (t + 1))?;
+    let h_table = Table::read(&mut r, hctx.contexts(&g), 1 << (t + 1))?;
     // Each chunk has at least a word count and LANES states: bound n before allocating.
     if n.div_ceil(CHUNK_ELEMS) > payload.len() / (1 + 4 * LANES) + 1 {
         return Err(r.err(format!(
@@ -591,6 +699,7 @@ fn decode_modeled(payload: &[u8], fl: FloatLayout, n: usize) -> Result<Vec<u8>> 
                 g,
                 t,
                 dist,
+                hctx,
                 e_table: &e_table,
                 h_table: &h_table,
                 e_slots: &e_slots,
@@ -605,6 +714,7 @@ struct DecodeCtx<'a> {
     g: Geometry,
     t: u32,
     dist: ExpContext,
+    hctx: HeadContext,
     e_table: &'a Table,
     h_table: &'a Table,
     e_slots: &'a [Vec<u16>],
@@ -648,7 +758,7 @@ fn decode_chunk(
         }
         for lane in 0..lanes {
             let j = step * LANES + lane;
-            let ri = c.h_table.map[g.h_ctx(es[j])];
+            let ri = c.h_table.map[c.hctx.ctx(&g, es[j], first + j)];
             if ri == u32::MAX {
                 return Err(bad("a head context has no frequency row"));
             }
