@@ -382,7 +382,7 @@ pub enum HeadContext {
     /// The element's exponent field (for exponent fields of at most 8 bits; else one context).
     #[default]
     Exponent,
-    /// The element's column and its exponent class: `col * 16 + max(0, e + 15 - top)`, where
+    /// The element's column and its exponent class: `col * 16 + clamp(e + 15 - top, 0, 15)`, where
     /// `top` is a frequent large exponent of the tensor. Rows of embeddings that moved together
     /// share their leading mantissa bits column by column.
     ColumnClass { cols: usize, top: u32 },
@@ -403,8 +403,8 @@ impl HeadContext {
         match self {
             HeadContext::Exponent => g.h_ctx(e),
             HeadContext::ColumnClass { cols, top } => {
-                (j % cols) * HEAD_CLASSES
-                    + (e + HEAD_CLASSES as u32 - 1).saturating_sub(top) as usize
+                let class = (e + HEAD_CLASSES as u32 - 1).saturating_sub(top);
+                (j % cols) * HEAD_CLASSES + class.min(HEAD_CLASSES as u32 - 1) as usize
             }
         }
     }

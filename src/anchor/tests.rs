@@ -28,6 +28,9 @@ fn every_dtype_and_odd_lengths_roundtrip() {
                 .map(|_| lcg(&mut seed) as u8)
                 .collect();
             roundtrip(dtype, &[n as u64], &bytes);
+            if n % 8 == 0 && n > 0 {
+                roundtrip(dtype, &[(n / 8) as u64, 8], &bytes);
+            }
         }
     }
 }
@@ -81,4 +84,41 @@ fn corrupt_and_truncated_blobs_are_errors() {
         assert!(decode(&b).is_err(), "flip at {i}");
     }
     assert!(encode(DType::BF16, &[3], &[0u8; 5]).is_err());
+}
+
+#[test]
+fn matrices_with_outliers_and_column_structure_roundtrip() {
+    // Rows that share a per-column offset (column contexts pay) plus rare huge outliers
+    // above the frequent exponents, in every float type.
+    let mut seed = 11;
+    for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+        let (rows, cols) = (300usize, 64usize);
+        let offs: Vec<f64> = (0..cols).map(|c| (c as f64 - 32.0) * 0.01).collect();
+        let vals: Vec<f64> = (0..rows * cols)
+            .map(|j| {
+                let noise = ((lcg(&mut seed) % 1001) as f64 - 500.0) * 1e-6;
+                if j % 997 == 5 {
+                    3.0e4
+                } else {
+                    offs[j % cols] + noise
+                }
+            })
+            .collect();
+        let bytes: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| match dtype {
+                DType::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+                DType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+                DType::F32 => (v as f32).to_le_bytes().to_vec(),
+                _ => v.to_le_bytes().to_vec(),
+            })
+            .collect();
+        let r = roundtrip(dtype, &[rows as u64, cols as u64], &bytes);
+        if dtype == DType::BF16 {
+            assert!(
+                matches!(r.head_context, HeadContext::ColumnClass { .. }),
+                "{r:?}"
+            );
+        }
+    }
 }
