@@ -7,7 +7,9 @@
 //! - stage E codes `e` with static rANS, under the exponent of the previous element as context
 //!   (order 1) or under one row (order 0), whichever the integer cost estimate says is smaller;
 //! - stage H codes the head under the element's own exponent as context (within a binade the
-//!   density of trained weights is not flat, and norms/biases often have one sign);
+//!   density of trained weights is not flat, and norms/biases often have one sign), or, for
+//!   matrices, under its column and exponent class (embedding rows that moved together share
+//!   their leading mantissa bits column by column);
 //! - the tail is bit-packed.
 //!
 //! `t` (0..=4) is chosen per tensor by the same integer cost estimate. Rows are per tensor and
