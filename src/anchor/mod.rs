@@ -473,10 +473,10 @@ fn encode_modeled(
     };
 
     // Pass 1: stage E under each candidate context, and the exponent counts.
+    // fold: one set of histograms per worker thread, not per chunk.
     let (hes, e_counts) = ranges
         .par_iter()
-        .map(|r| {
-            let (mut hes, mut e0) = fresh();
+        .fold(fresh, |(mut hes, mut e0), r| {
             let mut es = Vec::with_capacity(r.len());
             for (k, j) in r.clone().enumerate() {
                 let (e, _, _) = g.split(load(bytes, g.size, j), t_max);
@@ -519,8 +519,7 @@ fn encode_modeled(
     };
     let hhs = ranges
         .par_iter()
-        .map(|r| {
-            let mut hs = fresh_h();
+        .fold(fresh_h, |mut hs, r| {
             for j in r.clone() {
                 let (e, head, _) = g.split(load(bytes, g.size, j), t_max);
                 for (h, c) in hs.iter_mut().zip(&hcands) {
@@ -690,8 +689,8 @@ fn decode_modeled(payload: &[u8], fl: FloatLayout, n: usize) -> Result<Vec<u8>> 
         streams.push((words, tail));
     }
     r.expect_end()?;
-    let e_slots: Vec<Vec<u16>> = e_table.rows.iter().map(|r| r.slots()).collect();
-    let h_slots: Vec<Vec<u16>> = h_table.rows.iter().map(|r| r.slots()).collect();
+    let e_slots = Lookup::new(&e_table);
+    let h_slots = Lookup::new(&h_table);
     let mut out = vec![0u8; n * g.size];
     out.par_chunks_mut(CHUNK_ELEMS * g.size)
         .enumerate()
@@ -712,6 +711,29 @@ fn decode_modeled(payload: &[u8], fl: FloatLayout, n: usize) -> Result<Vec<u8>> 
     Ok(out)
 }
 
+/// Slot → symbol: full tables for a few rows over large alphabets, else a binary search of
+/// the cumulative starts (thousands of small rows would not fit in cache as tables).
+struct Lookup {
+    slots: Option<Vec<Vec<u16>>>,
+}
+
+impl Lookup {
+    fn new(t: &Table) -> Lookup {
+        let tables = t.alphabet > 32 && t.rows.len() <= 64;
+        Lookup {
+            slots: tables.then(|| t.rows.iter().map(|r| r.slots()).collect()),
+        }
+    }
+    #[inline]
+    fn find(&self, row: &table::Row, ri: u32, slot: u32) -> usize {
+        match &self.slots {
+            Some(s) => s[ri as usize][slot as usize] as usize,
+            // The last symbol whose start is <= slot has a non-zero frequency.
+            None => row.start.partition_point(|&st| st <= slot) - 1,
+        }
+    }
+}
+
 struct DecodeCtx<'a> {
     g: Geometry,
     t: u32,
@@ -719,8 +741,8 @@ struct DecodeCtx<'a> {
     hctx: HeadContext,
     e_table: &'a Table,
     h_table: &'a Table,
-    e_slots: &'a [Vec<u16>],
-    h_slots: &'a [Vec<u16>],
+    e_slots: &'a Lookup,
+    h_slots: &'a Lookup,
 }
 
 #[allow(clippy::needless_range_loop)]
@@ -752,7 +774,9 @@ fn decode_chunk(
             }
             let row = &c.e_table.rows[ri as usize];
             let st = &mut states[lane];
-            let s = c.e_slots[ri as usize][dec_get(*st) as usize] as usize;
+            let s = c
+                .e_slots
+                .find(&c.e_table.rows[ri as usize], ri, dec_get(*st));
             if !dec_advance(st, &words, &mut pos, row.start[s], row.freq[s]) {
                 return Err(bad("rANS word stream ended early"));
             }
@@ -766,7 +790,9 @@ fn decode_chunk(
             }
             let row = &c.h_table.rows[ri as usize];
             let st = &mut states[lane];
-            let s = c.h_slots[ri as usize][dec_get(*st) as usize] as usize;
+            let s = c
+                .h_slots
+                .find(&c.h_table.rows[ri as usize], ri, dec_get(*st));
             if !dec_advance(st, &words, &mut pos, row.start[s], row.freq[s]) {
                 return Err(bad("rANS word stream ended early"));
             }

@@ -2,7 +2,29 @@
 //! row for each context where it pays for itself (integer cost estimate, docs/FORMAT.md).
 
 use crate::bytes::{ByteReader, ByteWriter};
-use crate::entropy::freq::{cost, normalize, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
+use crate::entropy::freq::{log2_fixed, normalize, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
+
+/// `PROB_BITS - log2(f)` in `COST_ONE_BIT` units for every frequency `f` of a row: the same
+/// integers as `entropy::freq::cost`, looked up instead of recomputed.
+fn bits_of(f: u32) -> u64 {
+    static LUT: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    let lut = LUT.get_or_init(|| {
+        (0..=PROB_TOTAL as u64)
+            .map(|f| (PROB_BITS as u64) * COST_ONE_BIT - log2_fixed(f.max(1)))
+            .collect()
+    });
+    lut[f as usize]
+}
+
+/// Cost of coding `counts` under `freqs` (as `entropy::freq::cost`).
+fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
+    counts
+        .iter()
+        .zip(freqs)
+        .filter(|(&c, _)| c > 0)
+        .map(|(&c, &f)| c * bits_of(f))
+        .sum()
+}
 use crate::Result;
 
 /// Histogram of one stage: `n_ctx` contexts of `alphabet` symbols each.
@@ -256,3 +278,32 @@ fn read_row(r: &mut ByteReader, alphabet: usize) -> Result<Vec<u32>> {
 }
 
 const _: () = assert!(PROB_BITS <= 16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_cost_equals_the_shared_cost_and_tables_roundtrip() {
+        let mut h = Hist::new(5, 40);
+        for i in 0..5000u64 {
+            h.inc((i % 5) as usize, ((i * i + i / 7) % 40) as usize);
+        }
+        h.inc(2, 39);
+        for ctx in 0..5 {
+            let f = normalize(h.row(ctx));
+            assert_eq!(
+                cost(h.row(ctx), &f),
+                crate::entropy::freq::cost(h.row(ctx), &f)
+            );
+        }
+        let t = Table::select(&h);
+        let mut w = ByteWriter::new();
+        t.write(&mut w);
+        let back = Table::read(&mut ByteReader::new(&w.buf, "test"), 5, 40).unwrap();
+        assert_eq!(back.rows, t.rows);
+        for (ctx, &m) in t.map.iter().enumerate() {
+            assert_eq!(back.map[ctx], m);
+        }
+    }
+}
