@@ -112,6 +112,28 @@ fn append_writes_the_same_bytes_as_pack() {
     append_file(&appended, &files[1], None);
     append_file(&appended, &files[2], None);
     assert!(std::fs::read(&packed).unwrap() == std::fs::read(&appended).unwrap());
+    // Appending with the previous checkpoint's file as the reference source: same bytes; a
+    // file that is not the last checkpoint is refused, the archive untouched.
+    let with_prev = dir.path().join("with_prev.lstp");
+    pack_files(
+        &with_prev,
+        &files[..2].iter().map(|p| p.as_path()).collect::<Vec<_>>(),
+        8,
+    );
+    let before = std::fs::read(&with_prev).unwrap();
+    let src = archive::resolve(&files[2]).unwrap();
+    let wrong = archive::resolve(&files[0]).unwrap();
+    let e = archive::append_with_previous(&with_prev, &src, Some(&wrong), None, &opts(8), &|_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not the archive's last checkpoint") && e.contains("different bytes"),
+        "{e}"
+    );
+    assert!(std::fs::read(&with_prev).unwrap() == before);
+    let prev = archive::resolve(&files[1]).unwrap();
+    archive::append_with_previous(&with_prev, &src, Some(&prev), None, &opts(8), &|_| {}).unwrap();
+    assert!(std::fs::read(&packed).unwrap() == std::fs::read(&with_prev).unwrap());
     // A run directory sorted by step gives the same archive too.
     let from_dir = dir.path().join("dir.lstp");
     let run = dir.path().join("run");

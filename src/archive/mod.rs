@@ -58,4 +58,6 @@ pub use format::{BlobKind, BlobRecord, CheckpointRecord, FileRecord, Layout, Ten
 pub use input::{resolve, resolve_many, CheckpointSource};
 pub use reader::{Archive, Damage, VerifyReport};
 pub use stats::{CheckpointSummary, Stats};
-pub use writer::{append, pack, AddReport, PackOptions, DEFAULT_KEYFRAME_INTERVAL};
+pub use writer::{
+    append, append_with_previous, pack, AddReport, PackOptions, DEFAULT_KEYFRAME_INTERVAL,
+};

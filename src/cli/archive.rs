@@ -46,6 +46,10 @@ pub struct AppendArgs {
     /// Its step (default: parsed from the name, else one after the last).
     #[arg(long)]
     step: Option<u64>,
+    /// The archive's last checkpoint as you still have it: its tensors (checked against the
+    /// stored hashes) are used as references instead of decoding them from the archive.
+    #[arg(long)]
+    previous: Option<PathBuf>,
     #[arg(long, default_value_t = 64)]
     batch_mib: u64,
     #[arg(long)]
@@ -205,7 +209,11 @@ pub fn append(a: AppendArgs) -> Result<()> {
         ..Default::default()
     };
     let pb = bar(total, a.json, "append");
-    let r = archive::append(&a.archive, &src, a.step, &opts, &|n| pb.inc(n))?;
+    let previous = a.previous.as_deref().map(archive::resolve).transpose()?;
+    let r =
+        archive::append_with_previous(&a.archive, &src, previous.as_ref(), a.step, &opts, &|n| {
+            pb.inc(n)
+        })?;
     pb.finish_and_clear();
     if a.json {
         println!(
