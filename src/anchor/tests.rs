@@ -122,3 +122,25 @@ fn matrices_with_outliers_and_column_structure_roundtrip() {
         }
     }
 }
+
+#[test]
+fn bytes_do_not_depend_on_thread_count() {
+    let mut seed = 5;
+    let bytes: Vec<u8> = (0..3 * CHUNK_ELEMS + 77)
+        .flat_map(|j| {
+            let v = ((lcg(&mut seed) % 2001) as f32 - 1000.0) * 1e-5 + (j % 64) as f32 * 1e-3;
+            half::bf16::from_f32(v).to_le_bytes()
+        })
+        .collect();
+    let shape = [(bytes.len() / 2) as u64];
+    let run = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| encode(DType::BF16, &shape, &bytes).unwrap().0)
+    };
+    let one = run(1);
+    assert_eq!(one, run(3));
+    assert_eq!(decode(&one).unwrap(), bytes);
+}

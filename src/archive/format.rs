@@ -301,7 +301,7 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
         )));
     }
     let prev_commit = r.u64()?;
-    let body_len = r.varint_max(1 << 32, "commit body length")? as usize;
+    let body_len = r.varint_max(1 << 30, "commit body length")? as usize;
     let z = r.take(r.remaining())?;
     let plain = zstd::bulk::decompress(z, body_len)
         .map_err(|e| Error::format("archive commit record", format!("zstd: {e}")))?;
