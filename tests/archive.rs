@@ -112,6 +112,15 @@ fn append_writes_the_same_bytes_as_pack() {
     append_file(&appended, &files[1], None);
     append_file(&appended, &files[2], None);
     assert!(std::fs::read(&packed).unwrap() == std::fs::read(&appended).unwrap());
+    // The batch budget changes memory and speed, never the bytes.
+    let tiny_batches = dir.path().join("tiny_batches.lstp");
+    let srcs = archive::resolve_many(&files).unwrap();
+    let o = PackOptions {
+        batch_bytes: 1,
+        ..opts(8)
+    };
+    archive::pack(&tiny_batches, &srcs, None, &o, &|_| {}).unwrap();
+    assert!(std::fs::read(&packed).unwrap() == std::fs::read(&tiny_batches).unwrap());
     // Appending with the previous checkpoint's file as the reference source: same bytes; a
     // file that is not the last checkpoint is refused, the archive untouched.
     let with_prev = dir.path().join("with_prev.lstp");
