@@ -15,6 +15,7 @@ pub struct PackArgs {
     /// save_pretrained directories), or one directory of checkpoints (sorted by step).
     #[arg(required = true)]
     checkpoints: Vec<PathBuf>,
+    /// The archive to create (written to a temporary file, renamed into place when complete).
     #[arg(short, long)]
     output: PathBuf,
     /// A standalone keyframe every K checkpoints: restoring a step decodes at most K blobs
@@ -40,6 +41,7 @@ pub struct PackArgs {
 
 #[derive(Args)]
 pub struct AppendArgs {
+    /// The archive (.lstp) to extend.
     archive: PathBuf,
     /// The checkpoint to add (file, sharded checkpoint or directory).
     checkpoint: PathBuf,
@@ -58,13 +60,16 @@ pub struct AppendArgs {
 
 #[derive(Args)]
 pub struct ArchiveArgs {
+    /// The archive (.lstp).
     archive: PathBuf,
+    /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Args)]
 pub struct ExtractArgs {
+    /// The archive (.lstp).
     archive: PathBuf,
     /// The step to restore (default: the last).
     #[arg(long)]
