@@ -320,6 +320,16 @@ fn bad_input_gets_clear_errors_and_leaves_the_archive_alone() {
     .unwrap_err();
     assert!(e.to_string().contains("not after"), "{e}");
     assert!(std::fs::read(&ar).unwrap() == before, "archive changed");
+    // A file that vanishes after the blobs before it were written: error, archive unchanged.
+    let d2 = dir.path().join("checkpoint-2");
+    std::fs::create_dir(&d2).unwrap();
+    write_ckpt(&d2.join("model.safetensors"), &small_model(), 2);
+    std::fs::write(d2.join("zz_notes.txt"), b"notes").unwrap();
+    let src = archive::resolve(&d2).unwrap();
+    std::fs::remove_file(d2.join("zz_notes.txt")).unwrap();
+    let e = archive::append(&ar, &src, None, &opts(8), &|_| {}).unwrap_err();
+    assert!(e.to_string().contains("zz_notes.txt"), "{e}");
+    assert!(std::fs::read(&ar).unwrap() == before, "archive changed");
     // pack refuses to overwrite without --force.
     let e = archive::pack(
         &ar,

@@ -667,7 +667,7 @@ pub fn append_with_previous(
     f.seek(SeekFrom::Start(archive.valid_end))
         .map_err(|e| Error::io(path, e))?;
     let mut out = Out::new(f, path, archive.valid_end);
-    add_checkpoint(
+    let r = add_checkpoint(
         &mut state,
         &mut out,
         src,
@@ -679,7 +679,14 @@ pub fn append_with_previous(
         }),
         opts,
         progress,
-    )
+    );
+    if r.is_err() {
+        // Nothing was committed; leave the file as it was (best effort: readers ignore the
+        // uncommitted bytes anyway, and the next append would cut them off).
+        drop(out);
+        let _ = file.set_len(archive.valid_end);
+    }
+    r
 }
 
 /// Every tensor of the archive's last checkpoint must be in `o` with the same dtype, shape
