@@ -499,7 +499,12 @@ fn encode_modeled(
     // Pass 2: stage H at the largest head under each candidate context.
     let mut hcands = vec![HeadContext::Exponent];
     if let Some(&cols) = shape.last() {
-        if shape.len() >= 2 && cols > 1 && cols <= MAX_COLUMN_CONTEXTS {
+        // Only where there are enough elements per context for own rows to pay.
+        if shape.len() >= 2
+            && cols > 1
+            && cols <= MAX_COLUMN_CONTEXTS
+            && n as u64 >= cols * HEAD_CLASSES as u64 * 16
+        {
             // `top`: the largest exponent held by at least 1/1024 of the elements.
             let top = (0..ea)
                 .rev()

@@ -108,10 +108,25 @@ pub struct Table {
     has_shared: bool,
 }
 
+/// Bytes of a row as [`write_row`] writes it.
+fn row_len(freq: &[u32]) -> u64 {
+    use crate::bytes::varint_len;
+    let nz = freq.iter().filter(|&&f| f > 0).count();
+    let mut len = varint_len(nz as u64);
+    let (mut next, mut seen) = (0usize, 0usize);
+    for (s, &f) in freq.iter().enumerate().filter(|(_, &f)| f > 0) {
+        seen += 1;
+        len += varint_len((s - next) as u64);
+        next = s + 1;
+        if seen < nz {
+            len += varint_len(f as u64);
+        }
+    }
+    len as u64
+}
+
 fn row_cost_bits(freq: &[u32]) -> u64 {
-    let mut w = ByteWriter::new();
-    write_row(&mut w, freq);
-    (w.len() as u64 + 1) * 8 * COST_ONE_BIT
+    (row_len(freq) + 1) * 8 * COST_ONE_BIT
 }
 
 impl Table {
@@ -292,6 +307,9 @@ mod tests {
         h.inc(2, 39);
         for ctx in 0..5 {
             let f = normalize(h.row(ctx));
+            let mut w = ByteWriter::new();
+            write_row(&mut w, &f);
+            assert_eq!(w.len() as u64, row_len(&f));
             assert_eq!(
                 cost(h.row(ctx), &f),
                 crate::entropy::freq::cost(h.row(ctx), &f)
