@@ -124,7 +124,20 @@ impl Archive {
                     )));
                 }
             }
-            blobs.extend(c.blobs);
+            for b in c.blobs {
+                let want = match b.reference {
+                    Some(r) => blobs[r as usize].depth.checked_add(1),
+                    None => Some(0),
+                };
+                if want != Some(b.depth) || b.depth >= keyframe_interval {
+                    return Err(bad(format!(
+                        "blob {} has depth {} (expected {want:?}, below the keyframe interval {keyframe_interval})",
+                        blobs.len(),
+                        b.depth
+                    )));
+                }
+                blobs.push(b);
+            }
             let n = blobs.len() as u64;
             let k = c.checkpoint;
             if let Some(last) = checkpoints.last() {
@@ -213,17 +226,38 @@ impl Archive {
 
     /// Like [`Archive::decode_blob`], taking already decoded blobs from `cache`.
     pub fn decode_cached(&self, id: u64, cache: &BlobCache) -> Result<Arc<Vec<u8>>> {
-        if let Some(v) = cache.get(&id) {
-            return Ok(v.clone());
+        // Walk the reference chain down to a cached blob or a standalone one (iteratively:
+        // chain length is bounded by the keyframe interval, but the stack must not depend on
+        // what a file claims), then decode back up.
+        let mut chain = vec![id];
+        let mut base: Option<Arc<Vec<u8>>> = None;
+        while let Some(&cur) = chain.last() {
+            if let Some(v) = cache.get(&cur) {
+                chain.pop();
+                base = Some(v.clone());
+                break;
+            }
+            match self.blobs[cur as usize].reference {
+                Some(r) => chain.push(r),
+                None => break,
+            }
         }
+        while let Some(cur) = chain.pop() {
+            base = Some(Arc::new(self.decode_one(cur, base.as_deref())?));
+        }
+        Ok(base.expect("the chain ends in a decoded blob"))
+    }
+
+    /// Decode one blob given its reference's decoded bytes (delta blobs), check its hash.
+    fn decode_one(&self, id: u64, reference: Option<&Vec<u8>>) -> Result<Vec<u8>> {
         let rec = &self.blobs[id as usize];
         let bytes = self.blob_bytes(id)?;
         let what = |e: Error| Error::Invalid(format!("blob {id} ({}): {e}", rec.kind.name()));
         let out = match rec.kind {
             BlobKind::Anchor => anchor::decode(bytes).map_err(what)?,
             BlobKind::Delta => {
-                let r = self.decode_cached(rec.reference.expect("checked at open"), cache)?;
-                delta::decode_tensor(bytes, &r).map_err(what)?
+                let r = reference.expect("delta blobs are decoded after their reference");
+                delta::decode_tensor(bytes, r).map_err(what)?
             }
             BlobKind::Bytes => decode_bytes_blob(bytes, rec.raw_len).map_err(what)?,
         };
@@ -236,7 +270,7 @@ impl Archive {
                 ),
             });
         }
-        Ok(Arc::new(out))
+        Ok(out)
     }
 }
 
