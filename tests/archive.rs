@@ -330,6 +330,20 @@ fn bad_input_gets_clear_errors_and_leaves_the_archive_alone() {
     let e = archive::append(&ar, &src, None, &opts(8), &|_| {}).unwrap_err();
     assert!(e.to_string().contains("zz_notes.txt"), "{e}");
     assert!(std::fs::read(&ar).unwrap() == before, "archive changed");
+    // Out-of-order checkpoints and duplicate steps in a run directory: errors before any work.
+    let b = dir.path().join("step2.safetensors");
+    write_ckpt(&b, &small_model(), 2);
+    let srcs = archive::resolve_many(&[b.clone(), a.clone()]).unwrap();
+    let out = dir.path().join("order.lstp");
+    let e = archive::pack(&out, &srcs, None, &opts(8), &|_| {}).unwrap_err();
+    assert!(e.to_string().contains("does not come after"), "{e}");
+    assert!(!out.exists());
+    let run = dir.path().join("dups");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::copy(&a, run.join("ckpt_step5_a.safetensors")).unwrap();
+    std::fs::copy(&a, run.join("ckpt_step5_b.safetensors")).unwrap();
+    let e = archive::resolve_many(&[run]).unwrap_err().to_string();
+    assert!(e.contains("both step 5"), "{e}");
     // pack refuses to overwrite without --force.
     let e = archive::pack(
         &ar,

@@ -235,6 +235,15 @@ pub fn resolve_many(paths: &[PathBuf]) -> Result<Vec<CheckpointSource>> {
                 )));
             }
             v.sort_by_key(|s| s.step);
+            if let Some(w) = v.windows(2).find(|w| w[0].step == w[1].step) {
+                return Err(Error::Invalid(format!(
+                    "{}: {} and {} are both step {} (pack the run's checkpoints of one kind, in order)",
+                    dir.display(),
+                    w[0].label,
+                    w[1].label,
+                    w[0].step.unwrap_or(0)
+                )));
+            }
             return Ok(v);
         }
     }

@@ -577,15 +577,30 @@ pub fn pack(
     let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let mut w = Out::new(file, &tmp, 0);
     w.write(&write_header(opts.keyframe_interval))?;
+    // Steps first, so an ordering mistake is reported before any work.
+    let mut all_steps: Vec<u64> = Vec::with_capacity(sources.len());
+    for (i, src) in sources.iter().enumerate() {
+        let step = steps
+            .map(|s| s[i])
+            .or(src.step)
+            .unwrap_or_else(|| all_steps.last().map_or(0, |&l| l + 1));
+        if let Some(&last) = all_steps.last() {
+            if step <= last {
+                return Err(Error::Invalid(format!(
+                    "{} (step {step}) does not come after {} (step {last}): give checkpoints in training order, or --steps",
+                    src.label,
+                    sources[i - 1].label
+                )));
+            }
+        }
+        all_steps.push(step);
+    }
     let mut state = State::new(opts.keyframe_interval);
     let mut reports = Vec::new();
     let mut prev: Option<Opened> = None;
     for (i, src) in sources.iter().enumerate() {
         let opened = open_source(src)?;
-        let step = steps
-            .map(|s| s[i])
-            .or(src.step)
-            .unwrap_or_else(|| state.checkpoints.last().map_or(0, |c| c.step + 1));
+        let step = all_steps[i];
         let pred = prev.as_ref().map(|p| Pred::Files(&p.cks));
         reports.push(add_checkpoint(
             &mut state, &mut w, src, &opened, step, pred, opts, progress,
