@@ -22,21 +22,47 @@ fn bench(c: &mut Criterion) {
         .collect();
     let bytes: usize = pairs.iter().map(|p| p.target.len()).sum();
     let opts = EncodeOptions::default();
-    let blobs: Vec<Vec<u8>> = pairs.iter().map(|p| encode_tensor(p, &opts).unwrap().0).collect();
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let blobs: Vec<Vec<u8>> = pairs
+        .iter()
+        .map(|p| encode_tensor(p, &opts).unwrap().0)
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
 
     let mut g = c.benchmark_group("reference_bf16_1thread");
     g.throughput(Throughput::Bytes(bytes as u64));
     g.sample_size(10);
     g.bench_function("encode", |b| {
-        b.iter(|| pool.install(|| pairs.iter().map(|p| blob::encode_unverified(p, &opts).unwrap().0.len()).sum::<usize>()))
+        b.iter(|| {
+            pool.install(|| {
+                pairs
+                    .iter()
+                    .map(|p| blob::encode_unverified(p, &opts).unwrap().0.len())
+                    .sum::<usize>()
+            })
+        })
     });
     g.bench_function("encode_verified", |b| {
-        b.iter(|| pool.install(|| pairs.iter().map(|p| encode_tensor(p, &opts).unwrap().0.len()).sum::<usize>()))
+        b.iter(|| {
+            pool.install(|| {
+                pairs
+                    .iter()
+                    .map(|p| encode_tensor(p, &opts).unwrap().0.len())
+                    .sum::<usize>()
+            })
+        })
     });
     g.bench_function("decode", |b| {
         b.iter(|| {
-            pool.install(|| pairs.iter().zip(&blobs).map(|(p, bl)| decode_tensor(bl, p.reference).unwrap().len()).sum::<usize>())
+            pool.install(|| {
+                pairs
+                    .iter()
+                    .zip(&blobs)
+                    .map(|(p, bl)| decode_tensor(bl, p.reference).unwrap().len())
+                    .sum::<usize>()
+            })
         })
     });
     g.finish();
