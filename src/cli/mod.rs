@@ -3,7 +3,11 @@ use clap::{Parser, Subcommand};
 mod text;
 
 #[derive(Parser)]
-#[command(name = "lockstep", version, about = "Lossless compression for checkpoint trajectories and text")]
+#[command(
+    name = "lockstep",
+    version,
+    about = "Lossless compression for checkpoint trajectories and text"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -51,7 +51,10 @@ fn ci() -> Result<(), String> {
         run("cargo", &["nextest", "run", "--release", "--no-fail-fast"])?;
     } else {
         eprintln!("cargo-nextest not found; using cargo test");
-        run("cargo", &["test", "--release", "--tests", "--lib", "--bins"])?;
+        run(
+            "cargo",
+            &["test", "--release", "--tests", "--lib", "--bins"],
+        )?;
     }
     // nextest does not run doc tests; they are part of the documented API.
     run("cargo", &["test", "--release", "--doc"])?;

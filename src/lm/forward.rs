@@ -1,0 +1,333 @@
+//! The integer forward pass (docs/INTEGER_GPT2.md §3–§4). Every value is an integer; the same
+//! tokens give the same logits whatever the batch, the order of items, or the thread count.
+
+use rayon::prelude::*;
+
+use super::fixed::{isqrt_u128, quantize_row, rdiv, round_shift};
+use super::model_file::*;
+use crate::{Error, Result};
+
+/// Keys and values of one sequence, per layer, `len * n_embd` i32 each (Q10).
+#[derive(Clone, Debug, Default)]
+pub struct KvCache {
+    pub k: Vec<Vec<i32>>,
+    pub v: Vec<Vec<i32>>,
+    pub len: usize,
+}
+
+impl KvCache {
+    pub fn new(n_layer: usize) -> Self {
+        KvCache {
+            k: vec![Vec::new(); n_layer],
+            v: vec![Vec::new(); n_layer],
+            len: 0,
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.k.iter_mut().for_each(Vec::clear);
+        self.v.iter_mut().for_each(Vec::clear);
+        self.len = 0;
+    }
+}
+
+/// One token to run: appended to `caches[cache]` at the next position.
+#[derive(Clone, Copy, Debug)]
+pub struct Item {
+    pub cache: usize,
+    pub token: u32,
+    pub want_logits: bool,
+}
+
+/// Per-channel maxima of |LayerNorm output| (calibration for outlier equalization).
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub ln1: Vec<Vec<i64>>,
+    pub ln2: Vec<Vec<i64>>,
+}
+
+impl Stats {
+    pub fn new(n_layer: usize, d: usize) -> Self {
+        Stats {
+            ln1: vec![vec![0; d]; n_layer],
+            ln2: vec![vec![0; d]; n_layer],
+        }
+    }
+    fn record(acc: &mut [i64], y: &[i64], d: usize) {
+        for row in y.chunks_exact(d) {
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a = (*a).max(v.abs());
+            }
+        }
+    }
+}
+
+/// Run `items` through the model; returns the logits (Q8, `vocab` per item) of the items that
+/// want them, in item order.
+pub fn forward(
+    model: &Model,
+    caches: &mut [KvCache],
+    items: &[Item],
+    mut stats: Option<&mut Stats>,
+) -> Result<Vec<i32>> {
+    let d = model.config.n_embd as usize;
+    let n = items.len();
+    let ctx = model.config.n_ctx as usize;
+    // Positions.
+    let mut next: Vec<usize> = caches.iter().map(|c| c.len).collect();
+    let mut pos = Vec::with_capacity(n);
+    for it in items {
+        let p = next
+            .get_mut(it.cache)
+            .ok_or_else(|| Error::Invalid("forward: cache index out of range".into()))?;
+        if *p >= ctx {
+            return Err(Error::Invalid(format!(
+                "forward: position {} beyond context {ctx}",
+                *p
+            )));
+        }
+        if it.token >= model.config.vocab {
+            return Err(Error::Invalid(format!(
+                "forward: token {} beyond vocab",
+                it.token
+            )));
+        }
+        pos.push(*p);
+        *p += 1;
+    }
+    // Embedding.
+    let mut h = vec![0i32; n * d];
+    h.par_chunks_mut(d).enumerate().for_each(|(i, row)| {
+        let t = items[i].token as usize;
+        let (m, e) = (model.wte.m[t] as i128, model.wte.e[t]);
+        let w = &model.wte.w[t * d..(t + 1) * d];
+        let pe = &model.wpe[pos[i] * d..(pos[i] + 1) * d];
+        for k in 0..d {
+            let v = round_shift(w[k] as i128 * m, e - FR) + pe[k] as i128;
+            row[k] = v.clamp(-RES_MAX as i128, RES_MAX as i128) as i32;
+        }
+    });
+    let hd = model.head_dim();
+    for (l, blk) in model.blocks.iter().enumerate() {
+        // Attention.
+        let y = layer_norm(&h, d, &blk.ln1, model.config.eps_q);
+        if let Some(s) = stats.as_deref_mut() {
+            Stats::record(&mut s.ln1[l], &y, d);
+        }
+        let (xq, sc) = quantize(&y, d, FLN);
+        let qkv = matmul(&blk.qkv, &xq, &sc, FQKV, QKV_MAX);
+        for (i, it) in items.iter().enumerate() {
+            let c = &mut caches[it.cache];
+            let p = pos[i];
+            for (dst, off) in [(&mut c.k[l], d), (&mut c.v[l], 2 * d)] {
+                if dst.len() < (p + 1) * d {
+                    dst.resize((p + 1) * d, 0);
+                }
+                dst[p * d..(p + 1) * d].copy_from_slice(&qkv[i * 3 * d + off..i * 3 * d + off + d]);
+            }
+        }
+        let caches_ro: &[KvCache] = caches;
+        let mut o = vec![0i64; n * d];
+        o.par_chunks_mut(d).enumerate().for_each(|(i, out)| {
+            let c = &caches_ro[items[i].cache];
+            attention(
+                &qkv[i * 3 * d..i * 3 * d + d],
+                &c.k[l],
+                &c.v[l],
+                pos[i] + 1,
+                d,
+                hd,
+                &model.tables,
+                out,
+            );
+        });
+        let (xq, sc) = quantize(&o, d, FQKV);
+        let a = matmul(&blk.attn_proj, &xq, &sc, FR, RES_MAX);
+        add_residual(&mut h, &a);
+        // MLP.
+        let y = layer_norm(&h, d, &blk.ln2, model.config.eps_q);
+        if let Some(s) = stats.as_deref_mut() {
+            Stats::record(&mut s.ln2[l], &y, d);
+        }
+        let (xq, sc) = quantize(&y, d, FLN);
+        let f = matmul(&blk.fc, &xq, &sc, FGELU, 1 << 15);
+        let g: Vec<i64> = f
+            .iter()
+            .map(|&x| model.tables.gelu[(x.clamp(-32768, 32767) + 32768) as usize] as i64)
+            .collect();
+        let (xq, sc) = quantize(&g, 4 * d, FGELU);
+        let p = matmul(&blk.proj, &xq, &sc, FR, RES_MAX);
+        add_residual(&mut h, &p);
+    }
+    for (c, &nx) in caches.iter_mut().zip(&next) {
+        c.len = nx;
+    }
+    // Head, only for the items that want logits.
+    let hw: Vec<i32> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, it)| it.want_logits)
+        .flat_map(|(i, _)| h[i * d..(i + 1) * d].iter().copied())
+        .collect();
+    if hw.is_empty() {
+        return Ok(Vec::new());
+    }
+    let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q);
+    let (xq, sc) = quantize(&y, d, FLN);
+    Ok(matmul(&model.wte, &xq, &sc, FLOGIT, LOGIT_MAX))
+}
+
+fn add_residual(h: &mut [i32], a: &[i32]) {
+    for (x, &y) in h.iter_mut().zip(a) {
+        *x = (*x as i64 + y as i64).clamp(-RES_MAX, RES_MAX) as i32;
+    }
+}
+
+/// Integer LayerNorm of each row of `h` (Q12) to Q26 (docs §4).
+pub fn layer_norm(h: &[i32], d: usize, ln: &LayerNorm, eps_q: i64) -> Vec<i64> {
+    let mut y = vec![0i64; h.len()];
+    y.par_chunks_mut(d)
+        .zip(h.par_chunks(d))
+        .for_each(|(out, row)| layer_norm_row(row, ln, eps_q, out));
+    y
+}
+
+pub fn layer_norm_row(row: &[i32], ln: &LayerNorm, eps_q: i64, out: &mut [i64]) {
+    let n = row.len() as i64;
+    let s: i64 = row.iter().map(|&x| x as i64).sum();
+    let mut sq: i128 = 0;
+    for &x in row {
+        let dv = (n * x as i64 - s) as i128;
+        sq += dv * dv;
+    }
+    let u = (sq << (2 * LN_G)) / n as i128 + eps_q as i128 * (n as i128 * n as i128);
+    let dd = isqrt_u128(u as u128) as i128;
+    for (i, &x) in row.iter().enumerate() {
+        let dv = (n * x as i64 - s) as i128;
+        let z = if dd == 0 {
+            0
+        } else {
+            rdiv(dv << (FZ + LN_G), dd)
+        };
+        out[i] = (ln.gamma[i] as i128 * z + ln.beta[i] as i128) as i64;
+    }
+}
+
+/// Per-row int8 quantization with integer scales.
+pub fn quantize(y: &[i64], d: usize, frac: i32) -> (Vec<i8>, Vec<(i64, i32)>) {
+    let mut q = vec![0i8; y.len()];
+    let scales = q
+        .par_chunks_mut(d)
+        .zip(y.par_chunks(d))
+        .map(|(qr, yr)| quantize_row(yr, frac, qr))
+        .collect();
+    (q, scales)
+}
+
+#[inline(always)]
+fn dot_generic(a: &[i8], b: &[i8]) -> i32 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as i16 as i32) * (y as i16 as i32))
+        .sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_rows_avx2(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+    dot_rows_generic(w, xs, k, out)
+}
+
+/// `out[t] = dot(w, xs[t*k..(t+1)*k])`: one weight row against every item.
+#[inline(always)]
+fn dot_rows_generic(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+    for (o, x) in out.iter_mut().zip(xs.chunks_exact(k)) {
+        *o = dot_generic(w, x);
+    }
+}
+
+fn dot_rows(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked above); the function is plain safe code
+            // compiled with AVX2 enabled.
+            unsafe { dot_rows_avx2(w, xs, k, out) };
+            return;
+        }
+    }
+    dot_rows_generic(w, xs, k, out)
+}
+
+/// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
+pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: i64) -> Vec<i32> {
+    let k = lin.k;
+    let n = sc.len();
+    debug_assert_eq!(xq.len(), n * k);
+    const CHUNK: usize = 16;
+    let mut out_t = vec![0i32; lin.rows * n];
+    out_t
+        .par_chunks_mut(CHUNK * n.max(1))
+        .enumerate()
+        .for_each(|(ci, chunk)| {
+            let mut acc = vec![0i32; n];
+            for (r, orow) in chunk.chunks_mut(n.max(1)).enumerate() {
+                let j = ci * CHUNK + r;
+                dot_rows(&lin.w[j * k..(j + 1) * k], xq, k, &mut acc);
+                let (m, e, b) = (lin.m[j] as i128, lin.e[j], lin.bias[j] as i128);
+                for t in 0..n {
+                    let (tm, te) = sc[t];
+                    let v = round_shift(acc[t] as i128 * m * tm as i128, e + te - out_frac) + b;
+                    orow[t] = v.clamp(-clamp as i128, clamp as i128) as i32;
+                }
+            }
+        });
+    // Transpose to item-major.
+    let mut out = vec![0i32; n * lin.rows];
+    for t in 0..n {
+        let row = &mut out[t * lin.rows..(t + 1) * lin.rows];
+        for (j, o) in row.iter_mut().enumerate() {
+            *o = out_t[j * n + t];
+        }
+    }
+    out
+}
+
+/// Causal attention of one item over `len` cached positions (docs §4).
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    q: &[i32],
+    kc: &[i32],
+    vc: &[i32],
+    len: usize,
+    d: usize,
+    hd: usize,
+    tables: &Tables,
+    out: &mut [i64],
+) {
+    let mut sc = vec![0i64; len];
+    let mut p = vec![0i64; len];
+    for h in 0..d / hd {
+        let off = h * hd;
+        let qh = &q[off..off + hd];
+        for (s, scs) in sc.iter_mut().enumerate() {
+            let kh = &kc[s * d + off..s * d + off + hd];
+            let dot: i64 = qh.iter().zip(kh).map(|(&a, &b)| a as i64 * b as i64).sum();
+            *scs = round_shift(dot as i128 * tables.attn_m as i128, 52) as i64;
+        }
+        let mx = *sc.iter().max().unwrap_or(&0);
+        let mut total: i64 = 0;
+        for (ps, &s) in p.iter_mut().zip(&sc) {
+            let gap = (mx - s) as usize;
+            *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i64;
+            total += *ps;
+        }
+        for dd in 0..hd {
+            let mut acc: i64 = 0;
+            for (s, &ps) in p.iter().enumerate() {
+                acc += ps * vc[s * d + off + dd] as i64;
+            }
+            out[off + dd] = rdiv(acc as i128, total as i128) as i64;
+        }
+    }
+}
