@@ -427,7 +427,7 @@ mod tests {
     fn decimal_parsing_is_exact() {
         assert_eq!(parse_decimal("1e-05"), Some((1, 100000)));
         assert_eq!(parse_decimal("0.00001"), Some((1, 100000)));
-        assert_eq!(parse_decimal("2.5E1"), Some((250, 10)));
+        assert_eq!(parse_decimal("2.5E1"), Some((25, 1)));
         assert_eq!(parse_decimal("abc"), None);
         let t = r#"{"layer_norm_epsilon": 1e-05, "x": 1}"#;
         assert_eq!(raw_json_number(t, "layer_norm_epsilon"), Some("1e-05"));
