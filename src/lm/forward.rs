@@ -224,34 +224,104 @@ pub fn quantize(y: &[i64], d: usize, frac: i32) -> (Vec<i8>, Vec<(i64, i32)>) {
     (q, scales)
 }
 
+/// Reference dot product: int8 x int8 summed in i32 (exact in any order for k <= 2^17).
 #[inline(always)]
-fn dot_generic(a: &[i8], b: &[i8]) -> i32 {
+pub fn dot_generic(a: &[i8], b: &[i8]) -> i32 {
     a.iter()
         .zip(b)
         .map(|(&x, &y)| (x as i16 as i32) * (y as i16 as i32))
         .sum()
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_rows_avx2(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
-    dot_rows_generic(w, xs, k, out)
-}
-
-/// `out[t] = dot(w, xs[t*k..(t+1)*k])`: one weight row against every item.
-#[inline(always)]
-fn dot_rows_generic(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+/// `out[t] = dot(w, xs[t*k..(t+1)*k])`: one weight row against every item (reference).
+pub fn dot_rows_generic(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
     for (o, x) in out.iter_mut().zip(xs.chunks_exact(k)) {
         *o = dot_generic(w, x);
     }
 }
 
-fn dot_rows(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+/// AVX2: |w| (u8) times sign(x, w) (i8) with `maddubs` gives exact i16 pair sums
+/// (|w| <= 128, |x| <= 127: 2 * 128 * 127 = 32512 < 2^15), widened by `madd` into i32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_rows_avx2(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let body = k / 32 * 32;
+    let ones = _mm256_set1_epi16(1);
+    let hsum = |v: __m256i| -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    };
+    let n = out.len();
+    let mut t = 0;
+    while t + 4 <= n {
+        let x0 = xs.as_ptr().add(t * k);
+        let (x1, x2, x3) = (x0.add(k), x0.add(2 * k), x0.add(3 * k));
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm256_setzero_si256(),
+            _mm256_setzero_si256(),
+            _mm256_setzero_si256(),
+            _mm256_setzero_si256(),
+        );
+        let mut c = 0;
+        while c < body {
+            let wv = _mm256_loadu_si256(w.as_ptr().add(c) as *const __m256i);
+            let aw = _mm256_abs_epi8(wv);
+            macro_rules! step {
+                ($acc:ident, $x:ident) => {
+                    let xv = _mm256_loadu_si256($x.add(c) as *const __m256i);
+                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
+                    $acc = _mm256_add_epi32($acc, _mm256_madd_epi16(p, ones));
+                };
+            }
+            step!(a0, x0);
+            step!(a1, x1);
+            step!(a2, x2);
+            step!(a3, x3);
+            c += 32;
+        }
+        let tail = |x: *const i8| -> i32 {
+            dot_generic(
+                &w[body..k],
+                std::slice::from_raw_parts(x.add(body), k - body),
+            )
+        };
+        out[t] = hsum(a0) + tail(x0);
+        out[t + 1] = hsum(a1) + tail(x1);
+        out[t + 2] = hsum(a2) + tail(x2);
+        out[t + 3] = hsum(a3) + tail(x3);
+        t += 4;
+    }
+    while t < n {
+        let x0 = xs.as_ptr().add(t * k);
+        let mut a0 = _mm256_setzero_si256();
+        let mut c = 0;
+        while c < body {
+            let wv = _mm256_loadu_si256(w.as_ptr().add(c) as *const __m256i);
+            let xv = _mm256_loadu_si256(x0.add(c) as *const __m256i);
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(p, ones));
+            c += 32;
+        }
+        out[t] = hsum(a0)
+            + dot_generic(
+                &w[body..k],
+                std::slice::from_raw_parts(x0.add(body), k - body),
+            );
+        t += 1;
+    }
+}
+
+/// One weight row against every item; AVX2 when the CPU has it (same integers either way,
+/// given activations in [-127, 127] as `quantize_row` produces: the sign trick cannot negate -128).
+pub fn dot_rows(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+    assert!(w.len() >= k && xs.len() >= out.len() * k);
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked above); the function is plain safe code
-            // compiled with AVX2 enabled.
+            // SAFETY: AVX2 is present and the slices were bounds-checked above.
             unsafe { dot_rows_avx2(w, xs, k, out) };
             return;
         }
@@ -265,33 +335,35 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
     let n = sc.len();
     debug_assert_eq!(xq.len(), n * k);
     const CHUNK: usize = 16;
-    let mut out_t = vec![0i32; lin.rows * n];
-    out_t
-        .par_chunks_mut(CHUNK * n.max(1))
-        .enumerate()
-        .for_each(|(ci, chunk)| {
-            let mut acc = vec![0i32; n];
-            for (r, orow) in chunk.chunks_mut(n.max(1)).enumerate() {
-                let j = ci * CHUNK + r;
-                dot_rows(&lin.w[j * k..(j + 1) * k], xq, k, &mut acc);
-                let (m, e, b) = (lin.m[j] as i128, lin.e[j], lin.bias[j] as i128);
-                for t in 0..n {
-                    let (tm, te) = sc[t];
-                    let v = round_shift(acc[t] as i128 * m * tm as i128, e + te - out_frac) + b;
-                    orow[t] = v.clamp(-clamp as i128, clamp as i128) as i32;
-                }
-            }
-        });
-    // Transpose to item-major.
     let mut out = vec![0i32; n * lin.rows];
-    for t in 0..n {
-        let row = &mut out[t * lin.rows..(t + 1) * lin.rows];
-        for (j, o) in row.iter_mut().enumerate() {
-            *o = out_t[j * n + t];
+    let outp = SyncPtr(out.as_mut_ptr());
+    let rows = lin.rows;
+    (0..rows.div_ceil(CHUNK)).into_par_iter().for_each(|ci| {
+        let outp = &outp;
+        let mut acc = vec![0i32; n];
+        for j in ci * CHUNK..((ci + 1) * CHUNK).min(rows) {
+            dot_rows(&lin.w[j * k..(j + 1) * k], xq, k, &mut acc);
+            let (m, e, b) = (lin.m[j], lin.e[j], lin.bias[j] as i128);
+            for t in 0..n {
+                let (tm, te) = sc[t];
+                // |acc * m| <= 2^27 * 2^31 fits i64; one widening multiply by t_m.
+                let v =
+                    round_shift((acc[t] as i64 * m) as i128 * tm as i128, e + te - out_frac) + b;
+                let v = v.clamp(-clamp as i128, clamp as i128) as i32;
+                // SAFETY: t < n and j < rows, so the index is inside `out`; each (t, j) is
+                // written by exactly one task (row chunks are disjoint).
+                unsafe { *outp.0.add(t * rows + j) = v };
+            }
         }
-    }
+    });
     out
 }
+
+/// A raw pointer that tasks writing disjoint elements may share.
+struct SyncPtr(*mut i32);
+// SAFETY: used only for writes to disjoint indices from rayon tasks that end before the
+// owning vector is used again.
+unsafe impl Sync for SyncPtr {}
 
 /// Causal attention of one item over `len` cached positions (docs §4).
 #[allow(clippy::too_many_arguments)]
@@ -307,6 +379,7 @@ fn attention(
 ) {
     let mut sc = vec![0i64; len];
     let mut p = vec![0i64; len];
+    let mut acc = vec![0i64; hd];
     for h in 0..d / hd {
         let off = h * hd;
         let qh = &q[off..off + hd];
@@ -322,12 +395,48 @@ fn attention(
             *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i64;
             total += *ps;
         }
-        for dd in 0..hd {
-            let mut acc: i64 = 0;
-            for (s, &ps) in p.iter().enumerate() {
-                acc += ps * vc[s * d + off + dd] as i64;
+        acc.iter_mut().for_each(|a| *a = 0);
+        for (s, &ps) in p.iter().enumerate() {
+            if ps == 0 {
+                continue;
             }
-            out[off + dd] = rdiv(acc as i128, total as i128) as i64;
+            let vh = &vc[s * d + off..s * d + off + hd];
+            for (a, &v) in acc.iter_mut().zip(vh) {
+                *a += ps * v as i64;
+            }
+        }
+        for (o, &a) in out[off..off + hd].iter_mut().zip(&acc) {
+            *o = rdiv(a as i128, total as i128) as i64;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simd_dot_equals_reference() {
+        let mut x = 7u64;
+        let mut rnd = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for k in [1usize, 31, 32, 128, 200, 768] {
+            let w: Vec<i8> = (0..k)
+                .map(|_| (rnd() % 256) as i32 as i8 - 0)
+                .map(|v| v.max(-128))
+                .collect();
+            let xs: Vec<i8> = (0..7 * k)
+                .map(|_| ((rnd() % 255) as i32 - 127) as i8)
+                .collect();
+            let mut a = vec![0; 7];
+            let mut b = vec![0; 7];
+            dot_rows(&w, &xs, k, &mut a);
+            dot_rows_generic(&w, &xs, k, &mut b);
+            assert_eq!(a, b, "k={k}");
         }
     }
 }

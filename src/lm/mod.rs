@@ -6,3 +6,5 @@ pub mod forward;
 pub mod freq;
 pub mod model_file;
 pub mod range_coder;
+pub mod text_codec;
+pub mod tokenizer;
