@@ -293,7 +293,13 @@ fn layer_norm(ck: &Checkpoint, name: &str, d: usize, c: Option<&[i32]>) -> Resul
             .map(|i| to_i32(round_scaled(g.v[i], 1, FGAMMA - ci(i), 1), name, 1 << 30))
             .collect::<Result<_>>()?,
         beta: (0..d)
-            .map(|i| to_i32(round_scaled(b.v[i], 1, FLN - ci(i), 1), name, 1 << 30))
+            .map(|i| {
+                let v = round_scaled(b.v[i], 1, FLN - ci(i), 1);
+                if v.unsigned_abs() > 1 << 40 {
+                    return Err(Error::Unsupported(format!("{name}: beta {v} beyond 2^40")));
+                }
+                Ok(v as i64)
+            })
             .collect::<Result<_>>()?,
     })
 }

@@ -44,6 +44,9 @@ pub struct Item {
 pub struct Stats {
     pub ln1: Vec<Vec<i64>>,
     pub ln2: Vec<Vec<i64>>,
+    /// The residual stream (Q12, items x n_embd) after each block of the last call: for
+    /// localizing error layer by layer against a reference.
+    pub resid: Vec<Vec<i32>>,
 }
 
 impl Stats {
@@ -51,6 +54,7 @@ impl Stats {
         Stats {
             ln1: vec![vec![0; d]; n_layer],
             ln2: vec![vec![0; d]; n_layer],
+            resid: Vec::new(),
         }
     }
     fn record(acc: &mut [i64], y: &[i64], d: usize) {
@@ -158,6 +162,12 @@ pub fn forward(
         let (xq, sc) = quantize(&g, 4 * d, FGELU);
         let p = matmul(&blk.proj, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &p);
+        if let Some(s) = stats.as_deref_mut() {
+            if l == 0 {
+                s.resid.clear();
+            }
+            s.resid.push(h.clone());
+        }
     }
     for (c, &nx) in caches.iter_mut().zip(&next) {
         c.len = nx;
@@ -209,7 +219,7 @@ pub fn layer_norm_row(row: &[i32], ln: &LayerNorm, eps_q: i64, out: &mut [i64]) 
         } else {
             rdiv(dv << (FZ + LN_G), dd)
         };
-        out[i] = (ln.gamma[i] as i128 * z + ln.beta[i] as i128) as i64;
+        out[i] = (ln.gamma[i] as i128 * z + ln.beta[i] as i128) as i64; // <= 2^51 + 2^40
     }
 }
 

@@ -5,6 +5,7 @@ pub mod fixed;
 pub mod forward;
 pub mod freq;
 pub mod model_file;
+pub mod random_model;
 pub mod range_coder;
 pub mod text_codec;
 pub mod tokenizer;

@@ -57,8 +57,8 @@ pub struct Linear {
 pub struct LayerNorm {
     /// Q12
     pub gamma: Vec<i32>,
-    /// Q26
-    pub beta: Vec<i32>,
+    /// Q26, |beta| <= 2^40
+    pub beta: Vec<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -286,7 +286,9 @@ impl Writer {
     }
     fn ln(&mut self, l: &LayerNorm) {
         self.i32s(&l.gamma);
-        self.i32s(&l.beta);
+        for &b in &l.beta {
+            self.i64(b);
+        }
     }
     fn linear(&mut self, l: &Linear) {
         self.0.extend(l.w.iter().map(|&x| x as u8));
@@ -340,8 +342,10 @@ impl<'a> Reader<'a> {
     }
     fn ln(&mut self, d: usize) -> Result<LayerNorm> {
         let gamma = self.i32s(d)?;
-        let beta = self.i32s(d)?;
-        if gamma.iter().chain(&beta).any(|&v| v == i32::MIN) {
+        let beta = (0..d).map(|_| self.i64()).collect::<Result<Vec<i64>>>()?;
+        if gamma.iter().any(|&v| v.unsigned_abs() > 1 << 30)
+            || beta.iter().any(|&v| v.unsigned_abs() > 1 << 40)
+        {
             return Err(Error::format("model file", "layer norm value out of range"));
         }
         Ok(LayerNorm { gamma, beta })
