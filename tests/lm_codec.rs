@@ -1,0 +1,140 @@
+//! Text codec round trips and bad input, on small fixtures in the repo: a small random integer
+//! model (context 16, so the sliding window is exercised) and the shipped tinygpt2 model.
+
+use std::sync::OnceLock;
+
+use lockstep::lm::model_file::Model;
+use lockstep::lm::random_model::random_model;
+use lockstep::lm::text_codec::{compress, compress_unverified, decompress, read_header, Options};
+use lockstep::Error;
+
+fn small() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| random_model(2, 16, 2, 16, 50257, 1))
+}
+
+fn shipped() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| {
+        let b = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/models/tinygpt2.lsm")).unwrap();
+        Model::from_bytes(&b).unwrap()
+    })
+}
+
+const TEXT: &[u8] = b"The integer model gives every machine the same table, so the range coder \
+decodes the same tokens. Decoding on a laptop reads what a server wrote.\n\tdef f(x): return x + 1\n";
+
+fn roundtrip(m: &Model, data: &[u8], seg: Option<u32>) -> Vec<u8> {
+    let opts = Options {
+        segment_tokens: seg,
+    };
+    let c = compress(m, data, &opts).unwrap();
+    assert_eq!(decompress(m, &c).unwrap(), data);
+    c
+}
+
+#[test]
+fn roundtrips_of_odd_inputs() {
+    let m = small();
+    let binary: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    let invalid_utf8 = [b'a', 0xff, 0xc3, b'b', 0xe2, 0x82, 0x00, 0x80];
+    for data in [
+        &b""[..],
+        b"x",
+        b"\xff",
+        &binary,
+        &invalid_utf8,
+        "na\u{ef}ve \u{2713} <|endoftext|>".as_bytes(),
+        TEXT,
+    ] {
+        for seg in [None, Some(1), Some(5), Some(40)] {
+            roundtrip(m, data, seg);
+        }
+    }
+}
+
+#[test]
+fn sliding_window_segments_longer_than_the_context() {
+    // Context 16: a 100-token segment slides its window several times, and the lockstep
+    // decoder (one token per step, cache resets) must reproduce the batched encoder exactly.
+    let m = small();
+    let data = TEXT.repeat(3);
+    roundtrip(m, &data, Some(100));
+}
+
+#[test]
+fn output_is_independent_of_thread_count() {
+    let m = small();
+    let opts = Options {
+        segment_tokens: Some(20),
+    };
+    let a = compress_unverified(m, TEXT, &opts).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let b = pool.install(|| compress_unverified(m, TEXT, &opts).unwrap());
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_different_model_is_refused_by_hash() {
+    let a = small();
+    let b = random_model(2, 16, 2, 16, 50257, 2);
+    let c = roundtrip(a, TEXT, None);
+    match decompress(&b, &c) {
+        Err(Error::Mismatch(msg)) => assert!(msg.contains(&a.hash_hex()), "{msg}"),
+        other => panic!("expected a model mismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn truncated_or_corrupt_streams_give_errors_not_panics() {
+    let m = small();
+    let c = roundtrip(m, TEXT, Some(12));
+    for len in [0, 1, 7, 8, 20, 100, c.len() / 2, c.len() - 1] {
+        assert!(decompress(m, &c[..len]).is_err(), "truncated to {len}");
+    }
+    let mut padded = c.clone();
+    padded.push(0);
+    assert!(decompress(m, &padded).is_err());
+    // Flip bits everywhere: an error or (if the flip hit nothing that matters) the same bytes.
+    for i in (0..c.len()).step_by(3) {
+        let mut bad = c.clone();
+        bad[i] ^= 0x41;
+        match decompress(m, &bad) {
+            Ok(out) => assert_eq!(out, TEXT),
+            Err(_) => {}
+        }
+    }
+}
+
+#[test]
+fn corrupt_model_files_are_refused() {
+    let mut m = small().clone();
+    let bytes = m.to_bytes();
+    assert!(Model::from_bytes(&bytes).is_ok());
+    assert!(Model::from_bytes(&[]).is_err());
+    assert!(Model::from_bytes(b"LSTPGPT2").is_err());
+    assert!(Model::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+    for i in [0, 9, 20, bytes.len() / 2, bytes.len() - 40, bytes.len() - 1] {
+        let mut bad = bytes.clone();
+        bad[i] ^= 1;
+        assert!(Model::from_bytes(&bad).is_err(), "flip at {i}");
+    }
+    assert!(Model::from_bytes(&vec![0x5a; 4096]).is_err());
+}
+
+#[test]
+fn shipped_model_compresses_english() {
+    let m = shipped();
+    let c = roundtrip(m, TEXT, None);
+    let (_, start) = read_header(&c).unwrap();
+    let payload = c.len() - start;
+    let bpb = payload as f64 * 8.0 / TEXT.len() as f64;
+    eprintln!(
+        "shipped tinygpt2: {} bytes -> {payload} payload + {start} header ({bpb:.3} bits/byte)",
+        TEXT.len()
+    );
+    assert!(payload * 2 < TEXT.len());
+}
