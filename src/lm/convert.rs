@@ -246,6 +246,7 @@ fn quantize_linear(
         m: Vec::with_capacity(rows),
         e: Vec::with_capacity(rows),
         bias: Vec::with_capacity(rows),
+        row_sum: Vec::new(),
     };
     for r in per_row {
         let (q, m, e, b) = r?;
@@ -254,6 +255,7 @@ fn quantize_linear(
         lin.e.push(e);
         lin.bias.push(b);
     }
+    lin.row_sum = Linear::row_sums(&lin.w, k);
     Ok(lin)
 }
 

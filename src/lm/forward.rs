@@ -324,6 +324,109 @@ unsafe fn dot_rows_avx2(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
     }
 }
 
+/// AVX-512 VNNI: `dpbusd` multiplies unsigned by signed bytes, so the activations go in as
+/// `x + 128` (`xu`, u8) and `128 * sum(w)` is subtracted afterwards: exact, and no saturation
+/// (`dpbusd` without `s` wraps, and |sum| stays far below 2^31).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn dot_rows_vnni(w: &[i8], row_sum: i32, xu: &[u8], k: usize, out: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let body = k / 64 * 64;
+    // sum(w * x) = sum(w * (x + 128)) - 128 * sum(w), over the whole row.
+    let bias = 128 * row_sum;
+    let tail = |t: usize| -> i32 {
+        w[body..k]
+            .iter()
+            .zip(&xu[t * k + body..(t + 1) * k])
+            .map(|(&a, &b)| a as i32 * b as i32)
+            .sum()
+    };
+    let n = out.len();
+    let mut t = 0;
+    while t + 4 <= n {
+        let x0 = xu.as_ptr().add(t * k);
+        let (x1, x2, x3) = (x0.add(k), x0.add(2 * k), x0.add(3 * k));
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+            _mm512_setzero_si512(),
+        );
+        let mut c = 0;
+        while c < body {
+            let wv = _mm512_loadu_si512(w.as_ptr().add(c) as *const _);
+            a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(x0.add(c) as *const _), wv);
+            a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(x1.add(c) as *const _), wv);
+            a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(x2.add(c) as *const _), wv);
+            a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(x3.add(c) as *const _), wv);
+            c += 64;
+        }
+        out[t] = _mm512_reduce_add_epi32(a0) - bias + tail(t);
+        out[t + 1] = _mm512_reduce_add_epi32(a1) - bias + tail(t + 1);
+        out[t + 2] = _mm512_reduce_add_epi32(a2) - bias + tail(t + 2);
+        out[t + 3] = _mm512_reduce_add_epi32(a3) - bias + tail(t + 3);
+        t += 4;
+    }
+    while t < n {
+        let x0 = xu.as_ptr().add(t * k);
+        let mut a0 = _mm512_setzero_si512();
+        let mut c = 0;
+        while c < body {
+            let wv = _mm512_loadu_si512(w.as_ptr().add(c) as *const _);
+            a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(x0.add(c) as *const _), wv);
+            c += 64;
+        }
+        out[t] = _mm512_reduce_add_epi32(a0) - bias + tail(t);
+        t += 1;
+    }
+}
+
+/// Which dot-product kernel this CPU runs (all give the same integers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Generic,
+    Avx2,
+    Vnni,
+}
+
+pub fn best_kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512bw")
+        {
+            return Kernel::Vnni;
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return Kernel::Avx2;
+        }
+    }
+    Kernel::Generic
+}
+
+/// One weight row against every item with a chosen kernel; `xu` is `xs` with the sign bit
+/// flipped (x + 128 as u8), used by the VNNI kernel.
+/// `row_sum` is the sum of `w[..k]` (only the VNNI kernel uses it).
+pub fn dot_rows_with(
+    kernel: Kernel,
+    w: &[i8],
+    row_sum: i32,
+    xs: &[i8],
+    xu: &[u8],
+    k: usize,
+    out: &mut [i32],
+) {
+    assert!(w.len() >= k && xs.len() >= out.len() * k && xu.len() >= out.len() * k);
+    match kernel {
+        // SAFETY: the kernel was chosen by `best_kernel` (feature detected) or a caller that
+        // checked it; slices were bounds-checked above.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Vnni => unsafe { dot_rows_vnni(w, row_sum, xu, k, out) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => unsafe { dot_rows_avx2(w, xs, k, out) },
+        _ => dot_rows_generic(w, xs, k, out),
+    }
+}
+
 /// One weight row against every item; AVX2 when the CPU has it (same integers either way,
 /// given activations in [-127, 127] as `quantize_row` produces: the sign trick cannot negate -128).
 pub fn dot_rows(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
@@ -345,6 +448,12 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
     let n = sc.len();
     debug_assert_eq!(xq.len(), n * k);
     const CHUNK: usize = 16;
+    let kernel = best_kernel();
+    let xu: Vec<u8> = if kernel == Kernel::Vnni {
+        xq.iter().map(|&v| v as u8 ^ 0x80).collect()
+    } else {
+        Vec::new()
+    };
     let mut out = vec![0i32; n * lin.rows];
     let outp = SyncPtr(out.as_mut_ptr());
     let rows = lin.rows;
@@ -352,7 +461,12 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
         let outp = &outp;
         let mut acc = vec![0i32; n];
         for j in ci * CHUNK..((ci + 1) * CHUNK).min(rows) {
-            dot_rows(&lin.w[j * k..(j + 1) * k], xq, k, &mut acc);
+            let w = &lin.w[j * k..(j + 1) * k];
+            if kernel == Kernel::Vnni {
+                dot_rows_with(kernel, w, lin.row_sum[j], xq, &xu, k, &mut acc);
+            } else {
+                dot_rows(w, xq, k, &mut acc);
+            }
             let (m, e, b) = (lin.m[j], lin.e[j], lin.bias[j] as i128);
             for t in 0..n {
                 let (tm, te) = sc[t];
@@ -387,14 +501,54 @@ fn attention(
     tables: &Tables,
     out: &mut [i64],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present; the body is safe code compiled with AVX2 enabled.
+            unsafe { attention_avx2(q, kc, vc, len, d, hd, tables, out) };
+            return;
+        }
+    }
+    attention_body(q, kc, vc, len, d, hd, tables, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_avx2(
+    q: &[i32],
+    kc: &[i32],
+    vc: &[i32],
+    len: usize,
+    d: usize,
+    hd: usize,
+    tables: &Tables,
+    out: &mut [i64],
+) {
+    attention_body(q, kc, vc, len, d, hd, tables, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attention_body(
+    q: &[i32],
+    kc: &[i32],
+    vc: &[i32],
+    len: usize,
+    d: usize,
+    hd: usize,
+    tables: &Tables,
+    out: &mut [i64],
+) {
     let mut sc = vec![0i64; len];
-    let mut p = vec![0i64; len];
+    let mut p = vec![0i32; len]; // <= 2^24
     let mut acc = vec![0i64; hd];
     for h in 0..d / hd {
         let off = h * hd;
         let qh = &q[off..off + hd];
         for (s, scs) in sc.iter_mut().enumerate() {
             let kh = &kc[s * d + off..s * d + off + hd];
+            // |q|, |k| <= 2^20: each product <= 2^40, the sum <= hd * 2^40 (i64).
             let dot: i64 = qh.iter().zip(kh).map(|(&a, &b)| a as i64 * b as i64).sum();
             *scs = round_shift(dot as i128 * tables.attn_m as i128, 52) as i64;
         }
@@ -402,8 +556,8 @@ fn attention(
         let mut total: i64 = 0;
         for (ps, &s) in p.iter_mut().zip(&sc) {
             let gap = (mx - s) as usize;
-            *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i64;
-            total += *ps;
+            *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i32;
+            total += *ps as i64;
         }
         acc.iter_mut().for_each(|a| *a = 0);
         for (s, &ps) in p.iter().enumerate() {
@@ -412,7 +566,7 @@ fn attention(
             }
             let vh = &vc[s * d + off..s * d + off + hd];
             for (a, &v) in acc.iter_mut().zip(vh) {
-                *a += ps * v as i64;
+                *a += ps as i64 * v as i64;
             }
         }
         for (o, &a) in out[off..off + hd].iter_mut().zip(&acc) {
@@ -434,7 +588,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) as u32
         };
-        for k in [1usize, 31, 32, 128, 200, 768] {
+        for k in [1usize, 31, 32, 64, 128, 200, 768] {
             let w: Vec<i8> = (0..k)
                 .map(|_| (rnd() % 256) as i32 as i8 - 0)
                 .map(|v| v.max(-128))
@@ -447,6 +601,10 @@ mod tests {
             dot_rows(&w, &xs, k, &mut a);
             dot_rows_generic(&w, &xs, k, &mut b);
             assert_eq!(a, b, "k={k}");
+            let xu: Vec<u8> = xs.iter().map(|&v| v as u8 ^ 0x80).collect();
+            let rs = w.iter().map(|&v| v as i32).sum();
+            dot_rows_with(best_kernel(), &w, rs, &xs, &xu, k, &mut a);
+            assert_eq!(a, b, "k={k} {:?}", best_kernel());
         }
     }
 }

@@ -51,6 +51,16 @@ pub struct Linear {
     pub m: Vec<i64>,
     pub e: Vec<i32>,
     pub bias: Vec<i32>,
+    /// Sum of each row's weights (derived at load, not stored): the VNNI kernel's offset.
+    pub row_sum: Vec<i32>,
+}
+
+impl Linear {
+    pub fn row_sums(w: &[i8], k: usize) -> Vec<i32> {
+        w.chunks_exact(k.max(1))
+            .map(|r| r.iter().map(|&v| v as i32).sum())
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -376,6 +386,7 @@ impl<'a> Reader<'a> {
         Ok(Linear {
             rows,
             k,
+            row_sum: Linear::row_sums(&w, k),
             w,
             m,
             e,

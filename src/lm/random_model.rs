@@ -18,12 +18,14 @@ impl Lcg {
 fn linear(r: &mut Lcg, rows: usize, k: usize) -> Linear {
     // Uniform int8 weights with a per-row scale near 2^-12 (about 0.02 standard deviation
     // after the 1/sqrt(3) of a uniform law times 127 levels), zero bias.
+    let w: Vec<i8> = (0..rows * k)
+        .map(|_| ((r.next() % 255) as i32 - 127) as i8)
+        .collect();
     Linear {
         rows,
         k,
-        w: (0..rows * k)
-            .map(|_| ((r.next() % 255) as i32 - 127) as i8)
-            .collect(),
+        row_sum: Linear::row_sums(&w, k),
+        w,
         m: (0..rows)
             .map(|_| (1i64 << 30) + (r.next() as i64 & 0x3fff_ffff))
             .collect(),

@@ -281,7 +281,8 @@ pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
     let c = model.config.n_ctx as usize;
     let nl = model.config.n_layer as usize;
     let d = model.config.n_embd as usize;
-    let cache_bytes = (nl * c * d * 8).max(1);
+    let positions = (h.segment_tokens as usize + 1).min(c);
+    let cache_bytes = (nl * positions * d * 8).max(1);
     let group = (GROUP_CACHE_BYTES / cache_bytes).clamp(1, 64);
     let mut tokens = Vec::with_capacity(h.n_tokens as usize);
     for (gi, chunk) in payloads.chunks(group).enumerate() {
