@@ -27,7 +27,9 @@ fn bench_model(c: &mut Criterion, name: &str, model: &Model, text: &[u8], seg: u
     g.bench_function("compress", |b| {
         b.iter(|| compress_unverified(model, text, &opts).unwrap())
     });
-    g.bench_function("decompress", |b| b.iter(|| decompress(model, &packed).unwrap()));
+    g.bench_function("decompress", |b| {
+        b.iter(|| decompress(model, &packed).unwrap())
+    });
     g.finish();
 }
 

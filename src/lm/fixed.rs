@@ -25,6 +25,24 @@ pub fn rdiv(n: i128, d: i128) -> i128 {
     (2 * n + d).div_euclid(2 * d)
 }
 
+/// Reciprocal for division by multiplication: `(r, s)` with `s = floor(log2 d) + 30` and
+/// `r = floor(2^s / d)`, so `r ∈ (2^29, 2^30]`. `d > 0`, `d < 2^96`.
+#[inline(always)]
+pub fn recip(d: i128) -> (i128, i32) {
+    debug_assert!(d > 0);
+    let s = 127 - d.leading_zeros() as i32 + 30;
+    ((1i128 << s) / d, s)
+}
+
+/// The run-time division `x / d` of the spec: `round_shift(x * r, s)` with `(r, s) = recip(d)`
+/// (one division per row, a multiply per element). |x| must be below 2^96. It differs from the
+/// exact rounding of x/d by less than |x/d| * 2^-29 + 1/2: below one unit for the quotients the
+/// forward pass divides (|x/d| <= 2^22).
+#[inline(always)]
+pub fn div_recip(x: i128, (r, s): (i128, i32)) -> i128 {
+    round_shift(x * r, s)
+}
+
 /// Round the exact rational `n / d` (`d > 0`) to the nearest integer, ties to even.
 pub fn round_half_even(n: i128, d: i128) -> i128 {
     debug_assert!(d > 0);
@@ -243,8 +261,9 @@ pub fn quantize_row(y: &[i64], frac: i32, q: &mut [i8]) -> (i64, i32) {
         q.iter_mut().for_each(|v| *v = 0);
         return (0, 0);
     }
+    let rc = recip(a);
     for (o, &v) in q.iter_mut().zip(y) {
-        *o = rdiv(127 * v as i128, a).clamp(-127, 127) as i8;
+        *o = div_recip(127 * v as i128, rc).clamp(-127, 127) as i8;
     }
     // t_m = rdiv(A * 2^k, 127) in [2^30, 2^31)
     let lz = 127 - a.leading_zeros() as i32; // floor(log2 A)
@@ -283,6 +302,29 @@ mod tests {
         assert_eq!(round_half_even(7, 2), 4);
         assert_eq!(round_half_even(-5, 2), -2);
         assert_eq!(round_half_even(-7, 2), -4);
+    }
+
+    #[test]
+    fn reciprocal_division_is_close_to_exact() {
+        for d in [
+            1i128,
+            3,
+            7,
+            127,
+            1000,
+            123456789,
+            1 << 40,
+            (1 << 50) + 12345,
+        ] {
+            for x in [0i128, 1, -1, 5, 1 << 20, -(1 << 33) + 7, 999_999_999] {
+                if (x / d).abs() > 1 << 22 {
+                    continue; // the spec uses it for quotients below 2^22
+                }
+                let a = div_recip(x, recip(d));
+                assert!((a - rdiv(x, d)).abs() <= 1, "{x}/{d}");
+            }
+        }
+        assert_eq!(div_recip(254, recip(127)), 2);
     }
 
     #[test]
@@ -338,7 +380,7 @@ mod tests {
         let y = [1000i64, -500, 0, 250];
         let mut q = [0i8; 4];
         let (tm, te) = quantize_row(&y, 0, &mut q);
-        assert_eq!(q, [127, -63, 0, 32]); // -63.5 ties toward +inf
+        assert_eq!(q, [127, -63, 0, 32]); // -63.5: the reciprocal lands just above, -> -63
         assert!((1 << 30..1 << 31).contains(&tm));
         // tm * 2^-te ~ 1000/127 = 7.874
         let approx = (tm as i128 * 1000) >> te;

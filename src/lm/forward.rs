@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::fixed::{isqrt_u128, quantize_row, rdiv, round_shift};
+use super::fixed::{div_recip, isqrt_u128, quantize_row, recip, round_shift};
 use super::model_file::*;
 use crate::{Error, Result};
 
@@ -212,12 +212,14 @@ pub fn layer_norm_row(row: &[i32], ln: &LayerNorm, eps_q: i64, out: &mut [i64]) 
     }
     let u = (sq << (2 * LN_G)) / n as i128 + eps_q as i128 * (n as i128 * n as i128);
     let dd = isqrt_u128(u as u128) as i128;
+    let rc = if dd == 0 { (0, 0) } else { recip(dd) };
     for (i, &x) in row.iter().enumerate() {
         let dv = (n * x as i64 - s) as i128;
+        // |dv| <= 2^40: dv * 2^22 * r <= 2^92.
         let z = if dd == 0 {
             0
         } else {
-            rdiv(dv << (FZ + LN_G), dd)
+            div_recip(dv << (FZ + LN_G), rc)
         };
         out[i] = (ln.gamma[i] as i128 * z + ln.beta[i] as i128) as i64; // <= 2^51 + 2^40
     }
@@ -447,7 +449,7 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
     let k = lin.k;
     let n = sc.len();
     debug_assert_eq!(xq.len(), n * k);
-    const CHUNK: usize = 16;
+    const CHUNK: usize = 64;
     let kernel = best_kernel();
     let xu: Vec<u8> = if kernel == Kernel::Vnni {
         xq.iter().map(|&v| v as u8 ^ 0x80).collect()
@@ -459,25 +461,33 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
     let rows = lin.rows;
     (0..rows.div_ceil(CHUNK)).into_par_iter().for_each(|ci| {
         let outp = &outp;
-        let mut acc = vec![0i32; n];
-        for j in ci * CHUNK..((ci + 1) * CHUNK).min(rows) {
+        let j0 = ci * CHUNK;
+        let j1 = (j0 + CHUNK).min(rows);
+        // acc[r * n + t]: the dots of rows j0.. against every item.
+        let mut acc = vec![0i32; (j1 - j0) * n];
+        for (j, a) in (j0..j1).zip(acc.chunks_mut(n.max(1))) {
             let w = &lin.w[j * k..(j + 1) * k];
             if kernel == Kernel::Vnni {
-                dot_rows_with(kernel, w, lin.row_sum[j], xq, &xu, k, &mut acc);
+                dot_rows_with(kernel, w, lin.row_sum[j], xq, &xu, k, a);
             } else {
-                dot_rows(w, xq, k, &mut acc);
+                dot_rows(w, xq, k, a);
             }
-            let (m, e, b) = (lin.m[j], lin.e[j], lin.bias[j] as i128);
-            for t in 0..n {
-                let (tm, te) = sc[t];
-                // |acc * m| <= 2^27 * 2^31 fits i64; one widening multiply by t_m.
-                let v =
-                    round_shift((acc[t] as i64 * m) as i128 * tm as i128, e + te - out_frac) + b;
-                let v = v.clamp(-clamp as i128, clamp as i128) as i32;
-                // SAFETY: t < n and j < rows, so the index is inside `out`; each (t, j) is
-                // written by exactly one task (row chunks are disjoint).
-                unsafe { *outp.0.add(t * rows + j) = v };
+        }
+        let mut row = vec![0i32; j1 - j0];
+        for t in 0..n {
+            let (tm, te) = sc[t];
+            for (r, o) in row.iter_mut().enumerate() {
+                let j = j0 + r;
+                // |acc * m| <= 2^27 * 2^31 fits i64; one widening multiply by t_m (<= 2^89).
+                let prod = (acc[r * n + t] as i64 * lin.m[j]) as i128 * tm as i128;
+                let v = round_shift(prod, lin.e[j] + te - out_frac) + lin.bias[j] as i128;
+                *o = v.clamp(-clamp as i128, clamp as i128) as i32;
             }
+            // SAFETY: t < n and j0..j1 lie inside row t of `out`; row chunks are disjoint, so
+            // each element is written by exactly one task.
+            unsafe {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), outp.0.add(t * rows + j0), j1 - j0)
+            };
         }
     });
     out
@@ -569,8 +579,10 @@ fn attention_body(
                 *a += ps as i64 * v as i64;
             }
         }
+        let rc = recip(total as i128);
         for (o, &a) in out[off..off + hd].iter_mut().zip(&acc) {
-            *o = rdiv(a as i128, total as i128) as i64;
+            // |a| <= 2^57, r <= 2^30
+            *o = div_recip(a as i128, rc) as i64;
         }
     }
 }
