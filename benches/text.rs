@@ -13,6 +13,7 @@ use lockstep::lm::tokenizer;
 fn bench_model(c: &mut Criterion, name: &str, model: &Model, text: &[u8], seg: u32) {
     let opts = Options {
         segment_tokens: Some(seg),
+        ..Default::default()
     };
     let tokens = tokenizer::encode(text).unwrap().len();
     eprintln!(

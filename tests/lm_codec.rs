@@ -27,6 +27,7 @@ decodes the same tokens. Decoding on a laptop reads what a server wrote.\n\tdef 
 fn roundtrip(m: &Model, data: &[u8], seg: Option<u32>) -> Vec<u8> {
     let opts = Options {
         segment_tokens: seg,
+        ..Default::default()
     };
     let c = compress(m, data, &opts).unwrap();
     assert_eq!(decompress(m, &c).unwrap(), data);
@@ -67,6 +68,7 @@ fn output_is_independent_of_thread_count() {
     let m = small();
     let opts = Options {
         segment_tokens: Some(20),
+        ..Default::default()
     };
     let a = compress_unverified(m, TEXT, &opts).unwrap();
     let pool = rayon::ThreadPoolBuilder::new()
@@ -137,4 +139,27 @@ fn shipped_model_compresses_english() {
         TEXT.len()
     );
     assert!(payload * 2 < TEXT.len());
+}
+
+#[test]
+fn match_model_helps_on_repetitive_text_and_can_be_off() {
+    let m = small();
+    let log: Vec<u8> = (0..30)
+        .flat_map(|i| {
+            format!("2026-11-30 12:00:{i:02} INFO request served path=/api/v1/items status=200\n")
+                .into_bytes()
+        })
+        .collect();
+    let size = |match_model: bool| {
+        let opts = Options {
+            segment_tokens: Some(200),
+            match_model,
+        };
+        let c = compress(m, &log, &opts).unwrap();
+        assert_eq!(decompress(m, &c).unwrap(), log);
+        c.len()
+    };
+    let (on, off) = (size(true), size(false));
+    eprintln!("repetitive log, random model: {off} bytes without the match model, {on} with");
+    assert!(on * 2 < off);
 }

@@ -23,6 +23,9 @@ pub enum TextCmd {
         /// Tokens per segment (default: the model's context minus one).
         #[arg(long)]
         segment_tokens: Option<u32>,
+        /// Do not mix the token match model into the model's frequencies.
+        #[arg(long)]
+        no_match: bool,
     },
     /// Decompress a .lst file written by `text compress`.
     Decompress {
@@ -90,11 +93,19 @@ pub fn run_text(cmd: TextCmd) -> lockstep::Result<()> {
             output,
             model,
             segment_tokens,
+            no_match,
         } => {
             let data = read(&input)?;
             let model = load_model(model.as_deref())?;
             let t = std::time::Instant::now();
-            let out = text_codec::compress(&model, &data, &text_codec::Options { segment_tokens })?;
+            let out = text_codec::compress(
+                &model,
+                &data,
+                &text_codec::Options {
+                    segment_tokens,
+                    match_model: !no_match,
+                },
+            )?;
             write_atomic(&output, &out)?;
             let bits = if data.is_empty() {
                 0.0

@@ -4,6 +4,7 @@ pub mod equalize;
 pub mod fixed;
 pub mod forward;
 pub mod freq;
+pub mod match_model;
 pub mod model_file;
 pub mod random_model;
 pub mod range_coder;

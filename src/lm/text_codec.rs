@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use super::forward::{forward, Item, KvCache};
 use super::freq::{cumulative, frequencies};
+use super::match_model::{mix, MatchModel};
 use super::model_file::{hex, Model};
 use super::range_coder::{find_symbol, Decoder, Encoder};
 use super::tokenizer::{self, EOT};
@@ -21,10 +22,24 @@ const WHAT: &str = "text stream";
 /// Cap on KV-cache memory held by one lockstep decode group.
 const GROUP_CACHE_BYTES: usize = 512 << 20;
 
-#[derive(Clone, Debug, Default)]
+/// Header flag: the match model is mixed into the frequencies.
+pub const FLAG_MATCH: u32 = 1;
+
+#[derive(Clone, Debug)]
 pub struct Options {
     /// Tokens per segment; `None` is `n_ctx - 1` (a segment fills the context exactly).
     pub segment_tokens: Option<u32>,
+    /// Mix the token match model into the frequencies (default on).
+    pub match_model: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            segment_tokens: None,
+            match_model: true,
+        }
+    }
 }
 
 /// Header fields of a text stream.
@@ -34,6 +49,7 @@ pub struct Header {
     pub original_len: u64,
     pub original_hash: [u8; 32],
     pub segment_tokens: u32,
+    pub flags: u32,
     pub n_tokens: u64,
     /// (tokens, bytes) of each segment
     pub segments: Vec<(u32, u32)>,
@@ -61,19 +77,33 @@ fn check_model(model: &Model) -> Result<()> {
     Ok(())
 }
 
-fn interval(logits: &[i32], model: &Model, sym: usize) -> Result<(u64, u64)> {
-    let f = frequencies(logits, &model.tables.exp40)?;
-    Ok((f[..sym].iter().sum(), f[sym]))
+/// The coder's frequency table: the model's, with the match model's prediction mixed in.
+fn table(logits: &[i32], model: &Model, pred: Option<(u32, u64)>) -> Result<Vec<u64>> {
+    let mut f = frequencies(logits, &model.tables.exp40)?;
+    if let Some((x, lambda)) = pred {
+        mix(&mut f, x as usize, lambda);
+    }
+    Ok(f)
 }
 
 /// `(cum, freq)` of every token of one segment under the model (the encoder's side).
-pub fn segment_intervals(model: &Model, seg: &[u32]) -> Result<Vec<(u64, u64)>> {
+pub fn segment_intervals(model: &Model, seg: &[u32], use_match: bool) -> Result<Vec<(u64, u64)>> {
     let c = model.config.n_ctx as usize;
     let v = model.config.vocab as usize;
     let mut s = Vec::with_capacity(seg.len() + 1);
     s.push(EOT);
     s.extend_from_slice(seg);
     let last = s.len() - 1; // predictions j in [0, last)
+                            // The match model's predictions, in order (it only needs the tokens).
+    let mut preds = vec![None; last];
+    if use_match {
+        let mut mm = MatchModel::new();
+        mm.update(&s[..1]);
+        for (j, p) in preds.iter_mut().enumerate() {
+            *p = mm.predict(&s[..=j]);
+            mm.update(&s[..j + 2]);
+        }
+    }
     let mut out = Vec::with_capacity(seg.len());
     let mut j = 0;
     while j < last {
@@ -95,7 +125,11 @@ pub fn segment_intervals(model: &Model, seg: &[u32]) -> Result<Vec<(u64, u64)>> 
         let iv: Vec<(u64, u64)> = logits
             .par_chunks(v)
             .enumerate()
-            .map(|(i, l)| interval(l, model, s[j + i + 1] as usize))
+            .map(|(i, l)| {
+                let f = table(l, model, preds[j + i])?;
+                let sym = s[j + i + 1] as usize;
+                Ok((f[..sym].iter().sum(), f[sym]))
+            })
             .collect::<Result<_>>()?;
         out.extend(iv);
         j = end;
@@ -117,7 +151,7 @@ pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result
     let mut payloads = Vec::new();
     let mut segments = Vec::new();
     for seg in tokens.chunks(seg_len as usize) {
-        let iv = segment_intervals(model, seg)?;
+        let iv = segment_intervals(model, seg, opts.match_model)?;
         let mut enc = Encoder::new();
         for (cum, f) in iv {
             enc.encode(cum, f);
@@ -131,6 +165,7 @@ pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result
         original_len: data.len() as u64,
         original_hash: *blake3::hash(data).as_bytes(),
         segment_tokens: seg_len,
+        flags: if opts.match_model { FLAG_MATCH } else { 0 },
         n_tokens: tokens.len() as u64,
         segments,
     };
@@ -161,6 +196,7 @@ fn write_header(h: &Header) -> Vec<u8> {
     o.extend_from_slice(&h.original_len.to_le_bytes());
     o.extend_from_slice(&h.original_hash);
     o.extend_from_slice(&h.segment_tokens.to_le_bytes());
+    o.extend_from_slice(&h.flags.to_le_bytes());
     o.extend_from_slice(&h.n_tokens.to_le_bytes());
     o.extend_from_slice(&(h.segments.len() as u32).to_le_bytes());
     for &(t, b) in &h.segments {
@@ -196,9 +232,10 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
     let mut original_hash = [0u8; 32];
     original_hash.copy_from_slice(get(52, 32)?);
     let segment_tokens = u32_at(84)?;
-    let n_tokens = u64_at(88)?;
-    let n_seg = u32_at(96)? as usize;
-    let table_end = 100usize
+    let flags = u32_at(88)?;
+    let n_tokens = u64_at(92)?;
+    let n_seg = u32_at(100)? as usize;
+    let table_end = 104usize
         .checked_add(n_seg.checked_mul(8).ok_or_else(trunc)?)
         .ok_or_else(trunc)?;
     if table_end + 4 > d.len() {
@@ -214,11 +251,14 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
         });
     }
     let segments: Vec<(u32, u32)> = (0..n_seg)
-        .map(|i| Ok((u32_at(100 + 8 * i)?, u32_at(104 + 8 * i)?)))
+        .map(|i| Ok((u32_at(104 + 8 * i)?, u32_at(108 + 8 * i)?)))
         .collect::<Result<_>>()?;
     let bad = |s: String| Err(Error::format(WHAT, s));
     if segment_tokens == 0 || segment_tokens > 1 << 20 {
         return bad(format!("segment length {segment_tokens}"));
+    }
+    if flags & !FLAG_MATCH != 0 {
+        return Err(Error::Unsupported(format!("text stream flags {flags:#x}")));
     }
     if n_tokens > original_len {
         return bad("more tokens than bytes".into());
@@ -248,6 +288,7 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
             original_len,
             original_hash,
             segment_tokens,
+            flags,
             n_tokens,
             segments,
         },
@@ -259,6 +300,7 @@ struct SegState<'a> {
     s: Vec<u32>,
     target: usize,
     dec: Decoder<'a>,
+    mm: Option<MatchModel>,
 }
 
 /// Decompress a stream written with this model.
@@ -287,7 +329,7 @@ pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
     let mut tokens = Vec::with_capacity(h.n_tokens as usize);
     for (gi, chunk) in payloads.chunks(group).enumerate() {
         let segs = &h.segments[gi * group..gi * group + chunk.len()];
-        let dec = decode_group(model, chunk, segs)?;
+        let dec = decode_group(model, chunk, segs, h.flags & FLAG_MATCH != 0)?;
         for s in dec {
             tokens.extend_from_slice(&s[1..]);
         }
@@ -302,7 +344,12 @@ pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn decode_group(model: &Model, payloads: &[&[u8]], segs: &[(u32, u32)]) -> Result<Vec<Vec<u32>>> {
+fn decode_group(
+    model: &Model,
+    payloads: &[&[u8]],
+    segs: &[(u32, u32)],
+    use_match: bool,
+) -> Result<Vec<Vec<u32>>> {
     let c = model.config.n_ctx as usize;
     let v = model.config.vocab as usize;
     let nl = model.config.n_layer as usize;
@@ -313,6 +360,11 @@ fn decode_group(model: &Model, payloads: &[&[u8]], segs: &[(u32, u32)]) -> Resul
             s: vec![EOT],
             target: t as usize + 1,
             dec: Decoder::new(p),
+            mm: use_match.then(|| {
+                let mut m = MatchModel::new();
+                m.update(&[EOT]);
+                m
+            }),
         })
         .collect();
     let mut caches = vec![KvCache::new(nl); st.len()];
@@ -353,11 +405,15 @@ fn decode_group(model: &Model, payloads: &[&[u8]], segs: &[(u32, u32)]) -> Resul
             .par_iter_mut()
             .zip(logits.par_chunks(v))
             .try_for_each(|(s, l)| -> Result<()> {
-                let f = frequencies(l, &model.tables.exp40)?;
+                let pred = s.mm.as_ref().and_then(|m| m.predict(&s.s));
+                let f = table(l, model, pred)?;
                 let cum = cumulative(&f);
                 let sym = find_symbol(&cum, s.dec.target());
                 s.dec.consume(cum[sym], f[sym]);
                 s.s.push(sym as u32);
+                if let Some(m) = s.mm.as_mut() {
+                    m.update(&s.s);
+                }
                 Ok(())
             })?;
     }
