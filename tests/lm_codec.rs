@@ -104,9 +104,8 @@ fn truncated_or_corrupt_streams_give_errors_not_panics() {
     for i in (0..c.len()).step_by(3) {
         let mut bad = c.clone();
         bad[i] ^= 0x41;
-        match decompress(m, &bad) {
-            Ok(out) => assert_eq!(out, TEXT),
-            Err(_) => {}
+        if let Ok(out) = decompress(m, &bad) {
+            assert_eq!(out, TEXT);
         }
     }
 }

@@ -188,7 +188,9 @@ fn quantize_linear(
     what: &str,
 ) -> Result<Linear> {
     use rayon::prelude::*;
-    let per_row: Vec<Result<(Vec<i8>, i64, i32, i32)>> = (0..rows)
+    // (int8 row, scale mantissa, scale exponent, bias) per output row
+    type Row = (Vec<i8>, i64, i32, i32);
+    let per_row: Vec<Result<Row>> = (0..rows)
         .into_par_iter()
         .map(|j| {
             let mut max = ExactF32 {

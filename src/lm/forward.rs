@@ -601,10 +601,7 @@ mod tests {
             (x >> 33) as u32
         };
         for k in [1usize, 31, 32, 64, 128, 200, 768] {
-            let w: Vec<i8> = (0..k)
-                .map(|_| (rnd() % 256) as i32 as i8 - 0)
-                .map(|v| v.max(-128))
-                .collect();
+            let w: Vec<i8> = (0..k).map(|_| (rnd() % 256) as i32 as i8).collect();
             let xs: Vec<i8> = (0..7 * k)
                 .map(|_| ((rnd() % 255) as i32 - 127) as i8)
                 .collect();

@@ -11,7 +11,7 @@ pub const TOTAL: u64 = 1 << 32;
 /// Frequencies of every token; `u64` because a one-sided table can hold up to 2^32 - V + 1.
 pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
     let v = logits.len();
-    if v < 2 || v > 1 << 16 {
+    if !(2..=1 << 16).contains(&v) {
         return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
     }
     let mut top = i32::MIN;

@@ -252,7 +252,7 @@ pub fn validate_config(c: &Config) -> Result<()> {
     if c.n_layer == 0 || c.n_layer > 256 {
         return bad("n_layer out of range 1..=256");
     }
-    if c.n_embd == 0 || c.n_embd > 8192 || c.n_head == 0 || c.n_embd % c.n_head != 0 {
+    if c.n_embd == 0 || c.n_embd > 8192 || c.n_head == 0 || !c.n_embd.is_multiple_of(c.n_head) {
         return bad("n_embd must be in 1..=8192 and divisible by n_head");
     }
     if c.n_embd / c.n_head > 1024 {

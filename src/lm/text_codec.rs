@@ -377,7 +377,7 @@ fn decode_group(
             }
             let j = s.s.len() - 1;
             let a = window_start(j, c);
-            if j >= c && (j - c) % (c / 2).max(1) == 0 {
+            if j >= c && (j - c).is_multiple_of((c / 2).max(1)) {
                 caches[i].clear();
                 for p in a..j {
                     items.push(Item {
