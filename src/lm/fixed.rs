@@ -253,8 +253,23 @@ pub fn inv_sqrt_q40(dh: u32) -> i128 {
     ((isqrt_u128((1u128 << 82) / dh.max(1) as u128) + 1) >> 1) as i128
 }
 
+/// `round(x / 2^s)` in i64 with ties toward +inf, for the matmul rescale: `s` in 1..=63 is
+/// `(x + 2^(s-1)) >> s`; `s >= 64` gives 0 (|x| < 2^62 there); `s <= 0` shifts left, saturating.
+#[inline(always)]
+pub fn round_shift64(x: i64, s: i32) -> i64 {
+    if (1..=63).contains(&s) {
+        (x + (1i64 << (s - 1))) >> s
+    } else if s >= 64 {
+        0
+    } else {
+        let l = (-s).min(62) as u32;
+        x.checked_mul(1i64 << l)
+            .unwrap_or(if x < 0 { i64::MIN } else { i64::MAX })
+    }
+}
+
 /// Integer-only activation quantization of one row: returns `(q, t_m, t_e)` with
-/// `real scale = t_m * 2^-t_e` per unit of q, given the input in Q`frac`.
+/// `real scale = t_m * 2^-t_e` per unit of q, given the input in Q`frac`; `t_m ∈ [2^15, 2^16)`.
 pub fn quantize_row(y: &[i64], frac: i32, q: &mut [i8]) -> (i64, i32) {
     let a = y.iter().map(|v| v.unsigned_abs()).max().unwrap_or(0) as i128;
     if a == 0 {
@@ -265,19 +280,19 @@ pub fn quantize_row(y: &[i64], frac: i32, q: &mut [i8]) -> (i64, i32) {
     for (o, &v) in q.iter_mut().zip(y) {
         *o = div_recip(127 * v as i128, rc).clamp(-127, 127) as i8;
     }
-    // t_m = rdiv(A * 2^k, 127) in [2^30, 2^31)
-    let lz = 127 - a.leading_zeros() as i32; // floor(log2 A)
-                                             // A/127 ~ 2^(lz - 7); want 2^30 => k = 37 - lz (adjust).
-    let mut k = 37 - lz;
+    // t_m = rdiv(A * 2^k, 127) in [2^15, 2^16). A/127 ~ 2^(log2(A) - 7), so start from
+    // k = 22 - floor(log2 A) and adjust.
+    let lz = 127 - a.leading_zeros() as i32;
+    let mut k = 22 - lz;
     loop {
         let tm = if k >= 0 {
             rdiv(a << k, 127)
         } else {
             rdiv(a, 127i128 << (-k))
         };
-        if tm >= 1 << 31 {
+        if tm >= 1 << 16 {
             k -= 1;
-        } else if tm < 1 << 30 {
+        } else if tm < 1 << 15 {
             k += 1;
         } else {
             return (tm as i64, frac + k);
@@ -381,7 +396,7 @@ mod tests {
         let mut q = [0i8; 4];
         let (tm, te) = quantize_row(&y, 0, &mut q);
         assert_eq!(q, [127, -63, 0, 32]); // -63.5: the reciprocal lands just above, -> -63
-        assert!((1 << 30..1 << 31).contains(&tm));
+        assert!((1 << 15..1 << 16).contains(&tm));
         // tm * 2^-te ~ 1000/127 = 7.874
         let approx = (tm as i128 * 1000) >> te;
         assert_eq!(approx, 7874);

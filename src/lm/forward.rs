@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::fixed::{div_recip, isqrt_u128, quantize_row, recip, round_shift};
+use super::fixed::{div_recip, isqrt_u128, quantize_row, recip, round_shift, round_shift64};
 use super::model_file::*;
 use crate::{Error, Result};
 
@@ -474,14 +474,15 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
             }
         }
         let mut row = vec![0i32; j1 - j0];
+        let ms: Vec<(i64, i32)> = (j0..j1).map(|j| lin.m16(j)).collect();
         for t in 0..n {
             let (tm, te) = sc[t];
             for (r, o) in row.iter_mut().enumerate() {
-                let j = j0 + r;
-                // |acc * m| <= 2^27 * 2^31 fits i64; one widening multiply by t_m (<= 2^89).
-                let prod = (acc[r * n + t] as i64 * lin.m[j]) as i128 * tm as i128;
-                let v = round_shift(prod, lin.e[j] + te - out_frac) + lin.bias[j] as i128;
-                *o = v.clamp(-clamp as i128, clamp as i128) as i32;
+                let (m, e) = ms[r];
+                // |acc| <= 2^27, m < 2^16, t_m < 2^16: the product is below 2^59 (i64).
+                let prod = acc[r * n + t] as i64 * m * tm;
+                let v = round_shift64(prod, e + te - out_frac) + lin.bias[j0 + r] as i64;
+                *o = v.clamp(-clamp, clamp) as i32;
             }
             // SAFETY: t < n and j0..j1 lie inside row t of `out`; row chunks are disjoint, so
             // each element is written by exactly one task.

@@ -56,6 +56,13 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// The 16-bit row multiplier the rescale uses: `m16 = m >> 15` ∈ [2^15, 2^16), scale
+    /// `m16 * 2^-(e - 15)` (docs §4).
+    #[inline(always)]
+    pub fn m16(&self, j: usize) -> (i64, i32) {
+        (self.m[j] >> 15, self.e[j] - 15)
+    }
+
     pub fn row_sums(w: &[i8], k: usize) -> Vec<i32> {
         w.chunks_exact(k.max(1))
             .map(|r| r.iter().map(|&v| v as i32).sum())
