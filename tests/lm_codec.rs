@@ -162,3 +162,37 @@ fn match_model_helps_on_repetitive_text_and_can_be_off() {
     eprintln!("repetitive log, random model: {off} bytes without the match model, {on} with");
     assert!(on * 2 < off);
 }
+
+#[test]
+fn huge_header_counts_are_refused_or_bounded() {
+    // A valid header (crc recomputed) that claims a gigantic original length must fail cleanly,
+    // not allocate by the claim.
+    let m = small();
+    let c = roundtrip(m, TEXT, None);
+    let (mut h, start) = read_header(&c).unwrap();
+    h.original_len = u64::MAX / 2;
+    let mut forged = write_header_for_test(&h);
+    forged.extend_from_slice(&c[start..]);
+    assert!(decompress(m, &forged).is_err());
+}
+
+/// Re-serialize a header the way the codec does (layout in docs/INTEGER_GPT2.md §9).
+fn write_header_for_test(h: &lockstep::lm::text_codec::Header) -> Vec<u8> {
+    let mut o = Vec::new();
+    o.extend_from_slice(b"LSTPTXT1");
+    o.extend_from_slice(&1u32.to_le_bytes());
+    o.extend_from_slice(&h.model_hash);
+    o.extend_from_slice(&h.original_len.to_le_bytes());
+    o.extend_from_slice(&h.original_hash);
+    o.extend_from_slice(&h.segment_tokens.to_le_bytes());
+    o.extend_from_slice(&h.flags.to_le_bytes());
+    o.extend_from_slice(&h.n_tokens.to_le_bytes());
+    o.extend_from_slice(&(h.segments.len() as u32).to_le_bytes());
+    for &(t, b) in &h.segments {
+        o.extend_from_slice(&t.to_le_bytes());
+        o.extend_from_slice(&b.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&o);
+    o.extend_from_slice(&crc.to_le_bytes());
+    o
+}

@@ -19,6 +19,8 @@ use crate::{Error, Result};
 pub const MAGIC: &[u8; 8] = b"LSTPTXT1";
 pub const VERSION: u32 = 1;
 const WHAT: &str = "text stream";
+/// Longest segment, in tokens.
+pub const MAX_SEGMENT_TOKENS: u32 = 1 << 16;
 /// Cap on KV-cache memory held by one lockstep decode group.
 const GROUP_CACHE_BYTES: usize = 512 << 20;
 
@@ -254,7 +256,7 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
         .map(|i| Ok((u32_at(104 + 8 * i)?, u32_at(108 + 8 * i)?)))
         .collect::<Result<_>>()?;
     let bad = |s: String| Err(Error::format(WHAT, s));
-    if segment_tokens == 0 || segment_tokens > 1 << 20 {
+    if segment_tokens == 0 || segment_tokens > MAX_SEGMENT_TOKENS {
         return bad(format!("segment length {segment_tokens}"));
     }
     if flags & !FLAG_MATCH != 0 {
@@ -326,7 +328,8 @@ pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
     let positions = (h.segment_tokens as usize + 1).min(c);
     let cache_bytes = (nl * positions * d * 8).max(1);
     let group = (GROUP_CACHE_BYTES / cache_bytes).clamp(1, 64);
-    let mut tokens = Vec::with_capacity(h.n_tokens as usize);
+    // The header's counts are not trusted for allocation sizes.
+    let mut tokens = Vec::with_capacity((h.n_tokens as usize).min(data.len().saturating_mul(8)));
     for (gi, chunk) in payloads.chunks(group).enumerate() {
         let segs = &h.segments[gi * group..gi * group + chunk.len()];
         let dec = decode_group(model, chunk, segs, h.flags & FLAG_MATCH != 0)?;
