@@ -370,15 +370,28 @@ unsafe fn dot_rows_vnni(w: &[i8], row_sum: i32, xu: &[u8], k: usize, out: &mut [
         t += 4;
     }
     while t < n {
+        // One item: four independent accumulators hide the dpbusd latency.
         let x0 = xu.as_ptr().add(t * k);
-        let mut a0 = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_si512(); 4];
         let mut c = 0;
+        while c + 256 <= body {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let off = c + 64 * u;
+                let wv = _mm512_loadu_si512(w.as_ptr().add(off) as *const _);
+                *a = _mm512_dpbusd_epi32(*a, _mm512_loadu_si512(x0.add(off) as *const _), wv);
+            }
+            c += 256;
+        }
         while c < body {
             let wv = _mm512_loadu_si512(w.as_ptr().add(c) as *const _);
-            a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(x0.add(c) as *const _), wv);
+            acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_loadu_si512(x0.add(c) as *const _), wv);
             c += 64;
         }
-        out[t] = _mm512_reduce_add_epi32(a0) - bias + tail(t);
+        let sum = _mm512_add_epi32(
+            _mm512_add_epi32(acc[0], acc[1]),
+            _mm512_add_epi32(acc[2], acc[3]),
+        );
+        out[t] = _mm512_reduce_add_epi32(sum) - bias + tail(t);
         t += 1;
     }
 }
