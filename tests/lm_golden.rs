@@ -189,3 +189,13 @@ fn conversion_is_pinned_and_matches_the_shipped_model() {
     );
     assert_eq!(Model::from_bytes(&shipped).unwrap().hash, m.hash);
 }
+
+#[test]
+fn openai_gpt2_layout_converts_to_the_same_model() {
+    let (Some(d), Some(m)) = (data(), equalized()) else {
+        return;
+    };
+    let st = as_openai_layout(&d.st, 4, 256);
+    let m2 = equalize::convert_equalized(&d.config, &st).unwrap();
+    assert_eq!(m2.hash, m.hash);
+}

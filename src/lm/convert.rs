@@ -41,11 +41,10 @@ impl<'a> Checkpoint<'a> {
                 .chunks_exact(2)
                 .map(|c| (u16::from_le_bytes(c.try_into().unwrap()) as u32) << 16)
                 .collect(),
-            // f16 -> f32 widening is exact (half does it on bits).
+            // f16 -> f32 widening is exact; done on the bits with integers.
             Dtype::F16 => data
                 .chunks_exact(2)
-                .map(|c| half::f16::from_bits(u16::from_le_bytes(c.try_into().unwrap())).to_bits())
-                .map(|h| half::f16::from_bits(h).to_f32().to_bits())
+                .map(|c| f16_bits_to_f32_bits(u16::from_le_bytes(c.try_into().unwrap())))
                 .collect(),
             d => {
                 return Err(Error::Unsupported(format!(
@@ -75,6 +74,25 @@ impl<'a> Checkpoint<'a> {
             )));
         }
         Ok(t)
+    }
+}
+
+/// Widen IEEE half-precision bits to single-precision bits (exact; integer operations only).
+pub fn f16_bits_to_f32_bits(h: u16) -> u32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let e = ((h >> 10) & 0x1f) as u32;
+    let f = (h & 0x3ff) as u32;
+    match e {
+        0 if f == 0 => sign,
+        0 => {
+            // subnormal: f * 2^-24; normalize so the leading 1 is bit 10.
+            let shift = f.leading_zeros() - 21; // bits to move the top set bit to position 10
+            let mant = (f << shift) & 0x3ff;
+            let exp = 127 - 15 + 1 - shift;
+            sign | (exp << 23) | (mant << 13)
+        }
+        0x1f => sign | 0x7f80_0000 | (f << 13),
+        _ => sign | ((e + 127 - 15) << 23) | (f << 13),
     }
 }
 
@@ -432,6 +450,22 @@ pub fn convert_path(input: &Path, equalize: bool) -> Result<Model> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_widening_matches_the_half_crate() {
+        for h in (0..=u16::MAX)
+            .step_by(7)
+            .chain([0, 1, 0x3ff, 0x400, 0x7bff, 0x8001])
+        {
+            let ours = f16_bits_to_f32_bits(h);
+            let theirs = half::f16::from_bits(h).to_f32().to_bits();
+            if half::f16::from_bits(h).is_nan() {
+                assert!(f32::from_bits(ours).is_nan());
+            } else {
+                assert_eq!(ours, theirs, "{h:#x}");
+            }
+        }
+    }
 
     #[test]
     fn decimal_parsing_is_exact() {

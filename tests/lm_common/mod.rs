@@ -255,3 +255,25 @@ pub fn with_outliers(st_bytes: &[u8], n_layer: usize, channels: &[usize], shift:
         .collect();
     safetensors::serialize(views, None).unwrap()
 }
+
+/// A copy of a checkpoint in the `openai-community/gpt2` naming: no `transformer.` prefix,
+/// plus the `h.N.attn.bias` causal-mask buffers that file carries (ignored by the converter).
+pub fn as_openai_layout(st_bytes: &[u8], n_layer: usize, n_ctx: usize) -> Vec<u8> {
+    use safetensors::tensor::TensorView;
+    let st = SafeTensors::deserialize(st_bytes).unwrap();
+    let mask: Vec<u8> = (0..n_ctx * n_ctx)
+        .flat_map(|i| if i % n_ctx <= i / n_ctx { 1f32 } else { 0f32 }.to_le_bytes())
+        .collect();
+    let mut views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n.trim_start_matches("transformer.").to_string(), v))
+        .collect();
+    for l in 0..n_layer {
+        views.push((
+            format!("h.{l}.attn.bias"),
+            TensorView::new(safetensors::Dtype::F32, vec![1, 1, n_ctx, n_ctx], &mask).unwrap(),
+        ));
+    }
+    safetensors::serialize(views, None).unwrap()
+}
