@@ -196,3 +196,28 @@ fn write_header_for_test(h: &lockstep::lm::text_codec::Header) -> Vec<u8> {
     o.extend_from_slice(&crc.to_le_bytes());
     o
 }
+
+#[test]
+fn every_dot_kernel_gives_the_same_stream() {
+    use lockstep::lm::forward::{best_kernel, force_kernel, Kernel};
+    // n_embd 64: rows of 64 and 256 bytes reach the vector loops, not only the tails.
+    let m = &random_model(1, 64, 2, 16, 50257, 3);
+    let opts = Options {
+        segment_tokens: Some(30),
+        ..Default::default()
+    };
+    let reference = {
+        force_kernel(Some(Kernel::Generic));
+        let c = compress_unverified(m, TEXT, &opts).unwrap();
+        force_kernel(None);
+        c
+    };
+    eprintln!("best kernel on this CPU: {:?}", best_kernel());
+    for k in [Kernel::Avx2, Kernel::Vnni] {
+        force_kernel(Some(k));
+        let c = compress_unverified(m, TEXT, &opts).unwrap();
+        force_kernel(None);
+        assert_eq!(c, reference, "{k:?}");
+    }
+    assert_eq!(decompress(m, &reference).unwrap(), TEXT);
+}

@@ -418,6 +418,37 @@ pub fn best_kernel() -> Kernel {
     Kernel::Generic
 }
 
+static KERNEL_OVERRIDE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Force the dot-product kernel (tests and benches: every kernel must give the same bytes).
+/// A kernel this CPU lacks is ignored; `None` returns to the best one.
+pub fn force_kernel(k: Option<Kernel>) {
+    let v = match k {
+        None => 0,
+        Some(Kernel::Generic) => 1,
+        Some(Kernel::Avx2) => 2,
+        Some(Kernel::Vnni) => 3,
+    };
+    KERNEL_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The kernel the matmul uses now: the forced one if this CPU has it, else the best.
+pub fn active_kernel() -> Kernel {
+    let best = best_kernel();
+    let forced = match KERNEL_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Kernel::Generic,
+        2 => Kernel::Avx2,
+        3 => Kernel::Vnni,
+        _ => return best,
+    };
+    // Vnni implies Avx2 on every CPU that has it; never pick a kernel above the best.
+    if rank(forced) <= rank(best) {
+        forced
+    } else {
+        best
+    }
+}
+
 /// One weight row against every item with a chosen kernel; `xu` is `xs` with the sign bit
 /// flipped (x + 128 as u8), used by the VNNI kernel.
 /// `row_sum` is the sum of `w[..k]` (only the VNNI kernel uses it).
@@ -430,15 +461,32 @@ pub fn dot_rows_with(
     k: usize,
     out: &mut [i32],
 ) {
-    assert!(w.len() >= k && xs.len() >= out.len() * k && xu.len() >= out.len() * k);
+    assert!(w.len() >= k && xs.len() >= out.len() * k);
+    // A kernel this CPU lacks falls back to the reference (never undefined behavior).
+    let kernel = if rank(kernel) <= rank(best_kernel()) {
+        kernel
+    } else {
+        Kernel::Generic
+    };
     match kernel {
-        // SAFETY: the kernel was chosen by `best_kernel` (feature detected) or a caller that
-        // checked it; slices were bounds-checked above.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Vnni => unsafe { dot_rows_vnni(w, row_sum, xu, k, out) },
+        Kernel::Vnni => {
+            assert!(xu.len() >= out.len() * k);
+            // SAFETY: AVX-512 VNNI/BW are present (checked just above); slices are in bounds.
+            unsafe { dot_rows_vnni(w, row_sum, xu, k, out) }
+        }
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 is present (checked just above); slices are in bounds.
         Kernel::Avx2 => unsafe { dot_rows_avx2(w, xs, k, out) },
         _ => dot_rows_generic(w, xs, k, out),
+    }
+}
+
+fn rank(k: Kernel) -> u8 {
+    match k {
+        Kernel::Generic => 1,
+        Kernel::Avx2 => 2,
+        Kernel::Vnni => 3,
     }
 }
 
@@ -463,7 +511,7 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
     let n = sc.len();
     debug_assert_eq!(xq.len(), n * k);
     const CHUNK: usize = 64;
-    let kernel = best_kernel();
+    let kernel = active_kernel();
     let xu: Vec<u8> = if kernel == Kernel::Vnni {
         xq.iter().map(|&v| v as u8 ^ 0x80).collect()
     } else {
@@ -480,11 +528,7 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
         let mut acc = vec![0i32; (j1 - j0) * n];
         for (j, a) in (j0..j1).zip(acc.chunks_mut(n.max(1))) {
             let w = &lin.w[j * k..(j + 1) * k];
-            if kernel == Kernel::Vnni {
-                dot_rows_with(kernel, w, lin.row_sum[j], xq, &xu, k, a);
-            } else {
-                dot_rows(w, xq, k, a);
-            }
+            dot_rows_with(kernel, w, lin.row_sum[j], xq, &xu, k, a);
         }
         let mut row = vec![0i32; j1 - j0];
         let ms: Vec<(i64, i32)> = (j0..j1).map(|j| lin.m16(j)).collect();
