@@ -221,3 +221,34 @@ fn every_dot_kernel_gives_the_same_stream() {
     }
     assert_eq!(decompress(m, &reference).unwrap(), TEXT);
 }
+
+#[test]
+fn rehashed_but_inconsistent_model_files_are_refused() {
+    let mut m = small().clone();
+    let bytes = m.to_bytes();
+    let rehash = |mut b: Vec<u8>| {
+        let n = b.len() - 32;
+        let h = blake3::hash(&b[..n]);
+        b[n..].copy_from_slice(h.as_bytes());
+        b
+    };
+    // n_layer (offset 12) claims more blocks than the file holds.
+    let mut b = bytes.clone();
+    b[12..16].copy_from_slice(&200u32.to_le_bytes());
+    assert!(Model::from_bytes(&rehash(b)).is_err());
+    // A table entry changed: the GELU/exp tables must equal the specification's.
+    let mut b = bytes.clone();
+    let n = b.len();
+    b[n - 32 - 8 - 3] ^= 1;
+    assert!(Model::from_bytes(&rehash(b)).is_err());
+    // n_head that does not divide n_embd.
+    let mut b = bytes.clone();
+    b[20..24].copy_from_slice(&3u32.to_le_bytes());
+    assert!(Model::from_bytes(&rehash(b)).is_err());
+    // A model without GPT-2's vocabulary cannot drive the text codec.
+    let tiny_vocab = random_model(1, 8, 1, 8, 1000, 4);
+    assert!(matches!(
+        compress(&tiny_vocab, TEXT, &Options::default()),
+        Err(Error::Unsupported(_))
+    ));
+}
