@@ -517,6 +517,8 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
     } else {
         Vec::new()
     };
+    let tms: Vec<i64> = sc.iter().map(|s| s.0).collect();
+    let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
     let mut out = vec![0i32; n * lin.rows];
     let outp = SyncPtr(out.as_mut_ptr());
     let rows = lin.rows;
@@ -530,16 +532,16 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
             let w = &lin.w[j * k..(j + 1) * k];
             dot_rows_with(kernel, w, lin.row_sum[j], xq, &xu, k, a);
         }
+        let (ms, es): (Vec<i64>, Vec<i32>) = (j0..j1).map(|j| lin.m16(j)).unzip();
+        let bias = &lin.bias[j0..j1];
+        let mut res = vec![0i32; (j1 - j0) * n];
+        rescale(
+            &acc, n, &ms, &es, bias, &tms, &tes, out_frac, clamp, &mut res,
+        );
         let mut row = vec![0i32; j1 - j0];
-        let ms: Vec<(i64, i32)> = (j0..j1).map(|j| lin.m16(j)).collect();
         for t in 0..n {
-            let (tm, te) = sc[t];
             for (r, o) in row.iter_mut().enumerate() {
-                let (m, e) = ms[r];
-                // |acc| <= 2^27, m < 2^16, t_m < 2^16: the product is below 2^59 (i64).
-                let prod = acc[r * n + t] as i64 * m * tm;
-                let v = round_shift64(prod, e + te - out_frac) + lin.bias[j0 + r] as i64;
-                *o = v.clamp(-clamp, clamp) as i32;
+                *o = res[r * n + t];
             }
             // SAFETY: t < n and j0..j1 lie inside row t of `out`; row chunks are disjoint, so
             // each element is written by exactly one task.
@@ -549,6 +551,103 @@ pub fn matmul(lin: &Linear, xq: &[i8], sc: &[(i64, i32)], out_frac: i32, clamp: 
         }
     });
     out
+}
+
+/// `res[r][t] = clamp(round_shift(acc[r][t] * m[r] * t_m[t], e[r] + t_e[t] - out_frac) + b[r])`
+/// (docs §4). When every shift is in 1..=63 (always, for real scales) a branch-free loop
+/// the compiler vectorizes computes exactly the same integers as `round_shift64`.
+#[allow(clippy::too_many_arguments)]
+fn rescale(
+    acc: &[i32],
+    n: usize,
+    ms: &[i64],
+    es: &[i32],
+    bias: &[i32],
+    tms: &[i64],
+    tes: &[i32],
+    out_frac: i32,
+    clamp: i64,
+    res: &mut [i32],
+) {
+    let (emin, emax) = (
+        es.iter().min().copied().unwrap_or(0),
+        es.iter().max().copied().unwrap_or(0),
+    );
+    let (tmin, tmax) = (
+        tes.iter().min().copied().unwrap_or(0),
+        tes.iter().max().copied().unwrap_or(0),
+    );
+    let fast = emin + tmin - out_frac >= 1 && emax + tmax - out_frac <= 63;
+    if !fast {
+        for r in 0..ms.len() {
+            for t in 0..n {
+                let prod = acc[r * n + t] as i64 * ms[r] * tms[t];
+                let v = round_shift64(prod, es[r] + tes[t] - out_frac) + bias[r] as i64;
+                res[r * n + t] = v.clamp(-clamp, clamp) as i32;
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512dq")
+            && std::is_x86_feature_detected!("avx512vl")
+        {
+            // SAFETY: the features are present; the body is safe code compiled with them.
+            unsafe { rescale_fast_avx512(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res) };
+            return;
+        }
+    }
+    rescale_fast(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rescale_fast_avx512(
+    acc: &[i32],
+    n: usize,
+    ms: &[i64],
+    es: &[i32],
+    bias: &[i32],
+    tms: &[i64],
+    tes: &[i32],
+    out_frac: i32,
+    clamp: i64,
+    res: &mut [i32],
+) {
+    rescale_fast(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res)
+}
+
+/// The fast path of [`rescale`]: every shift is in 1..=63.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn rescale_fast(
+    acc: &[i32],
+    n: usize,
+    ms: &[i64],
+    es: &[i32],
+    bias: &[i32],
+    tms: &[i64],
+    tes: &[i32],
+    out_frac: i32,
+    clamp: i64,
+    res: &mut [i32],
+) {
+    for r in 0..ms.len() {
+        let (m, b) = (ms[r], bias[r] as i64);
+        let base = (es[r] - out_frac) as i64;
+        let a = &acc[r * n..(r + 1) * n];
+        let o = &mut res[r * n..(r + 1) * n];
+        for t in 0..n {
+            // |acc| <= 2^27, m < 2^16, t_m < 2^16: the product is below 2^59 (i64).
+            let prod = a[t] as i64 * m * tms[t];
+            let s = base + tes[t] as i64;
+            let v = ((prod + (1i64 << (s - 1))) >> s) + b;
+            o[t] = v.clamp(-clamp, clamp) as i32;
+        }
+    }
 }
 
 /// A raw pointer that tasks writing disjoint elements may share.
@@ -648,6 +747,28 @@ fn attention_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_rescale_equals_round_shift() {
+        let n = 37;
+        let acc: Vec<i32> = (0..5 * n as i32)
+            .map(|i| (i * 7919 % 20001 - 10000) * 3001)
+            .collect();
+        let ms = vec![32768i64, 40000, 65535, 50000, 33333];
+        let es = vec![20, 30, 25, 41, 33];
+        let bias = vec![0, 5, -7, 1 << 20, -3];
+        let tms: Vec<i64> = (0..n as i64).map(|t| 32768 + t * 887).collect();
+        let tes: Vec<i32> = (0..n as i32).map(|t| 10 + t % 9).collect();
+        let mut fast = vec![0; 5 * n];
+        rescale(&acc, n, &ms, &es, &bias, &tms, &tes, 12, 1 << 26, &mut fast);
+        for r in 0..5 {
+            for t in 0..n {
+                let prod = acc[r * n + t] as i64 * ms[r] * tms[t];
+                let v = round_shift64(prod, es[r] + tes[t] - 12) + bias[r] as i64;
+                assert_eq!(fast[r * n + t] as i64, v.clamp(-(1 << 26), 1 << 26));
+            }
+        }
+    }
 
     #[test]
     fn simd_dot_equals_reference() {
