@@ -405,7 +405,7 @@ pub fn convert_bytes(
 }
 
 /// Largest |W[i][j]| per input channel i of a Conv1D weight, as floor(log2).
-pub fn input_channel_log2_max(config_text: &str, st_bytes: &[u8], name: &str) -> Result<Vec<i32>> {
+pub fn input_channel_log2_max(st_bytes: &[u8], name: &str) -> Result<Vec<i32>> {
     let st = SafeTensors::deserialize(st_bytes)
         .map_err(|e| Error::format("model.safetensors", e.to_string()))?;
     let prefix = if st.names().iter().any(|n| n.starts_with("transformer.")) {
@@ -413,7 +413,6 @@ pub fn input_channel_log2_max(config_text: &str, st_bytes: &[u8], name: &str) ->
     } else {
         ""
     };
-    let _ = config_text;
     let ck = Checkpoint { st, prefix };
     let t = ck.get(&format!("{name}.weight"))?;
     if t.shape.len() != 2 {

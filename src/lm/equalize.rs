@@ -75,12 +75,12 @@ fn exponents(act: &[i64], wlog: &[i32]) -> Vec<i32> {
 }
 
 /// Choose the equalization exponents for a checkpoint.
-pub fn choose(config_text: &str, st_bytes: &[u8], plain: &Model) -> Result<Equalization> {
+pub fn choose(st_bytes: &[u8], plain: &Model) -> Result<Equalization> {
     let stats = calibrate(plain)?;
     let mut eq = Equalization::default();
     for l in 0..plain.config.n_layer as usize {
-        let w1 = input_channel_log2_max(config_text, st_bytes, &format!("h.{l}.attn.c_attn"))?;
-        let w2 = input_channel_log2_max(config_text, st_bytes, &format!("h.{l}.mlp.c_fc"))?;
+        let w1 = input_channel_log2_max(st_bytes, &format!("h.{l}.attn.c_attn"))?;
+        let w2 = input_channel_log2_max(st_bytes, &format!("h.{l}.mlp.c_fc"))?;
         eq.ln1.push(exponents(&stats.ln1[l], &w1));
         eq.ln2.push(exponents(&stats.ln2[l], &w2));
     }
@@ -90,6 +90,6 @@ pub fn choose(config_text: &str, st_bytes: &[u8], plain: &Model) -> Result<Equal
 /// Convert with equalization: plain model -> calibration -> exponents -> folded model.
 pub fn convert_equalized(config_text: &str, st_bytes: &[u8]) -> Result<Model> {
     let plain = convert_bytes(config_text, st_bytes, None)?;
-    let eq = choose(config_text, st_bytes, &plain)?;
+    let eq = choose(st_bytes, &plain)?;
     convert_bytes(config_text, st_bytes, Some(&eq))
 }
