@@ -68,3 +68,60 @@ fn failures_leave_no_output() {
         .collect();
     assert_eq!(names.len(), 1, "{names:?}");
 }
+
+#[test]
+fn model_convert_then_use_it() {
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinygpt2");
+    if !std::path::Path::new(src).join("model.safetensors").exists() {
+        eprintln!("skipped: {src} is absent (shared data not mounted)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.lsm");
+    let st = lockstep()
+        .args(["model", "convert", src, "-o"])
+        .arg(&model)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The converted file is byte-identical to the shipped default model.
+    let shipped =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/models/tinygpt2.lsm")).unwrap();
+    assert!(std::fs::read(&model).unwrap() == shipped);
+    let input = dir.path().join("t.txt");
+    std::fs::write(
+        &input,
+        b"import textwrap\nprint(textwrap.fill('hello world', 5))\n",
+    )
+    .unwrap();
+    let packed = dir.path().join("t.lst");
+    let back = dir.path().join("t.out");
+    for args in [
+        vec![
+            "text",
+            "compress",
+            input.to_str().unwrap(),
+            "-o",
+            packed.to_str().unwrap(),
+        ],
+        vec![
+            "text",
+            "decompress",
+            packed.to_str().unwrap(),
+            "-o",
+            back.to_str().unwrap(),
+        ],
+    ] {
+        let st = lockstep()
+            .args(&args)
+            .arg("--model")
+            .arg(&model)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{args:?}");
+    }
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(&input).unwrap()
+    );
+}
