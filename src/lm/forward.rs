@@ -196,8 +196,10 @@ fn add_residual(h: &mut [i32], a: &[i32]) {
 /// Integer LayerNorm of each row of `h` (Q12) to Q26 (docs §4).
 pub fn layer_norm(h: &[i32], d: usize, ln: &LayerNorm, eps_q: i64) -> Vec<i64> {
     let mut y = vec![0i64; h.len()];
+    // Rows are cheap: at least 8 per task, so small decode batches stay on one thread.
     y.par_chunks_mut(d)
         .zip(h.par_chunks(d))
+        .with_min_len(8)
         .for_each(|(out, row)| layer_norm_row(row, ln, eps_q, out));
     y
 }
@@ -231,6 +233,7 @@ pub fn quantize(y: &[i64], d: usize, frac: i32) -> (Vec<i8>, Vec<(i64, i32)>) {
     let scales = q
         .par_chunks_mut(d)
         .zip(y.par_chunks(d))
+        .with_min_len(8)
         .map(|(qr, yr)| quantize_row(yr, frac, qr))
         .collect();
     (q, scales)
