@@ -1,0 +1,424 @@
+//! The text codec: tokens -> integer GPT-2 -> frequencies -> range coder (docs §9).
+//!
+//! Segments of a fixed token count (stored in the header) are coded independently, each
+//! starting from `<|endoftext|>`. Compression runs a batched forward over each window of a
+//! segment; decompression runs a group of segments in lockstep, one token of each per step,
+//! each with its own KV cache. Both sides compute every table with the same integer code, so
+//! the tables are identical by construction.
+
+use rayon::prelude::*;
+
+use super::forward::{forward, Item, KvCache};
+use super::freq::{cumulative, frequencies};
+use super::match_model::{mix, MatchModel};
+use super::model_file::{hex, Model};
+use super::range_coder::{find_symbol, Decoder, Encoder};
+use super::tokenizer::{self, EOT};
+use crate::{Error, Result};
+
+pub const MAGIC: &[u8; 8] = b"LSTPTXT1";
+pub const VERSION: u32 = 1;
+const WHAT: &str = "text stream";
+/// Longest segment, in tokens.
+pub const MAX_SEGMENT_TOKENS: u32 = 1 << 16;
+/// Cap on KV-cache memory held by one lockstep decode group.
+const GROUP_CACHE_BYTES: usize = 512 << 20;
+
+/// Header flag: the match model is mixed into the frequencies.
+pub const FLAG_MATCH: u32 = 1;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Tokens per segment; `None` is `n_ctx - 1` (a segment fills the context exactly).
+    pub segment_tokens: Option<u32>,
+    /// Mix the token match model into the frequencies (default on).
+    pub match_model: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            segment_tokens: None,
+            match_model: true,
+        }
+    }
+}
+
+/// Header fields of a text stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub model_hash: [u8; 32],
+    pub original_len: u64,
+    pub original_hash: [u8; 32],
+    pub segment_tokens: u32,
+    pub flags: u32,
+    pub n_tokens: u64,
+    /// (tokens, bytes) of each segment
+    pub segments: Vec<(u32, u32)>,
+}
+
+/// First position of the window that predicts `s[j + 1]` (docs §9): the window slides by
+/// `h = c / 2` each time it fills the context `c`.
+pub fn window_start(j: usize, c: usize) -> usize {
+    let h = (c / 2).max(1);
+    if j < c {
+        0
+    } else {
+        ((j - c) / h + 1) * h
+    }
+}
+
+fn check_model(model: &Model) -> Result<()> {
+    if model.config.vocab < tokenizer::VOCAB {
+        return Err(Error::Unsupported(format!(
+            "the text codec needs GPT-2's {}-token vocabulary; this model has {}",
+            tokenizer::VOCAB,
+            model.config.vocab
+        )));
+    }
+    Ok(())
+}
+
+/// The coder's frequency table: the model's, with the match model's prediction mixed in.
+fn table(logits: &[i32], model: &Model, pred: Option<(u32, u64)>) -> Result<Vec<u64>> {
+    let mut f = frequencies(logits, &model.tables.exp40)?;
+    if let Some((x, lambda)) = pred {
+        mix(&mut f, x as usize, lambda);
+    }
+    Ok(f)
+}
+
+/// `(cum, freq)` of every token of one segment under the model (the encoder's side).
+pub fn segment_intervals(model: &Model, seg: &[u32], use_match: bool) -> Result<Vec<(u64, u64)>> {
+    let c = model.config.n_ctx as usize;
+    let v = model.config.vocab as usize;
+    let mut s = Vec::with_capacity(seg.len() + 1);
+    s.push(EOT);
+    s.extend_from_slice(seg);
+    let last = s.len() - 1; // predictions j in [0, last)
+                            // The match model's predictions, in order (it only needs the tokens).
+    let mut preds = vec![None; last];
+    if use_match {
+        let mut mm = MatchModel::new();
+        mm.update(&s[..1]);
+        for (j, p) in preds.iter_mut().enumerate() {
+            *p = mm.predict(&s[..=j]);
+            mm.update(&s[..j + 2]);
+        }
+    }
+    let mut out = Vec::with_capacity(seg.len());
+    let mut j = 0;
+    while j < last {
+        let a = window_start(j, c);
+        // all j' >= j with the same window start
+        let mut end = j;
+        while end < last && window_start(end, c) == a {
+            end += 1;
+        }
+        let mut caches = vec![KvCache::new(model.config.n_layer as usize)];
+        let items: Vec<Item> = (a..end)
+            .map(|p| Item {
+                cache: 0,
+                token: s[p],
+                want_logits: p >= j,
+            })
+            .collect();
+        let logits = forward(model, &mut caches, &items, None)?;
+        let iv: Vec<(u64, u64)> = logits
+            .par_chunks(v)
+            .enumerate()
+            .map(|(i, l)| {
+                let f = table(l, model, preds[j + i])?;
+                let sym = s[j + i + 1] as usize;
+                Ok((f[..sym].iter().sum(), f[sym]))
+            })
+            .collect::<Result<_>>()?;
+        out.extend(iv);
+        j = end;
+    }
+    Ok(out)
+}
+
+/// Compress without the verifying decode (used by benches; `compress` is the public path).
+pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
+    check_model(model)?;
+    let c = model.config.n_ctx;
+    let seg_len = opts.segment_tokens.unwrap_or(c - 1);
+    if seg_len == 0 || seg_len > 1 << 20 {
+        return Err(Error::Invalid(format!(
+            "segment length {seg_len} (1..=2^20)"
+        )));
+    }
+    let tokens = tokenizer::encode(data)?;
+    let mut payloads = Vec::new();
+    let mut segments = Vec::new();
+    for seg in tokens.chunks(seg_len as usize) {
+        let iv = segment_intervals(model, seg, opts.match_model)?;
+        let mut enc = Encoder::new();
+        for (cum, f) in iv {
+            enc.encode(cum, f);
+        }
+        let bytes = enc.finish();
+        segments.push((seg.len() as u32, bytes.len() as u32));
+        payloads.push(bytes);
+    }
+    let header = Header {
+        model_hash: model.hash,
+        original_len: data.len() as u64,
+        original_hash: *blake3::hash(data).as_bytes(),
+        segment_tokens: seg_len,
+        flags: if opts.match_model { FLAG_MATCH } else { 0 },
+        n_tokens: tokens.len() as u64,
+        segments,
+    };
+    let mut out = write_header(&header);
+    for p in payloads {
+        out.extend_from_slice(&p);
+    }
+    Ok(out)
+}
+
+/// Compress `data`, then decompress the result and compare bytes before returning it.
+pub fn compress(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
+    let out = compress_unverified(model, data, opts)?;
+    let back = decompress(model, &out)?;
+    if back != data {
+        return Err(Error::Mismatch(
+            "verification decode differs from the input; nothing written".into(),
+        ));
+    }
+    Ok(out)
+}
+
+fn write_header(h: &Header) -> Vec<u8> {
+    let mut o = Vec::new();
+    o.extend_from_slice(MAGIC);
+    o.extend_from_slice(&VERSION.to_le_bytes());
+    o.extend_from_slice(&h.model_hash);
+    o.extend_from_slice(&h.original_len.to_le_bytes());
+    o.extend_from_slice(&h.original_hash);
+    o.extend_from_slice(&h.segment_tokens.to_le_bytes());
+    o.extend_from_slice(&h.flags.to_le_bytes());
+    o.extend_from_slice(&h.n_tokens.to_le_bytes());
+    o.extend_from_slice(&(h.segments.len() as u32).to_le_bytes());
+    for &(t, b) in &h.segments {
+        o.extend_from_slice(&t.to_le_bytes());
+        o.extend_from_slice(&b.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&o);
+    o.extend_from_slice(&crc.to_le_bytes());
+    o
+}
+
+/// Parse and validate a stream header; returns it and the payload offset.
+pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
+    let trunc = || Error::format(WHAT, "truncated header");
+    let get = |p: usize, n: usize| d.get(p..p + n).ok_or_else(trunc);
+    if d.len() < 8 || &d[..8] != MAGIC {
+        return Err(Error::format(
+            WHAT,
+            "not a lockstep text stream (bad magic)",
+        ));
+    }
+    let u32_at =
+        |p: usize| -> Result<u32> { Ok(u32::from_le_bytes(get(p, 4)?.try_into().unwrap())) };
+    let u64_at =
+        |p: usize| -> Result<u64> { Ok(u64::from_le_bytes(get(p, 8)?.try_into().unwrap())) };
+    let version = u32_at(8)?;
+    if version != VERSION {
+        return Err(Error::Unsupported(format!("text stream version {version}")));
+    }
+    let mut model_hash = [0u8; 32];
+    model_hash.copy_from_slice(get(12, 32)?);
+    let original_len = u64_at(44)?;
+    let mut original_hash = [0u8; 32];
+    original_hash.copy_from_slice(get(52, 32)?);
+    let segment_tokens = u32_at(84)?;
+    let flags = u32_at(88)?;
+    let n_tokens = u64_at(92)?;
+    let n_seg = u32_at(100)? as usize;
+    let table_end = 104usize
+        .checked_add(n_seg.checked_mul(8).ok_or_else(trunc)?)
+        .ok_or_else(trunc)?;
+    if table_end + 4 > d.len() {
+        return Err(trunc());
+    }
+    let stored = u32_at(table_end)?;
+    let computed = crc32fast::hash(&d[..table_end]);
+    if stored != computed {
+        return Err(Error::Checksum {
+            what: "text stream header".into(),
+            stored: stored as u64,
+            computed: computed as u64,
+        });
+    }
+    let segments: Vec<(u32, u32)> = (0..n_seg)
+        .map(|i| Ok((u32_at(104 + 8 * i)?, u32_at(108 + 8 * i)?)))
+        .collect::<Result<_>>()?;
+    let bad = |s: String| Err(Error::format(WHAT, s));
+    if segment_tokens == 0 || segment_tokens > MAX_SEGMENT_TOKENS {
+        return bad(format!("segment length {segment_tokens}"));
+    }
+    if flags & !FLAG_MATCH != 0 {
+        return Err(Error::Unsupported(format!("text stream flags {flags:#x}")));
+    }
+    if n_tokens > original_len {
+        return bad("more tokens than bytes".into());
+    }
+    if n_seg as u64 != n_tokens.div_ceil(segment_tokens as u64) {
+        return bad("segment count does not match the token count".into());
+    }
+    let mut left = n_tokens;
+    for &(t, _) in &segments {
+        let expect = left.min(segment_tokens as u64);
+        if t as u64 != expect {
+            return bad("segment token count".into());
+        }
+        left -= expect;
+    }
+    let payload: u64 = segments.iter().map(|&(_, b)| b as u64).sum();
+    let start = table_end + 4;
+    if payload != (d.len() - start) as u64 {
+        return bad(format!(
+            "payload is {} bytes, the header says {payload} (truncated or padded)",
+            d.len() - start
+        ));
+    }
+    Ok((
+        Header {
+            model_hash,
+            original_len,
+            original_hash,
+            segment_tokens,
+            flags,
+            n_tokens,
+            segments,
+        },
+        start,
+    ))
+}
+
+struct SegState<'a> {
+    s: Vec<u32>,
+    target: usize,
+    dec: Decoder<'a>,
+    mm: Option<MatchModel>,
+}
+
+/// Decompress a stream written with this model.
+pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
+    let (h, start) = read_header(data)?;
+    if h.model_hash != model.hash {
+        return Err(Error::Mismatch(format!(
+            "stream was compressed with model {}, but the model given is {}",
+            hex(&h.model_hash),
+            model.hash_hex()
+        )));
+    }
+    check_model(model)?;
+    let mut payloads = Vec::with_capacity(h.segments.len());
+    let mut p = start;
+    for &(_, b) in &h.segments {
+        payloads.push(&data[p..p + b as usize]);
+        p += b as usize;
+    }
+    let c = model.config.n_ctx as usize;
+    let nl = model.config.n_layer as usize;
+    let d = model.config.n_embd as usize;
+    let positions = (h.segment_tokens as usize + 1).min(c);
+    let cache_bytes = (nl * positions * d * 8).max(1);
+    let group = (GROUP_CACHE_BYTES / cache_bytes).clamp(1, 64);
+    // The header's counts are not trusted for allocation sizes.
+    let mut tokens = Vec::with_capacity((h.n_tokens as usize).min(data.len().saturating_mul(8)));
+    for (gi, chunk) in payloads.chunks(group).enumerate() {
+        let segs = &h.segments[gi * group..gi * group + chunk.len()];
+        let dec = decode_group(model, chunk, segs, h.flags & FLAG_MATCH != 0)?;
+        for s in dec {
+            tokens.extend_from_slice(&s[1..]);
+        }
+    }
+    let out = tokenizer::decode(&tokens)?;
+    if out.len() as u64 != h.original_len || blake3::hash(&out).as_bytes() != &h.original_hash {
+        return Err(Error::format(
+            WHAT,
+            "decoded bytes do not match the stored length/hash (corrupt stream)",
+        ));
+    }
+    Ok(out)
+}
+
+fn decode_group(
+    model: &Model,
+    payloads: &[&[u8]],
+    segs: &[(u32, u32)],
+    use_match: bool,
+) -> Result<Vec<Vec<u32>>> {
+    let c = model.config.n_ctx as usize;
+    let v = model.config.vocab as usize;
+    let nl = model.config.n_layer as usize;
+    let mut st: Vec<SegState> = payloads
+        .iter()
+        .zip(segs)
+        .map(|(p, &(t, _))| SegState {
+            s: vec![EOT],
+            target: t as usize + 1,
+            dec: Decoder::new(p),
+            mm: use_match.then(|| {
+                let mut m = MatchModel::new();
+                m.update(&[EOT]);
+                m
+            }),
+        })
+        .collect();
+    let mut caches = vec![KvCache::new(nl); st.len()];
+    loop {
+        let mut items = Vec::new();
+        let mut who = Vec::new();
+        for (i, s) in st.iter().enumerate() {
+            if s.s.len() >= s.target {
+                continue;
+            }
+            let j = s.s.len() - 1;
+            let a = window_start(j, c);
+            if j >= c && (j - c).is_multiple_of((c / 2).max(1)) {
+                caches[i].clear();
+                for p in a..j {
+                    items.push(Item {
+                        cache: i,
+                        token: s.s[p],
+                        want_logits: false,
+                    });
+                }
+            }
+            items.push(Item {
+                cache: i,
+                token: s.s[j],
+                want_logits: true,
+            });
+            who.push(i);
+        }
+        if who.is_empty() {
+            break;
+        }
+        let logits = forward(model, &mut caches, &items, None)?;
+        // Decode one symbol per active segment, in parallel.
+        let mut active: Vec<&mut SegState> =
+            st.iter_mut().filter(|s| s.s.len() < s.target).collect();
+        active
+            .par_iter_mut()
+            .zip(logits.par_chunks(v))
+            .try_for_each(|(s, l)| -> Result<()> {
+                let pred = s.mm.as_ref().and_then(|m| m.predict(&s.s));
+                let f = table(l, model, pred)?;
+                let cum = cumulative(&f);
+                let sym = find_symbol(&cum, s.dec.target());
+                s.dec.consume(cum[sym], f[sym]);
+                s.s.push(sym as u32);
+                if let Some(m) = s.mm.as_mut() {
+                    m.update(&s.s);
+                }
+                Ok(())
+            })?;
+    }
+    Ok(st.into_iter().map(|s| s.s).collect())
+}

@@ -1,0 +1,254 @@
+//! Text codec round trips and bad input, on small fixtures in the repo: a small random integer
+//! model (context 16, so the sliding window is exercised) and the shipped tinygpt2 model.
+
+use std::sync::OnceLock;
+
+use lockstep::lm::model_file::Model;
+use lockstep::lm::random_model::random_model;
+use lockstep::lm::text_codec::{compress, compress_unverified, decompress, read_header, Options};
+use lockstep::Error;
+
+fn small() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| random_model(2, 16, 2, 16, 50257, 1))
+}
+
+fn shipped() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| {
+        let b = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/models/tinygpt2.lsm")).unwrap();
+        Model::from_bytes(&b).unwrap()
+    })
+}
+
+const TEXT: &[u8] = b"The integer model gives every machine the same table, so the range coder \
+decodes the same tokens. Decoding on a laptop reads what a server wrote.\n\tdef f(x): return x + 1\n";
+
+fn roundtrip(m: &Model, data: &[u8], seg: Option<u32>) -> Vec<u8> {
+    let opts = Options {
+        segment_tokens: seg,
+        ..Default::default()
+    };
+    let c = compress(m, data, &opts).unwrap();
+    assert_eq!(decompress(m, &c).unwrap(), data);
+    c
+}
+
+#[test]
+fn roundtrips_of_odd_inputs() {
+    let m = small();
+    let binary: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    let invalid_utf8 = [b'a', 0xff, 0xc3, b'b', 0xe2, 0x82, 0x00, 0x80];
+    for data in [
+        &b""[..],
+        b"x",
+        b"\xff",
+        &binary,
+        &invalid_utf8,
+        "na\u{ef}ve \u{2713} <|endoftext|>".as_bytes(),
+        TEXT,
+    ] {
+        for seg in [None, Some(1), Some(5), Some(40)] {
+            roundtrip(m, data, seg);
+        }
+    }
+}
+
+#[test]
+fn sliding_window_segments_longer_than_the_context() {
+    // Context 16: a 100-token segment slides its window several times, and the lockstep
+    // decoder (one token per step, cache resets) must reproduce the batched encoder exactly.
+    let m = small();
+    let data = TEXT.repeat(3);
+    roundtrip(m, &data, Some(100));
+}
+
+#[test]
+fn output_is_independent_of_thread_count() {
+    let m = small();
+    let opts = Options {
+        segment_tokens: Some(20),
+        ..Default::default()
+    };
+    let a = compress_unverified(m, TEXT, &opts).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let b = pool.install(|| compress_unverified(m, TEXT, &opts).unwrap());
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_different_model_is_refused_by_hash() {
+    let a = small();
+    let b = random_model(2, 16, 2, 16, 50257, 2);
+    let c = roundtrip(a, TEXT, None);
+    match decompress(&b, &c) {
+        Err(Error::Mismatch(msg)) => assert!(msg.contains(&a.hash_hex()), "{msg}"),
+        other => panic!("expected a model mismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn truncated_or_corrupt_streams_give_errors_not_panics() {
+    let m = small();
+    let c = roundtrip(m, TEXT, Some(12));
+    for len in [0, 1, 7, 8, 20, 100, c.len() / 2, c.len() - 1] {
+        assert!(decompress(m, &c[..len]).is_err(), "truncated to {len}");
+    }
+    let mut padded = c.clone();
+    padded.push(0);
+    assert!(decompress(m, &padded).is_err());
+    // Flip bits everywhere: an error or (if the flip hit nothing that matters) the same bytes.
+    for i in (0..c.len()).step_by(3) {
+        let mut bad = c.clone();
+        bad[i] ^= 0x41;
+        if let Ok(out) = decompress(m, &bad) {
+            assert_eq!(out, TEXT);
+        }
+    }
+}
+
+#[test]
+fn corrupt_model_files_are_refused() {
+    let mut m = small().clone();
+    let bytes = m.to_bytes();
+    assert!(Model::from_bytes(&bytes).is_ok());
+    assert!(Model::from_bytes(&[]).is_err());
+    assert!(Model::from_bytes(b"LSTPGPT2").is_err());
+    assert!(Model::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+    for i in [0, 9, 20, bytes.len() / 2, bytes.len() - 40, bytes.len() - 1] {
+        let mut bad = bytes.clone();
+        bad[i] ^= 1;
+        assert!(Model::from_bytes(&bad).is_err(), "flip at {i}");
+    }
+    assert!(Model::from_bytes(&vec![0x5a; 4096]).is_err());
+}
+
+#[test]
+fn shipped_model_compresses_english() {
+    let m = shipped();
+    let c = roundtrip(m, TEXT, None);
+    let (_, start) = read_header(&c).unwrap();
+    let payload = c.len() - start;
+    let bpb = payload as f64 * 8.0 / TEXT.len() as f64;
+    eprintln!(
+        "shipped tinygpt2: {} bytes -> {payload} payload + {start} header ({bpb:.3} bits/byte)",
+        TEXT.len()
+    );
+    assert!(payload * 2 < TEXT.len());
+}
+
+#[test]
+fn match_model_helps_on_repetitive_text_and_can_be_off() {
+    let m = small();
+    let log: Vec<u8> = (0..30)
+        .flat_map(|i| {
+            format!("2026-11-30 12:00:{i:02} INFO request served path=/api/v1/items status=200\n")
+                .into_bytes()
+        })
+        .collect();
+    let size = |match_model: bool| {
+        let opts = Options {
+            segment_tokens: Some(200),
+            match_model,
+        };
+        let c = compress(m, &log, &opts).unwrap();
+        assert_eq!(decompress(m, &c).unwrap(), log);
+        c.len()
+    };
+    let (on, off) = (size(true), size(false));
+    eprintln!("repetitive log, random model: {off} bytes without the match model, {on} with");
+    assert!(on * 2 < off);
+}
+
+#[test]
+fn huge_header_counts_are_refused_or_bounded() {
+    // A valid header (crc recomputed) that claims a gigantic original length must fail cleanly,
+    // not allocate by the claim.
+    let m = small();
+    let c = roundtrip(m, TEXT, None);
+    let (mut h, start) = read_header(&c).unwrap();
+    h.original_len = u64::MAX / 2;
+    let mut forged = write_header_for_test(&h);
+    forged.extend_from_slice(&c[start..]);
+    assert!(decompress(m, &forged).is_err());
+}
+
+/// Re-serialize a header the way the codec does (layout in docs/INTEGER_GPT2.md §9).
+fn write_header_for_test(h: &lockstep::lm::text_codec::Header) -> Vec<u8> {
+    let mut o = Vec::new();
+    o.extend_from_slice(b"LSTPTXT1");
+    o.extend_from_slice(&1u32.to_le_bytes());
+    o.extend_from_slice(&h.model_hash);
+    o.extend_from_slice(&h.original_len.to_le_bytes());
+    o.extend_from_slice(&h.original_hash);
+    o.extend_from_slice(&h.segment_tokens.to_le_bytes());
+    o.extend_from_slice(&h.flags.to_le_bytes());
+    o.extend_from_slice(&h.n_tokens.to_le_bytes());
+    o.extend_from_slice(&(h.segments.len() as u32).to_le_bytes());
+    for &(t, b) in &h.segments {
+        o.extend_from_slice(&t.to_le_bytes());
+        o.extend_from_slice(&b.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&o);
+    o.extend_from_slice(&crc.to_le_bytes());
+    o
+}
+
+#[test]
+fn every_dot_kernel_gives_the_same_stream() {
+    use lockstep::lm::forward::{best_kernel, force_kernel, Kernel};
+    // n_embd 64: rows of 64 and 256 bytes reach the vector loops, not only the tails.
+    let m = &random_model(1, 64, 2, 16, 50257, 3);
+    let opts = Options {
+        segment_tokens: Some(30),
+        ..Default::default()
+    };
+    let reference = {
+        force_kernel(Some(Kernel::Generic));
+        let c = compress_unverified(m, TEXT, &opts).unwrap();
+        force_kernel(None);
+        c
+    };
+    eprintln!("best kernel on this CPU: {:?}", best_kernel());
+    for k in [Kernel::Avx2, Kernel::Vnni] {
+        force_kernel(Some(k));
+        let c = compress_unverified(m, TEXT, &opts).unwrap();
+        force_kernel(None);
+        assert_eq!(c, reference, "{k:?}");
+    }
+    assert_eq!(decompress(m, &reference).unwrap(), TEXT);
+}
+
+#[test]
+fn rehashed_but_inconsistent_model_files_are_refused() {
+    let mut m = small().clone();
+    let bytes = m.to_bytes();
+    let rehash = |mut b: Vec<u8>| {
+        let n = b.len() - 32;
+        let h = blake3::hash(&b[..n]);
+        b[n..].copy_from_slice(h.as_bytes());
+        b
+    };
+    // n_layer (offset 12) claims more blocks than the file holds.
+    let mut b = bytes.clone();
+    b[12..16].copy_from_slice(&200u32.to_le_bytes());
+    assert!(Model::from_bytes(&rehash(b)).is_err());
+    // A table entry changed: the GELU/exp tables must equal the specification's.
+    let mut b = bytes.clone();
+    let n = b.len();
+    b[n - 32 - 8 - 3] ^= 1;
+    assert!(Model::from_bytes(&rehash(b)).is_err());
+    // n_head that does not divide n_embd.
+    let mut b = bytes.clone();
+    b[20..24].copy_from_slice(&3u32.to_le_bytes());
+    assert!(Model::from_bytes(&rehash(b)).is_err());
+    // A model without GPT-2's vocabulary cannot drive the text codec.
+    let tiny_vocab = random_model(1, 8, 1, 8, 1000, 4);
+    assert!(matches!(
+        compress(&tiny_vocab, TEXT, &Options::default()),
+        Err(Error::Unsupported(_))
+    ));
+}

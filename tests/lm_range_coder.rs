@@ -1,0 +1,34 @@
+//! Property tests of the 2^32 range coder and the frequency rule.
+
+use lockstep::lm::fixed::exp_table;
+use lockstep::lm::freq::{cumulative, frequencies, TOTAL};
+use lockstep::lm::range_coder::{find_symbol, Decoder, Encoder};
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn range_coder_roundtrips_any_tables(
+        logits in proptest::collection::vec(-40_000i32..40_000, 2..300),
+        picks in proptest::collection::vec(any::<u16>(), 0..400),
+    ) {
+        let t = exp_table(40);
+        let f = frequencies(&logits, &t).unwrap();
+        prop_assert_eq!(f.iter().sum::<u64>(), TOTAL);
+        prop_assert!(f.iter().all(|&x| x >= 1));
+        let cum = cumulative(&f);
+        let syms: Vec<usize> = picks.iter().map(|&p| p as usize % logits.len()).collect();
+        let mut e = Encoder::new();
+        for &s in &syms {
+            e.encode(cum[s], f[s]);
+        }
+        let bytes = e.finish();
+        let mut d = Decoder::new(&bytes);
+        for &s in &syms {
+            let got = find_symbol(&cum, d.target());
+            prop_assert_eq!(got, s);
+            d.consume(cum[got], f[got]);
+        }
+    }
+}
