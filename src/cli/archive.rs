@@ -114,7 +114,7 @@ fn report_json(r: &AddReport) -> serde_json::Value {
     })
 }
 
-fn print_reports(reports: &[AddReport]) {
+pub(crate) fn print_reports(reports: &[AddReport]) {
     println!(
         "{:>10} {:<40} {:>5} {:>14} {:>14} {:>8} {:>7} {:>7} {:>7} {:>9}",
         "step",
