@@ -7,6 +7,7 @@ pub mod error;
 pub mod lm;
 
 pub use error::{Error, Result};
+pub mod backend;
 pub mod baseline;
 pub mod bytes;
 pub mod checkpoint;

@@ -1,11 +1,10 @@
 //! The tensor blob: one self-contained, checksummed unit per tensor (docs/FORMAT.md).
 
-use rayon::prelude::*;
-
-use super::chunk::{decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS, LANES};
-use super::model::{Hist, Space, Stage, StageTable, Tables, STAGES};
-use super::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
+use super::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
+use super::model::{Hist, Space, StageTable, Tables, STAGES};
+use super::symbols::Layout;
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
+use crate::backend::{Backend, DecodeJob, EncodeJob, Resident};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::{COST_ONE_BIT, PROB_BITS};
@@ -126,37 +125,6 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
     Ok((header, &body[pos..]))
 }
 
-/// Little-endian element `j` of a tensor of `size`-byte elements.
-fn elements(bytes: &[u8], size: usize) -> Vec<u64> {
-    bytes
-        .chunks_exact(size)
-        .map(|c| {
-            let mut v = [0u8; 8];
-            v[..size].copy_from_slice(c);
-            u64::from_le_bytes(v)
-        })
-        .collect()
-}
-
-fn store_elements(values: &[u64], size: usize, out: &mut [u8]) {
-    for (dst, v) in out.chunks_exact_mut(size).zip(values) {
-        dst.copy_from_slice(&v.to_le_bytes()[..size]);
-    }
-}
-
-/// Reference facts per element; the exponent class is zeroed when conditioning is off.
-fn reference_info(refs: &[u64], fl: FloatLayout, condition: bool) -> Vec<RefInfo> {
-    refs.par_iter()
-        .map(|&r| {
-            let mut i = ref_info(r, fl);
-            if !condition {
-                i.er = 0;
-            }
-            i
-        })
-        .collect()
-}
-
 /// The neighbor whose update sign is a context for the sign stage: one row up when rows are at
 /// least `LANES` wide (so it is always decoded in an earlier step), else the same lane's
 /// previous element.
@@ -169,55 +137,6 @@ pub fn neighbor_distance(shape: &[u64]) -> usize {
     }
 }
 
-fn chunk_ranges(n: usize) -> Vec<std::ops::Range<usize>> {
-    (0..n.div_ceil(CHUNK_ELEMS))
-        .map(|c| c * CHUNK_ELEMS..((c + 1) * CHUNK_ELEMS).min(n))
-        .collect()
-}
-
-/// Histograms of every stage of a layout; chunk-local like the coder (the neighbor context
-/// never reaches into the previous chunk).
-fn histograms(
-    syms: &[Sym],
-    info: &[RefInfo],
-    width: u32,
-    stages: &[Stage],
-    neighbor: Option<usize>,
-) -> Vec<Hist> {
-    let fresh = || -> Vec<Hist> {
-        stages
-            .iter()
-            .map(|&s| Hist::new(Space::new(s, width)))
-            .collect()
-    };
-    chunk_ranges(syms.len())
-        .into_par_iter()
-        .map(|range| {
-            let mut hists = fresh();
-            let (syms, info) = (&syms[range.clone()], &info[range]);
-            for (j, s) in syms.iter().enumerate() {
-                let up = match neighbor {
-                    Some(d) if j >= d => symbols::sign_state(&syms[j - d]),
-                    _ => 0,
-                };
-                for h in hists.iter_mut() {
-                    let sp = h.space;
-                    if sp.present(s) {
-                        let a = sp.alphabet();
-                        h.counts[sp.context(s, info[j], up) * a + sp.symbol(s)] += 1;
-                    }
-                }
-            }
-            hists
-        })
-        .reduce(fresh, |mut a, b| {
-            for (x, y) in a.iter_mut().zip(&b) {
-                x.add(y);
-            }
-            a
-        })
-}
-
 fn table_bytes(t: &StageTable) -> u64 {
     let mut w = ByteWriter::new();
     t.write(&mut w);
@@ -228,53 +147,35 @@ fn table_bytes(t: &StageTable) -> u64 {
 struct Candidate {
     layout: Layout,
     neighbor: Option<usize>,
-    syms: Vec<Sym>,
     hists: Vec<Hist>,
     tables: Tables,
     /// Estimated payload cost in COST_ONE_BIT units: data + tables + raw tail.
     cost: u64,
 }
 
-fn candidate(
-    refs: &[u64],
-    tgts: &[u64],
-    info: &[RefInfo],
-    fl: FloatLayout,
-    layout: Layout,
-    shape: &[u64],
-) -> Candidate {
-    let w = fl.width;
-    let syms: Vec<Sym> = refs
-        .par_iter()
-        .zip(tgts.par_iter())
-        .map(|(&r, &x)| encode_element(r, x, w, layout))
-        .collect();
-    let tail: u64 = syms.iter().map(|s| s.b.saturating_sub(3) as u64).sum();
-    let tail_cost = tail * COST_ONE_BIT;
+/// Raw tail bits implied by the B histogram: `max(b - 3, 0)` per element.
+fn tail_bits(b_hist: &Hist) -> u64 {
+    let a = b_hist.space.alphabet();
+    b_hist
+        .counts
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| c * ((i % a) as u64).saturating_sub(3))
+        .sum()
+}
+
+fn candidate(resident: &dyn Resident, layout: Layout, shape: &[u64]) -> Result<Candidate> {
     let stage_cost = |t: &StageTable, h: &Hist| t.data_cost(h) + table_bytes(t) * 8 * COST_ONE_BIT;
-    match layout {
+    let (mut hists, stages, neighbor) = match layout {
         Layout::Paper => {
-            let hists = histograms(&syms, info, w, &STAGES[..3], None);
+            let hists = resident.histograms(layout, None)?;
             let stages: Vec<StageTable> =
                 hists.iter().map(|h| StageTable::select(h, false)).collect();
-            let cost = tail_cost
-                + stages
-                    .iter()
-                    .zip(&hists)
-                    .map(|(t, h)| stage_cost(t, h))
-                    .sum::<u64>();
-            Candidate {
-                layout,
-                neighbor: None,
-                syms,
-                hists,
-                tables: Tables { stages },
-                cost,
-            }
+            (hists, stages, None)
         }
         Layout::Signed => {
             let d = neighbor_distance(shape);
-            let mut hists = histograms(&syms, info, w, &STAGES, Some(d));
+            let mut hists = resident.histograms(layout, Some(d))?;
             let mut stages: Vec<StageTable> = hists[..3]
                 .iter()
                 .map(|h| StageTable::select(h, true))
@@ -294,27 +195,32 @@ fn candidate(
                 hists[3] = flat_hist;
                 None
             };
-            let cost = tail_cost
-                + stages
-                    .iter()
-                    .zip(&hists)
-                    .map(|(t, h)| stage_cost(t, h))
-                    .sum::<u64>();
-            Candidate {
-                layout,
-                neighbor,
-                syms,
-                hists,
-                tables: Tables { stages },
-                cost,
-            }
+            (hists, stages, neighbor)
         }
-    }
+    };
+    hists.truncate(stages.len());
+    let cost = tail_bits(&hists[0]) * COST_ONE_BIT
+        + stages
+            .iter()
+            .zip(&hists)
+            .map(|(t, h)| stage_cost(t, h))
+            .sum::<u64>();
+    Ok(Candidate {
+        layout,
+        neighbor,
+        hists,
+        tables: Tables { stages },
+        cost,
+    })
 }
 
 /// Encode without the decode-and-compare check (callers outside benches want
 /// [`super::encode_tensor`]).
-pub fn encode_unverified(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
+pub fn encode_unverified(
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    backend: &dyn Backend,
+) -> Result<(Vec<u8>, Report)> {
     let dtype = pair.dtype;
     let n = element_count(pair.shape)?;
     let raw_bytes = n
@@ -354,7 +260,7 @@ pub fn encode_unverified(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec
         header.mode = Mode::Identical;
     } else if let Some(fl) = dtype.float_layout() {
         header.mode = Mode::Modeled;
-        encode_modeled(pair, fl, opts, &mut payload, &mut report)?;
+        encode_modeled(pair, fl, opts, backend, &mut payload, &mut report)?;
     } else {
         header.mode = Mode::ZstdXor;
         let xor: Vec<u8> = pair
@@ -394,20 +300,23 @@ fn encode_modeled(
     pair: &TensorPair,
     fl: FloatLayout,
     opts: &EncodeOptions,
+    backend: &dyn Backend,
     out: &mut ByteWriter,
     report: &mut Report,
 ) -> Result<()> {
-    let size = pair.dtype.size();
-    let refs = elements(pair.reference, size);
-    let tgts = elements(pair.target, size);
-    let info = reference_info(&refs, fl, opts.condition_on_exponent);
-    let make = |layout| candidate(&refs, &tgts, &info, fl, layout, pair.shape);
+    let resident = backend.residuals(&EncodeJob {
+        fl,
+        reference: pair.reference,
+        target: pair.target,
+        condition: opts.condition_on_exponent,
+    })?;
+    let make = |layout| candidate(resident.as_ref(), layout, pair.shape);
     let chosen = match opts.layout {
-        LayoutChoice::Paper => make(Layout::Paper),
-        LayoutChoice::Signed => make(Layout::Signed),
+        LayoutChoice::Paper => make(Layout::Paper)?,
+        LayoutChoice::Signed => make(Layout::Signed)?,
         LayoutChoice::Auto => {
-            let signed = make(Layout::Signed);
-            let paper = make(Layout::Paper);
+            let signed = make(Layout::Signed)?;
+            let paper = make(Layout::Paper)?;
             if paper.cost < signed.cost {
                 paper
             } else {
@@ -415,18 +324,14 @@ fn encode_modeled(
             }
         }
     };
-
-    let chunks: Vec<EncodedChunk> = chunk_ranges(chosen.syms.len())
-        .into_par_iter()
-        .map(|r| {
-            encode_chunk(
-                &chosen.syms[r.clone()],
-                &info[r],
-                &chosen.tables,
-                chosen.neighbor,
-            )
-        })
-        .collect();
+    let chunks = resident.encode(chosen.layout, &chosen.tables, chosen.neighbor)?;
+    if chunks.len() != chunk_ranges(pair.target.len() / pair.dtype.size()).len() {
+        return Err(Error::Invalid(format!(
+            "backend {} returned {} chunks",
+            backend.name(),
+            chunks.len()
+        )));
+    }
 
     out.u8(chosen.layout as u8);
     let flags = opts.condition_on_exponent as u8 | (chosen.neighbor.is_some() as u8) << 1;
@@ -468,7 +373,7 @@ fn encode_modeled(
 }
 
 /// Decode a blob against the reference tensor's bytes.
-pub fn decode(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
+pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<Vec<u8>> {
     let (h, payload) = read_header(bytes)?;
     let size = h.dtype.size() as u64;
     let raw_bytes = h
@@ -511,7 +416,7 @@ pub fn decode(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
                 .dtype
                 .float_layout()
                 .ok_or_else(|| r.err(format!("modeled blob of non-float dtype {}", h.dtype)))?;
-            decode_modeled(&mut r, &h, fl, reference)?
+            decode_modeled(&mut r, &h, fl, reference, backend)?
         }
     };
     r.expect_end()?;
@@ -531,6 +436,7 @@ fn decode_modeled(
     h: &BlobHeader,
     fl: FloatLayout,
     reference: &[u8],
+    backend: &dyn Backend,
 ) -> Result<Vec<u8>> {
     let layout = match r.u8()? {
         0 => Layout::Paper,
@@ -599,24 +505,13 @@ fn decode_modeled(
         });
     }
 
-    let size = h.dtype.size();
-    let refs = elements(reference, size);
-    let info = reference_info(&refs, fl, condition);
-    let decoded: Vec<Vec<u64>> = ranges
-        .into_par_iter()
-        .zip(coded.par_iter())
-        .map(|(range, chunk)| {
-            let syms = decode_chunk(&info[range.clone()], &tables, neighbor, chunk)?;
-            Ok(refs[range]
-                .iter()
-                .zip(&syms)
-                .map(|(&rv, s)| decode_element(rv, s, fl.width, layout))
-                .collect())
-        })
-        .collect::<Result<_>>()?;
-    let mut out = vec![0u8; n * size];
-    for (values, dst) in decoded.iter().zip(out.chunks_mut(CHUNK_ELEMS * size)) {
-        store_elements(values, size, dst);
-    }
-    Ok(out)
+    backend.decode(&DecodeJob {
+        fl,
+        layout,
+        condition,
+        neighbor,
+        tables: &tables,
+        chunks: &coded,
+        reference,
+    })
 }

@@ -1,0 +1,162 @@
+//! Encoder-side passes over one chunk: symbol codes, histograms, rANS lanes, raw tail.
+//!
+//! Per element the passes keep one `u32` code (b, q1, q2, neg) and one `u16` of reference
+//! facts instead of a 16-byte `Sym`; contexts and tail are recomputed from them on the fly.
+
+use super::bits::BitWriter;
+use super::tables::{put, EncStage};
+use super::word::{self, sign_state, Word};
+use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::delta::model::Hist;
+use crate::entropy::rans::RANS_L;
+
+/// Symbol codes of a chunk's elements; with `tail`, also pack their raw tails.
+pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&mut BitWriter>) {
+    out.clear();
+    out.reserve(d.len());
+    match tail {
+        None => out.extend(d.iter().map(|&d| {
+            let (v, neg) = word::value::<T>(d.get(), signed);
+            word::code(v, neg)
+        })),
+        Some(t) => out.extend(d.iter().map(|&d| {
+            let (v, neg) = word::value::<T>(d.get(), signed);
+            let c = word::code(v, neg);
+            let b = c & 127;
+            if b >= 4 {
+                t.put(v & ((1u64 << (b - 3)) - 1), b - 3);
+            }
+            c
+        })),
+    }
+}
+
+#[inline(always)]
+fn up(codes: &[u32], j: usize, neighbor: usize) -> u32 {
+    if j >= neighbor {
+        sign_state(codes[j - neighbor])
+    } else {
+        0
+    }
+}
+
+/// Add one chunk to the histograms (B, Q1, Q2 and, if `hists.len() == 4`, S).
+pub fn count(codes: &[u32], info: &[u16], w1: usize, neighbor: Option<usize>, hists: &mut [Hist]) {
+    let (b_h, rest) = hists.split_first_mut().unwrap();
+    let (q1_h, rest) = rest.split_first_mut().unwrap();
+    let (q2_h, rest) = rest.split_first_mut().unwrap();
+    let (b_c, q1_c, q2_c) = (&mut b_h.counts, &mut q1_h.counts, &mut q2_h.counts);
+    for (&c, &i) in codes.iter().zip(info) {
+        let b = (c & 127) as usize;
+        let eb = (i & 255) as usize * w1 + b;
+        b_c[eb] += 1;
+        if b >= 2 {
+            let q1 = ((c >> 7) & 1) as usize;
+            q1_c[eb * 2 + q1] += 1;
+            if b >= 3 {
+                q2_c[(eb * 2 + q1) * 2 + ((c >> 8) & 1) as usize] += 1;
+            }
+        }
+    }
+    if let Some(s_h) = rest.first_mut() {
+        let s_c = &mut s_h.counts;
+        let d = neighbor.unwrap_or(usize::MAX);
+        for (j, (&c, &i)) in codes.iter().zip(info).enumerate() {
+            let b = (c & 127) as usize;
+            if b == 0 {
+                continue;
+            }
+            let eb = (i & 255) as usize * w1 + b;
+            let ctx = (eb * 3 + up(codes, j, d) as usize) * 2 + (i >> 8) as usize;
+            s_c[ctx * 2 + ((c >> 9) & 1) as usize] += 1;
+        }
+    }
+}
+
+/// The interleaved lanes of one chunk: the exact mirror of the decoding order of
+/// `delta::chunk` (steps, stages and lanes reversed), words reversed at the end.
+pub fn lanes(
+    codes: &[u32],
+    info: &[u16],
+    w1: usize,
+    stages: &[EncStage],
+    neighbor: Option<usize>,
+    words: &mut Vec<u16>,
+) -> [u32; LANES] {
+    let n = codes.len();
+    let mut states = [RANS_L; LANES];
+    words.clear();
+    words.reserve(n * stages.len());
+    let d = neighbor.unwrap_or(usize::MAX);
+    for step in (0..n.div_ceil(LANES)).rev() {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        let (c, inf) = (&codes[base..base + lanes], &info[base..base + lanes]);
+        if let Some(s_t) = stages.get(3) {
+            for lane in (0..lanes).rev() {
+                let b = (c[lane] & 127) as usize;
+                if b == 0 {
+                    continue;
+                }
+                let eb = (inf[lane] & 255) as usize * w1 + b;
+                let ctx =
+                    (eb * 3 + up(codes, base + lane, d) as usize) * 2 + (inf[lane] >> 8) as usize;
+                let e = s_t.get(ctx, ((c[lane] >> 9) & 1) as usize);
+                put(&mut states[lane], words, e);
+            }
+        }
+        for lane in (0..lanes).rev() {
+            let b = (c[lane] & 127) as usize;
+            if b >= 3 {
+                let eb = (inf[lane] & 255) as usize * w1 + b;
+                let ctx = eb * 2 + ((c[lane] >> 7) & 1) as usize;
+                put(
+                    &mut states[lane],
+                    words,
+                    stages[2].get(ctx, ((c[lane] >> 8) & 1) as usize),
+                );
+            }
+        }
+        for lane in (0..lanes).rev() {
+            let b = (c[lane] & 127) as usize;
+            if b >= 2 {
+                let eb = (inf[lane] & 255) as usize * w1 + b;
+                put(
+                    &mut states[lane],
+                    words,
+                    stages[1].get(eb, ((c[lane] >> 7) & 1) as usize),
+                );
+            }
+        }
+        for lane in (0..lanes).rev() {
+            let b = (c[lane] & 127) as usize;
+            put(
+                &mut states[lane],
+                words,
+                stages[0].get((inf[lane] & 255) as usize, b),
+            );
+        }
+    }
+    words.reverse();
+    states
+}
+
+/// Code one chunk (codes already computed, tail already packed).
+pub fn chunk(
+    codes: &[u32],
+    info: &[u16],
+    w1: usize,
+    stages: &[EncStage],
+    neighbor: Option<usize>,
+    tail: BitWriter,
+) -> EncodedChunk {
+    let mut words = Vec::new();
+    let states = lanes(codes, info, w1, stages, neighbor, &mut words);
+    let tail_bits = tail.bits();
+    EncodedChunk {
+        words,
+        states,
+        tail: tail.finish(),
+        tail_bits,
+    }
+}

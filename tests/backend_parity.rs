@@ -1,0 +1,346 @@
+//! Parity of every backend with the reference, stage by stage and end to end. Each check is
+//! written once as `fn check(backend)` and instantiated per backend by `parity_tests!` (after
+//! candle's `test_device!`). Exact means exact: bytes are compared, never tolerances.
+
+use std::sync::Arc;
+
+use lockstep::backend::cpu::CpuBackend;
+use lockstep::backend::parity::{first_difference, stages};
+use lockstep::backend::reference::ReferenceBackend;
+use lockstep::backend::wgpu::WgpuBackend;
+use lockstep::backend::Backend;
+use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::{
+    decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, LayoutChoice,
+    TensorPair, CHUNK_ELEMS, LANES,
+};
+use lockstep::dtype::DType;
+
+const DATA: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/data/trajectory-gpt2"
+);
+const FLOATS: [DType; 6] = [
+    DType::F64,
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::F8E4M3,
+    DType::F8E5M2,
+];
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// A reference tensor of plausible weights and a target that mostly moved by a few ULPs with
+/// a sign that follows the column, plus some wild and special values.
+fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let size = dtype.size();
+    let w = size as u32 * 8;
+    let fl = dtype.float_layout().unwrap();
+    let mut rng = Rng(seed | 1);
+    let (mut r, mut x) = (Vec::with_capacity(n * size), Vec::with_capacity(n * size));
+    let mask = if w == 64 { u64::MAX } else { (1u64 << w) - 1 };
+    let bias = (1u64 << (fl.exponent_bits - 1)) - 1;
+    for j in 0..n {
+        let k = rng.next();
+        let exp = (bias - 1 - (k % 6)) << fl.mantissa_bits;
+        let mant = rng.next() & ((1u64 << fl.mantissa_bits) - 1);
+        let rv = ((k >> 63) << (w - 1)) | exp | mant;
+        let kind = rng.next() % 100;
+        let col_sign = (j % cols.max(1)) % 3 == 0;
+        let xv = match kind {
+            0..=9 => rv,
+            10..=93 => {
+                let step = rng.next() % (1 + (rng.next() % 300));
+                if col_sign ^ (kind % 5 == 0) {
+                    rv.wrapping_add(step)
+                } else {
+                    rv.wrapping_sub(step)
+                }
+            }
+            94..=96 => rng.next(),
+            97 => 0,
+            98 => 1u64 << (w - 1),
+            _ => mask ^ (rng.next() & 3),
+        } & mask;
+        r.extend_from_slice(&rv.to_le_bytes()[..size]);
+        x.extend_from_slice(&xv.to_le_bytes()[..size]);
+    }
+    (r, x)
+}
+
+fn shape_for(n: usize) -> Vec<u64> {
+    // Rows of 48 when that divides n, so the sign stage's one-row-up context is exercised.
+    if n % 48 == 0 && n > 0 {
+        vec![(n / 48) as u64, 48]
+    } else {
+        vec![n as u64]
+    }
+}
+
+fn assert_same_stages(backend: &dyn Backend, pair: &TensorPair, opts: &EncodeOptions, what: &str) {
+    let want = stages(&ReferenceBackend, pair, opts).unwrap().unwrap();
+    let got = stages(backend, pair, opts)
+        .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()))
+        .unwrap();
+    assert_eq!(want.decoded, pair.target, "{what}: reference decode");
+    if let Some(stage) = first_difference(&want, &got) {
+        panic!(
+            "{what}: {} differs from the reference at stage {stage}",
+            backend.name()
+        );
+    }
+}
+
+/// Every float dtype, odd lengths around the lane count and the chunk size.
+pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
+    let lens = [
+        0,
+        1,
+        LANES - 1,
+        LANES,
+        LANES + 1,
+        48 * 40,
+        CHUNK_ELEMS - 1,
+        CHUNK_ELEMS + 1,
+    ];
+    for (i, dtype) in FLOATS.into_iter().enumerate() {
+        for (k, &n) in lens.iter().enumerate() {
+            if n > max_len {
+                continue;
+            }
+            let (r, x) = pair_bytes(dtype, n, 48, (i * 100 + k) as u64 + 7);
+            let shape = shape_for(n);
+            let pair = TensorPair {
+                dtype,
+                shape: &shape,
+                reference: &r,
+                target: &x,
+            };
+            for opts in options() {
+                let what = format!("{dtype} n={n} {opts:?}");
+                assert_same_stages(backend, &pair, &opts, &what);
+            }
+        }
+    }
+}
+
+fn options() -> [EncodeOptions; 3] {
+    [
+        EncodeOptions::default(),
+        EncodeOptions {
+            layout: LayoutChoice::Paper,
+            condition_on_exponent: true,
+        },
+        EncodeOptions {
+            layout: LayoutChoice::Signed,
+            condition_on_exponent: false,
+        },
+    ]
+}
+
+/// Encode on one backend, decode on the other, both ways.
+pub fn cross_decode(backend: &dyn Backend) {
+    for (i, dtype) in FLOATS.into_iter().enumerate() {
+        let n = 5000 + i;
+        let (r, x) = pair_bytes(dtype, n, 48, 99 + i as u64);
+        let shape = [n as u64];
+        let pair = TensorPair {
+            dtype,
+            shape: &shape,
+            reference: &r,
+            target: &x,
+        };
+        let opts = EncodeOptions::default();
+        let (ours, _) = encode_tensor_with(&pair, &opts, backend).unwrap();
+        let (theirs, _) = encode_tensor_with(&pair, &opts, &ReferenceBackend).unwrap();
+        assert_eq!(ours, theirs, "{dtype}");
+        assert_eq!(decode_tensor_with(&ours, &r, &ReferenceBackend).unwrap(), x);
+        assert_eq!(decode_tensor_with(&theirs, &r, backend).unwrap(), x);
+    }
+}
+
+/// A corrupted stream (valid checksum, wrong content) is an error on every backend.
+pub fn corrupt_streams_error(backend: &dyn Backend) {
+    let (r, x) = pair_bytes(DType::BF16, 3000, 48, 5);
+    let shape = [3000u64];
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &shape,
+        reference: &r,
+        target: &x,
+    };
+    let (blob, _) = encode_tensor_with(&pair, &EncodeOptions::default(), backend).unwrap();
+    let mut rng = Rng(77);
+    for _ in 0..40 {
+        let mut bad = blob.clone();
+        let body = bad.len() - 4;
+        let at = 20 + (rng.next() as usize % (body - 20));
+        bad[at] ^= 1 << (rng.next() % 8);
+        let crc = crc32fast::hash(&bad[..body]);
+        bad[body..].copy_from_slice(&crc.to_le_bytes());
+        let want = decode_tensor_with(&bad, &r, &ReferenceBackend);
+        let got = decode_tensor_with(&bad, &r, backend);
+        assert_eq!(want.is_ok(), got.is_ok(), "byte {at}: {want:?} vs {got:?}");
+        if let (Ok(a), Ok(b)) = (want, got) {
+            assert_eq!(a, b);
+        }
+    }
+}
+
+fn open(name: &str) -> Option<Checkpoint> {
+    let path = format!("{DATA}/{name}");
+    if !std::path::Path::new(&path).exists() {
+        eprintln!("SKIP: {path} is absent (the shared trajectory is not checked out here)");
+        return None;
+    }
+    Some(Checkpoint::open(&path).unwrap())
+}
+
+fn real_pairs<'a>(
+    r: &'a Checkpoint,
+    t: &'a Checkpoint,
+    max_elems: usize,
+) -> Vec<(String, TensorPair<'a>)> {
+    t.tensors
+        .iter()
+        .filter(|e| e.shape.iter().product::<u64>() as usize <= max_elems)
+        .map(|e| {
+            (
+                e.name.clone(),
+                TensorPair {
+                    dtype: e.dtype,
+                    shape: &e.shape,
+                    reference: r.data(r.get(&e.name).unwrap()),
+                    target: t.data(e),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The real trajectory, bf16 and fp32, every tensor up to `max_elems`, stage by stage.
+pub fn real_trajectory(backend: &dyn Backend, max_elems: usize) {
+    for (a, b) in [
+        (
+            "gpt2_step000200_bf16.safetensors",
+            "gpt2_step000400_bf16.safetensors",
+        ),
+        (
+            "gpt2_step000600_fp32.safetensors",
+            "gpt2_step000800_fp32.safetensors",
+        ),
+    ] {
+        let (Some(r), Some(t)) = (open(a), open(b)) else {
+            return;
+        };
+        for (name, pair) in real_pairs(&r, &t, max_elems) {
+            if pair.dtype.is_float() {
+                assert_same_stages(backend, &pair, &EncodeOptions::default(), &name);
+            }
+        }
+    }
+}
+
+/// Thread counts 1, 2, 7 and several batch budgets give the same blobs.
+pub fn threads_and_budgets(backend: &dyn Backend, max_elems: usize) {
+    let Some(r) = open("gpt2_step000600_bf16.safetensors") else {
+        return;
+    };
+    let Some(t) = open("gpt2_step000800_bf16.safetensors") else {
+        return;
+    };
+    let pairs: Vec<TensorPair> = real_pairs(&r, &t, max_elems)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let opts = EncodeOptions::default();
+    let want = encode_batched_with(&pairs, &opts, usize::MAX, &ReferenceBackend).unwrap();
+    for threads in [1, 2, 7] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for budget in [1 << 16, 1 << 20, 64 << 20] {
+            let got = pool.install(|| encode_batched_with(&pairs, &opts, budget, backend).unwrap());
+            assert!(
+                got.iter().map(|g| &g.0).eq(want.iter().map(|w| &w.0)),
+                "threads={threads} budget={budget}"
+            );
+        }
+    }
+}
+
+macro_rules! parity_tests {
+    ($name:ident, $backend:expr, $max_len:expr) => {
+        mod $name {
+            use super::*;
+
+            fn backend() -> Option<Arc<dyn Backend>> {
+                $backend
+            }
+
+            #[test]
+            fn random_tensors_every_dtype_and_odd_length() {
+                if let Some(b) = backend() {
+                    random_every_dtype(b.as_ref(), $max_len);
+                }
+            }
+
+            #[test]
+            fn cross_backend_decode() {
+                if let Some(b) = backend() {
+                    cross_decode(b.as_ref());
+                }
+            }
+
+            #[test]
+            fn corrupt_streams_are_errors() {
+                if let Some(b) = backend() {
+                    corrupt_streams_error(b.as_ref());
+                }
+            }
+
+            #[test]
+            fn real_trajectory_stage_by_stage() {
+                if let Some(b) = backend() {
+                    real_trajectory(b.as_ref(), usize::MAX);
+                }
+            }
+
+            #[test]
+            fn thread_counts_and_batch_budgets() {
+                if let Some(b) = backend() {
+                    threads_and_budgets(b.as_ref(), $max_len);
+                }
+            }
+        }
+    };
+}
+
+/// The wgpu backend, or `None` with a printed reason; in CI (`CI=true`) a missing adapter is
+/// a failure, not a skip.
+fn wgpu_or_skip() -> Option<Arc<dyn Backend>> {
+    match WgpuBackend::new(false) {
+        Ok(b) => Some(Arc::new(b)),
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but the wgpu backend is unavailable: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIP: wgpu backend unavailable: {e}");
+            None
+        }
+    }
+}
+
+parity_tests!(cpu, Some(Arc::new(CpuBackend)), usize::MAX);
+parity_tests!(wgpu, wgpu_or_skip(), 48 * 40);
