@@ -39,21 +39,33 @@ impl Stream<'_> {
         Ok(())
     }
 
-    /// Decode one binary symbol from a context's row.
+    /// Decode one binary symbol (0 with the state unchanged when the element is absent
+    /// from this stage), branch-free: the refill word is read whether needed or not.
     #[inline(always)]
-    fn binary(&mut self, state: &mut u32, t: &DecStage, ctx: usize) -> Result<u32> {
-        let ri = t.map[ctx];
-        let f0 = *t
-            .f0
-            .get(ri as usize)
+    fn binary(&mut self, state: &mut u32, t: &DecStage, present: bool, ctx: usize) -> Result<u32> {
+        let f0 = t
+            .f0(present, ctx)
             .ok_or_else(|| bad("a symbol's context has no frequency row"))?;
-        let sym = ((*state & SLOT_MASK) >= f0) as u32;
+        let x = *state;
+        let slot = x & SLOT_MASK;
+        let sym = (slot >= f0) as u32;
         let (f, s) = if sym == 0 {
             (f0, 0)
         } else {
             (PROB_TOTAL - f0, f0)
         };
-        self.advance(state, f, s)?;
+        let x = f * (x >> PROB_BITS) + slot - s;
+        let need = x < RANS_L;
+        let w = self.words.get(self.pos).copied();
+        if need && w.is_none() {
+            return Err(bad("rANS word stream ended early"));
+        }
+        *state = if need {
+            (x << 16) | w.unwrap_or(0) as u32
+        } else {
+            x
+        };
+        self.pos += need as usize;
         Ok(sym)
     }
 }
@@ -100,32 +112,25 @@ pub fn chunk<T: Word>(
         }
         for lane in 0..lanes {
             let b = codes[base + lane] as usize;
-            if b >= 2 {
-                let eb = (inf[lane] & 255) as usize * w1 + b;
-                let q1 = st.binary(&mut states[lane], q1t, eb)?;
-                codes[base + lane] |= q1 << 7;
-            }
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            let q1 = st.binary(&mut states[lane], q1t, b >= 2, eb)?;
+            codes[base + lane] |= q1 << 7;
         }
         for lane in 0..lanes {
             let c = codes[base + lane];
             let b = (c & 127) as usize;
-            if b >= 3 {
-                let ctx = ((inf[lane] & 255) as usize * w1 + b) * 2 + ((c >> 7) & 1) as usize;
-                let q2 = st.binary(&mut states[lane], q2t, ctx)?;
-                codes[base + lane] |= q2 << 8;
-            }
+            let ctx = ((inf[lane] & 255) as usize * w1 + b) * 2 + ((c >> 7) & 1) as usize;
+            let q2 = st.binary(&mut states[lane], q2t, b >= 3, ctx)?;
+            codes[base + lane] |= q2 << 8;
         }
         if let Some(s_t) = stages.get(3) {
             for lane in 0..lanes {
                 let j = base + lane;
                 let b = (codes[j] & 127) as usize;
-                if b == 0 {
-                    continue;
-                }
                 let up = if j >= d { sign_state(codes[j - d]) } else { 0 };
                 let eb = (inf[lane] & 255) as usize * w1 + b;
                 let ctx = (eb * 3 + up as usize) * 2 + (inf[lane] >> 8) as usize;
-                let neg = st.binary(&mut states[lane], s_t, ctx)?;
+                let neg = st.binary(&mut states[lane], s_t, b >= 1, ctx)?;
                 codes[j] |= neg << 9;
             }
         }

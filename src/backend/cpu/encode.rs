@@ -4,7 +4,7 @@
 //! facts instead of a 16-byte `Sym`; contexts and tail are recomputed from them on the fly.
 
 use super::bits::BitWriter;
-use super::tables::{put, EncStage};
+use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
 use super::word::{self, sign_state, Word};
 use crate::delta::chunk::{EncodedChunk, LANES};
 use crate::delta::model::Hist;
@@ -22,10 +22,9 @@ pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&m
         Some(t) => out.extend(d.iter().map(|&d| {
             let (v, neg) = word::value::<T>(d.get(), signed);
             let c = word::code(v, neg);
-            let b = c & 127;
-            if b >= 4 {
-                t.put(v & ((1u64 << (b - 3)) - 1), b - 3);
-            }
+            // b < 4 puts nothing (zero bits), without a branch.
+            let len = (c & 127).saturating_sub(3);
+            t.put(v & ((1u64 << len) - 1), len);
             c
         })),
     }
@@ -74,7 +73,8 @@ pub fn count(codes: &[u32], info: &[u16], w1: usize, neighbor: Option<usize>, hi
 }
 
 /// The interleaved lanes of one chunk: the exact mirror of the decoding order of
-/// `delta::chunk` (steps, stages and lanes reversed), words reversed at the end.
+/// `delta::chunk` (steps, stages and lanes reversed), words reversed at the end. Elements
+/// absent from a stage code the identity symbol, so the inner loops are branch-free.
 pub fn lanes(
     codes: &[u32],
     info: &[u16],
@@ -84,61 +84,50 @@ pub fn lanes(
     words: &mut Vec<u16>,
 ) -> [u32; LANES] {
     let n = codes.len();
-    let mut states = [RANS_L; LANES];
+    let mut states = [RANS_L as u64; LANES];
     words.clear();
-    words.reserve(n * stages.len());
+    // At most one word per coded symbol, plus one slot for the last unconditional store.
+    words.resize(n * stages.len() + 1, 0);
+    let mut pos = 0usize;
     let d = neighbor.unwrap_or(usize::MAX);
+    let mut e: [&EncSym; LANES] = [&IDENTITY; LANES];
     for step in (0..n.div_ceil(LANES)).rev() {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let (c, inf) = (&codes[base..base + lanes], &info[base..base + lanes]);
+        let st = &mut states[..lanes];
         if let Some(s_t) = stages.get(3) {
-            for lane in (0..lanes).rev() {
+            for lane in 0..lanes {
                 let b = (c[lane] & 127) as usize;
-                if b == 0 {
-                    continue;
-                }
                 let eb = (inf[lane] & 255) as usize * w1 + b;
                 let ctx =
                     (eb * 3 + up(codes, base + lane, d) as usize) * 2 + (inf[lane] >> 8) as usize;
-                let e = s_t.get(ctx, ((c[lane] >> 9) & 1) as usize);
-                put(&mut states[lane], words, e);
+                e[lane] = s_t.get(b >= 1, ctx, ((c[lane] >> 9) & 1) as usize);
             }
+            put_lanes(st, &e[..lanes], words, &mut pos);
         }
-        for lane in (0..lanes).rev() {
+        for lane in 0..lanes {
             let b = (c[lane] & 127) as usize;
-            if b >= 3 {
-                let eb = (inf[lane] & 255) as usize * w1 + b;
-                let ctx = eb * 2 + ((c[lane] >> 7) & 1) as usize;
-                put(
-                    &mut states[lane],
-                    words,
-                    stages[2].get(ctx, ((c[lane] >> 8) & 1) as usize),
-                );
-            }
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            let ctx = eb * 2 + ((c[lane] >> 7) & 1) as usize;
+            e[lane] = stages[2].get(b >= 3, ctx, ((c[lane] >> 8) & 1) as usize);
         }
-        for lane in (0..lanes).rev() {
+        put_lanes(st, &e[..lanes], words, &mut pos);
+        for lane in 0..lanes {
             let b = (c[lane] & 127) as usize;
-            if b >= 2 {
-                let eb = (inf[lane] & 255) as usize * w1 + b;
-                put(
-                    &mut states[lane],
-                    words,
-                    stages[1].get(eb, ((c[lane] >> 7) & 1) as usize),
-                );
-            }
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            e[lane] = stages[1].get(b >= 2, eb, ((c[lane] >> 7) & 1) as usize);
         }
-        for lane in (0..lanes).rev() {
+        put_lanes(st, &e[..lanes], words, &mut pos);
+        for lane in 0..lanes {
             let b = (c[lane] & 127) as usize;
-            put(
-                &mut states[lane],
-                words,
-                stages[0].get((inf[lane] & 255) as usize, b),
-            );
+            e[lane] = stages[0].get(true, (inf[lane] & 255) as usize, b);
         }
+        put_lanes(st, &e[..lanes], words, &mut pos);
     }
+    words.truncate(pos);
     words.reverse();
-    states
+    states.map(|s| s as u32)
 }
 
 /// Code one chunk (codes already computed, tail already packed).

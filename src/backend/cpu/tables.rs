@@ -32,16 +32,29 @@ impl EncSym {
     }
 }
 
-/// rANS encode step, identical in effect to `entropy::rans::enc_put`.
+/// A symbol of probability 1: encoding it leaves the state unchanged and flushes nothing.
+/// Elements absent from a stage use it, so the lane loops need no branch on presence.
+pub const IDENTITY: EncSym = EncSym {
+    x_max: u64::MAX,
+    m: (1 << 32) + 1,
+    start: 0,
+    cmpl: 0,
+};
+
+/// One (step, stage) of rANS encoding over lanes `LANES-1..=0`, identical in effect to
+/// `entropy::rans::enc_put` per lane. Branch-free: every lane stores its low word at
+/// `out[*pos]` and keeps it only if its state flushed; the table loads happened before, so the
+/// only serial chain is `pos`.
 #[inline(always)]
-pub fn put(state: &mut u32, out: &mut Vec<u16>, e: &EncSym) {
-    let mut x = *state as u64;
-    if x >= e.x_max {
-        out.push(x as u16);
-        x >>= 16;
+pub fn put_lanes(states: &mut [u64], syms: &[&EncSym], out: &mut [u16], pos: &mut usize) {
+    for (x, e) in states.iter_mut().zip(syms).rev() {
+        let flush = *x >= e.x_max;
+        out[*pos] = *x as u16;
+        *pos += flush as usize;
+        let y = if flush { *x >> 16 } else { *x };
+        let q = ((y as u128 * e.m as u128) >> 44) as u64;
+        *x = y + e.start as u64 + q * e.cmpl as u64;
     }
-    let q = ((x as u128 * e.m as u128) >> 44) as u64;
-    *state = (x + e.start as u64 + q * e.cmpl as u64) as u32;
 }
 
 /// One stage's table for the encoder: context -> row, row -> symbols.
@@ -49,6 +62,8 @@ pub struct EncStage<'a> {
     pub map: &'a [u32],
     pub alphabet: usize,
     pub syms: Vec<EncSym>,
+    /// Index of the identity row (absent elements).
+    identity_row: usize,
 }
 
 impl<'a> EncStage<'a> {
@@ -60,15 +75,26 @@ impl<'a> EncStage<'a> {
             let row = t.row(ri as u32);
             syms.extend((0..a).map(|s| EncSym::new(row.start[s], row.freq[s])));
         }
+        // Row `n_rows`: absent elements.
+        syms.extend((0..a).map(|_| IDENTITY));
         EncStage {
             map: &t.map,
             alphabet: a,
             syms,
+            identity_row: n_rows,
         }
     }
+    /// The symbol to code: `sym` under context `ctx`'s row, or the identity when the
+    /// element is absent from this stage (or, never for tables built from the same counts,
+    /// when the context has no row).
     #[inline(always)]
-    pub fn get(&self, ctx: usize, sym: usize) -> &EncSym {
-        &self.syms[self.map[ctx] as usize * self.alphabet + sym]
+    pub fn get(&self, present: bool, ctx: usize, sym: usize) -> &EncSym {
+        let ri = if present {
+            self.map[ctx] as usize
+        } else {
+            self.identity_row
+        };
+        self.syms.get(ri * self.alphabet + sym).unwrap_or(&IDENTITY)
     }
 }
 
@@ -106,6 +132,23 @@ impl<'a> DecStage<'a> {
                 }
             }
         }
+        // Row `n_rows` of a binary stage: absent elements decode symbol 0 at probability 1,
+        // which leaves the state unchanged.
+        if a == 2 {
+            d.f0.push(PROB_TOTAL);
+        }
         d
+    }
+
+    /// Row of a binary stage for an element: the identity row when absent; `None` when a
+    /// present element's context has no row (a format error).
+    #[inline(always)]
+    pub fn f0(&self, present: bool, ctx: usize) -> Option<u32> {
+        let ri = if present {
+            self.map[ctx] as usize
+        } else {
+            self.f0.len() - 1
+        };
+        self.f0.get(ri).copied()
     }
 }
