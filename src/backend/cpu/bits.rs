@@ -9,11 +9,11 @@ pub struct BitWriter {
 }
 
 impl BitWriter {
-    pub fn with_capacity(bytes: usize) -> Self {
-        BitWriter {
-            out: Vec::with_capacity(bytes),
-            ..Default::default()
-        }
+    pub fn clear(&mut self) {
+        self.out.clear();
+        self.acc = 0;
+        self.n = 0;
+        self.bits = 0;
     }
     /// Append the low `nbits` (at most 64) of `v`, which has no bits above them.
     #[inline(always)]
@@ -30,11 +30,13 @@ impl BitWriter {
     pub fn bits(&self) -> u64 {
         self.bits
     }
-    pub fn finish(mut self) -> Vec<u8> {
+    /// The packed bytes so far, the last one zero-padded.
+    pub fn bytes(&self) -> Vec<u8> {
         let rest = self.n.div_ceil(8) as usize;
-        self.out
-            .extend_from_slice(&(self.acc as u64).to_le_bytes()[..rest]);
-        self.out
+        let mut out = Vec::with_capacity(self.out.len() + rest);
+        out.extend_from_slice(&self.out);
+        out.extend_from_slice(&(self.acc as u64).to_le_bytes()[..rest]);
+        out
     }
 }
 

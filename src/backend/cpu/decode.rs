@@ -80,13 +80,18 @@ pub fn chunk<T: Word>(
     w1: usize,
     stages: &[DecStage],
     neighbor: Option<usize>,
+    scratch: &mut (Vec<u16>, Vec<u32>),
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
-    let info: Vec<u16> = reference
-        .chunks_exact(T::SIZE)
-        .map(|r| info_fn.info::<T>(T::read(r)) as u16)
-        .collect();
-    let mut codes = vec![0u32; n];
+    let (info, codes) = (&mut scratch.0, &mut scratch.1);
+    info.clear();
+    info.extend(
+        reference
+            .chunks_exact(T::SIZE)
+            .map(|r| info_fn.info::<T>(T::read(r)) as u16),
+    );
+    codes.clear();
+    codes.resize(n, 0);
     let mut states = c.states;
     let mut st = Stream {
         words: &c.words,

@@ -82,12 +82,15 @@ pub fn lanes(
     stages: &[EncStage],
     neighbor: Option<usize>,
     words: &mut Vec<u16>,
-) -> [u32; LANES] {
+) -> ([u32; LANES], usize) {
     let n = codes.len();
     let mut states = [RANS_L as u64; LANES];
-    words.clear();
     // At most one word per coded symbol, plus one slot for the last unconditional store.
-    words.resize(n * stages.len() + 1, 0);
+    // Grown, never cleared: every slot below `pos` is written before it is read.
+    let need = n * stages.len() + 1;
+    if words.len() < need {
+        words.resize(need, 0);
+    }
     let mut pos = 0usize;
     let d = neighbor.unwrap_or(usize::MAX);
     let mut e: [&EncSym; LANES] = [&IDENTITY; LANES];
@@ -125,27 +128,34 @@ pub fn lanes(
         }
         put_lanes(st, &e[..lanes], words, &mut pos);
     }
-    words.truncate(pos);
-    words.reverse();
-    states.map(|s| s as u32)
+    (states.map(|s| s as u32), pos)
 }
 
-/// Code one chunk (codes already computed, tail already packed).
-pub fn chunk(
-    codes: &[u32],
+/// Per-thread buffers reused from chunk to chunk (fresh ones cost page faults and memsets).
+#[derive(Default)]
+pub struct Scratch {
+    pub codes: Vec<u32>,
+    words: Vec<u16>,
+    tail: BitWriter,
+}
+
+/// Code one chunk of displacements.
+pub fn chunk<T: Word>(
+    d: &[T],
     info: &[u16],
+    signed: bool,
     w1: usize,
     stages: &[EncStage],
     neighbor: Option<usize>,
-    tail: BitWriter,
+    s: &mut Scratch,
 ) -> EncodedChunk {
-    let mut words = Vec::new();
-    let states = lanes(codes, info, w1, stages, neighbor, &mut words);
-    let tail_bits = tail.bits();
+    s.tail.clear();
+    codes(d, signed, &mut s.codes, Some(&mut s.tail));
+    let (states, n_words) = lanes(&s.codes, info, w1, stages, neighbor, &mut s.words);
     EncodedChunk {
-        words,
+        words: s.words[..n_words].iter().rev().copied().collect(),
         states,
-        tail: tail.finish(),
-        tail_bits,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
     }
 }

@@ -18,7 +18,6 @@ use crate::delta::model::{Hist, Space, Tables};
 use crate::delta::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::{Error, Result};
-use bits::BitWriter;
 use tables::{DecStage, EncStage};
 use word::{InfoFn, Word};
 
@@ -47,26 +46,20 @@ impl<T: Word> CpuResident<T> {
     fn new(job: &EncodeJob) -> Self {
         let info_fn = InfoFn::new(job.fl, job.condition);
         let size = T::SIZE;
-        let (mut d, mut info) = (Vec::new(), Vec::new());
-        job.reference
-            .par_chunks(CHUNK_ELEMS * size)
+        let n = job.reference.len() / size;
+        let (mut d, mut info) = (vec![T::default(); n], vec![0u16; n]);
+        d.par_chunks_mut(CHUNK_ELEMS)
+            .zip(info.par_chunks_mut(CHUNK_ELEMS))
+            .zip(job.reference.par_chunks(CHUNK_ELEMS * size))
             .zip(job.target.par_chunks(CHUNK_ELEMS * size))
-            .map(|(r, x)| {
-                let mut d = Vec::with_capacity(r.len() / size);
-                let mut info = Vec::with_capacity(r.len() / size);
-                for (r, x) in r.chunks_exact(size).zip(x.chunks_exact(size)) {
+            .for_each(|(((d, info), r), x)| {
+                let elems = r.chunks_exact(size).zip(x.chunks_exact(size));
+                for ((d, i), (r, x)) in d.iter_mut().zip(info.iter_mut()).zip(elems) {
                     let (r, x) = (T::read(r), T::read(x));
                     let k = word::key::<T>(x).wrapping_sub(word::key::<T>(r)) & word::mask::<T>();
-                    d.push(T::from_u64(k));
-                    info.push(info_fn.info::<T>(r) as u16);
+                    *d = T::from_u64(k);
+                    *i = info_fn.info::<T>(r) as u16;
                 }
-                (d, info)
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .for_each(|(dc, ic)| {
-                d.extend(dc);
-                info.extend(ic);
             });
         CpuResident {
             fl: job.fl,
@@ -130,10 +123,9 @@ impl<T: Word> Resident for CpuResident<T> {
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
         Ok(chunk_ranges(self.d.len())
             .into_par_iter()
-            .map_init(Vec::new, |codes, r| {
-                let mut tail = BitWriter::with_capacity(r.len() * T::SIZE);
-                encode::codes(&self.d[r.clone()], signed, codes, Some(&mut tail));
-                encode::chunk(codes, &self.info[r], self.w1(), &stages, neighbor, tail)
+            .map_init(encode::Scratch::default, |scratch, r| {
+                let (d, info) = (&self.d[r.clone()], &self.info[r]);
+                encode::chunk(d, info, signed, self.w1(), &stages, neighbor, scratch)
             })
             .collect())
     }
@@ -160,9 +152,12 @@ fn decode_as<T: Word>(job: &DecodeJob) -> Result<Vec<u8>> {
     out.par_chunks_mut(CHUNK_ELEMS * T::SIZE)
         .zip(job.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
         .zip(job.chunks.par_iter())
-        .try_for_each(|((o, r), c)| {
-            decode::chunk::<T>(c, r, o, info_fn, signed, w1, &stages, job.neighbor)
-        })?;
+        .try_for_each_init(
+            || (Vec::new(), Vec::new()),
+            |scratch, ((o, r), c)| {
+                decode::chunk::<T>(c, r, o, info_fn, signed, w1, &stages, job.neighbor, scratch)
+            },
+        )?;
     Ok(out)
 }
 
