@@ -15,59 +15,45 @@ fn bad(detail: &str) -> Error {
 
 const SLOT_MASK: u32 = PROB_TOTAL - 1;
 
-/// The stream every lane of a chunk reads from, in decoding order.
+/// The stream every lane of a chunk reads from, in decoding order, padded with `LANES` zero
+/// words so a refill never needs a bounds check; overruns are detected after each stage.
 struct Stream<'a> {
     words: &'a [u16],
+    len: usize,
     pos: usize,
 }
 
 impl Stream<'_> {
-    /// Advance `state` past the symbol `(freq, start)` and refill it.
+    /// Refill every lane whose state fell below `RANS_L`, in lane order: the only serial
+    /// part of a stage (the table lookups that produced `states` are independent per lane).
     #[inline(always)]
-    fn advance(&mut self, state: &mut u32, freq: u32, start: u32) -> Result<()> {
-        let x = *state;
-        let mut x = freq * (x >> PROB_BITS) + (x & SLOT_MASK) - start;
-        if x < RANS_L {
-            let w = *self
-                .words
-                .get(self.pos)
-                .ok_or_else(|| bad("rANS word stream ended early"))?;
-            x = (x << 16) | w as u32;
-            self.pos += 1;
+    fn refill(&mut self, states: &mut [u32]) -> Result<()> {
+        for x in states.iter_mut() {
+            let need = *x < RANS_L;
+            let w = self.words[self.pos] as u32;
+            *x = if need { (*x << 16) | w } else { *x };
+            self.pos += need as usize;
         }
-        *state = x;
-        Ok(())
-    }
-
-    /// Decode one binary symbol (0 with the state unchanged when the element is absent
-    /// from this stage), branch-free: the refill word is read whether needed or not.
-    #[inline(always)]
-    fn binary(&mut self, state: &mut u32, t: &DecStage, present: bool, ctx: usize) -> Result<u32> {
-        let f0 = t
-            .f0(present, ctx)
-            .ok_or_else(|| bad("a symbol's context has no frequency row"))?;
-        let x = *state;
-        let slot = x & SLOT_MASK;
-        let sym = (slot >= f0) as u32;
-        let (f, s) = if sym == 0 {
-            (f0, 0)
-        } else {
-            (PROB_TOTAL - f0, f0)
-        };
-        let x = f * (x >> PROB_BITS) + slot - s;
-        let need = x < RANS_L;
-        let w = self.words.get(self.pos).copied();
-        if need && w.is_none() {
+        if self.pos > self.len {
             return Err(bad("rANS word stream ended early"));
         }
-        *state = if need {
-            (x << 16) | w.unwrap_or(0) as u32
-        } else {
-            x
-        };
-        self.pos += need as usize;
-        Ok(sym)
+        Ok(())
     }
+}
+
+/// Advance `x` past a binary symbol under `f0` (0 with the state unchanged when `f0` is the
+/// identity row's `PROB_TOTAL`); returns the symbol.
+#[inline(always)]
+fn binary(x: &mut u32, f0: u32) -> u32 {
+    let slot = *x & SLOT_MASK;
+    let sym = (slot >= f0) as u32;
+    let (f, s) = if sym == 0 {
+        (f0, 0)
+    } else {
+        (PROB_TOTAL - f0, f0)
+    };
+    *x = f * (*x >> PROB_BITS) + slot - s;
+    sym
 }
 
 /// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size).
@@ -80,7 +66,7 @@ pub fn chunk<T: Word>(
     w1: usize,
     stages: &[DecStage],
     neighbor: Option<usize>,
-    scratch: &mut (Vec<u16>, Vec<u32>),
+    scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
     let (info, codes) = (&mut scratch.0, &mut scratch.1);
@@ -93,54 +79,66 @@ pub fn chunk<T: Word>(
     codes.clear();
     codes.resize(n, 0);
     let mut states = c.states;
+    let padded = &mut scratch.2;
+    padded.clear();
+    padded.extend_from_slice(&c.words);
+    padded.resize(c.words.len() + LANES, 0);
     let mut st = Stream {
-        words: &c.words,
+        words: padded,
+        len: c.words.len(),
         pos: 0,
     };
+    let no_row = || bad("a symbol's context has no frequency row");
     let d = neighbor.unwrap_or(usize::MAX);
     let (bt, q1t, q2t) = (&stages[0], &stages[1], &stages[2]);
     for step in 0..n.div_ceil(LANES) {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let inf = &info[base..base + lanes];
+        let code = &mut codes[base..base + lanes];
+        let xs = &mut states[..lanes];
         for lane in 0..lanes {
-            let state = &mut states[lane];
             let ri = bt.map[(inf[lane] & 255) as usize];
             if ri == u32::MAX {
-                return Err(bad("a symbol's context has no frequency row"));
+                return Err(no_row());
             }
-            let slot = (*state & SLOT_MASK) as usize;
-            let sym = bt.slot[ri as usize * PROB_TOTAL as usize + slot] as usize;
+            let x = &mut xs[lane];
+            let slot = *x & SLOT_MASK;
+            let sym = bt.slot[ri as usize * PROB_TOTAL as usize + slot as usize] as usize;
             let (f, s) = bt.fs[ri as usize * bt.alphabet + sym];
-            st.advance(state, f, s)?;
-            codes[base + lane] = sym as u32;
+            *x = f * (*x >> PROB_BITS) + slot - s;
+            code[lane] = sym as u32;
         }
+        st.refill(xs)?;
         for lane in 0..lanes {
-            let b = codes[base + lane] as usize;
+            let b = code[lane] as usize;
             let eb = (inf[lane] & 255) as usize * w1 + b;
-            let q1 = st.binary(&mut states[lane], q1t, b >= 2, eb)?;
-            codes[base + lane] |= q1 << 7;
+            let f0 = q1t.f0(b >= 2, eb).ok_or_else(no_row)?;
+            code[lane] |= binary(&mut xs[lane], f0) << 7;
         }
+        st.refill(xs)?;
         for lane in 0..lanes {
-            let c = codes[base + lane];
+            let c = code[lane];
             let b = (c & 127) as usize;
             let ctx = ((inf[lane] & 255) as usize * w1 + b) * 2 + ((c >> 7) & 1) as usize;
-            let q2 = st.binary(&mut states[lane], q2t, b >= 3, ctx)?;
-            codes[base + lane] |= q2 << 8;
+            let f0 = q2t.f0(b >= 3, ctx).ok_or_else(no_row)?;
+            code[lane] |= binary(&mut xs[lane], f0) << 8;
         }
+        st.refill(xs)?;
         if let Some(s_t) = stages.get(3) {
             for lane in 0..lanes {
                 let j = base + lane;
                 let b = (codes[j] & 127) as usize;
                 let up = if j >= d { sign_state(codes[j - d]) } else { 0 };
-                let eb = (inf[lane] & 255) as usize * w1 + b;
-                let ctx = (eb * 3 + up as usize) * 2 + (inf[lane] >> 8) as usize;
-                let neg = st.binary(&mut states[lane], s_t, b >= 1, ctx)?;
-                codes[j] |= neg << 9;
+                let eb = (info[j] & 255) as usize * w1 + b;
+                let ctx = (eb * 3 + up as usize) * 2 + (info[j] >> 8) as usize;
+                let f0 = s_t.f0(b >= 1, ctx).ok_or_else(no_row)?;
+                codes[j] |= binary(&mut states[lane], f0) << 9;
             }
+            st.refill(&mut states[..lanes])?;
         }
     }
-    if st.pos != c.words.len() || states.iter().any(|&s| s != RANS_L) {
+    if st.pos != st.len || states.iter().any(|&s| s != RANS_L) {
         return Err(bad("rANS lanes did not end in their initial state"));
     }
 

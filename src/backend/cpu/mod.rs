@@ -153,7 +153,7 @@ fn decode_as<T: Word>(job: &DecodeJob) -> Result<Vec<u8>> {
         .zip(job.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
         .zip(job.chunks.par_iter())
         .try_for_each_init(
-            || (Vec::new(), Vec::new()),
+            || (Vec::new(), Vec::new(), Vec::new()),
             |scratch, ((o, r), c)| {
                 decode::chunk::<T>(c, r, o, info_fn, signed, w1, &stages, job.neighbor, scratch)
             },
