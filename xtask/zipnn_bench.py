@@ -9,7 +9,10 @@ import struct
 import sys
 import time
 
-import zipnn
+import warnings
+
+warnings.filterwarnings("ignore")
+import zipnn  # noqa: E402
 
 DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
