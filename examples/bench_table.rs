@@ -5,6 +5,8 @@
 
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use lockstep::backend::cpu::CpuBackend;
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
@@ -60,17 +62,21 @@ fn lockstep_row(name: &str, b: &dyn Backend, threads: usize, pairs: &[TensorPair
     let opts = EncodeOptions::default();
     let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
     pool.install(|| {
+        // Tensors in parallel as well as chunks, as `encode_batched` does.
         let (enc_s, blobs) = best(reps, || {
             pairs
-                .iter()
+                .par_iter()
                 .map(|p| encode_unverified(p, &opts, b).unwrap().0)
                 .collect::<Vec<_>>()
         });
-        let (dec_s, _) = best(reps, || {
-            for (p, blob) in pairs.iter().zip(&blobs) {
-                assert_eq!(decode_tensor_with(blob, p.reference, b).unwrap(), p.target);
-            }
+        let (dec_s, decoded) = best(reps, || {
+            pairs
+                .par_iter()
+                .zip(&blobs)
+                .map(|(p, blob)| decode_tensor_with(blob, p.reference, b).unwrap())
+                .collect::<Vec<_>>()
         });
+        assert!(decoded.iter().zip(pairs).all(|(d, p)| d == p.target));
         let packed: usize = blobs.iter().map(|b| b.len()).sum();
         row(name, raw, packed, enc_s, Some(dec_s));
     });

@@ -42,16 +42,21 @@ pub const IDENTITY: EncSym = EncSym {
 };
 
 /// One (step, stage) of rANS encoding over lanes `LANES-1..=0`, identical in effect to
-/// `entropy::rans::enc_put` per lane. Branch-free: every lane stores its low word at
-/// `out[*pos]` and keeps it only if its state flushed; the table loads happened before, so the
-/// only serial chain is `pos`.
+/// `entropy::rans::enc_put` per lane. The flush decisions read the tables for every lane at
+/// once; then the only serial chain, the word cursor `pos`, runs on values already loaded:
+/// every lane stores its low word at `out[*pos]` and keeps it only if its state flushed.
 #[inline(always)]
 pub fn put_lanes(states: &mut [u64], syms: &[&EncSym], out: &mut [u16], pos: &mut usize) {
-    for (x, e) in states.iter_mut().zip(syms).rev() {
-        let flush = *x >= e.x_max;
+    let mut flush = [false; 32];
+    for ((f, x), e) in flush.iter_mut().zip(states.iter()).zip(syms) {
+        *f = *x >= e.x_max;
+    }
+    for (x, &f) in states.iter().zip(&flush).rev() {
         out[*pos] = *x as u16;
-        *pos += flush as usize;
-        let y = if flush { *x >> 16 } else { *x };
+        *pos += f as usize;
+    }
+    for ((x, e), &f) in states.iter_mut().zip(syms).zip(&flush) {
+        let y = if f { *x >> 16 } else { *x };
         let q = ((y as u128 * e.m as u128) >> 44) as u64;
         *x = y + e.start as u64 + q * e.cmpl as u64;
     }
