@@ -1,5 +1,5 @@
 //! Profiling driver (perf record): the whole single-thread encode and decode path on the
-//! bf16 600 -> 800 pair, five times.
+//! bf16 600 -> 800 pair (or the two checkpoints given), five times.
 use lockstep::backend::cpu::CpuBackend;
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
@@ -10,8 +10,15 @@ fn main() {
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/data/trajectory-gpt2"
     );
-    let r = Checkpoint::open(format!("{dir}/gpt2_step000600_bf16.safetensors")).unwrap();
-    let t = Checkpoint::open(format!("{dir}/gpt2_step000800_bf16.safetensors")).unwrap();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (rp, tp) = match &args[..] {
+        [a, b] => (a.clone(), b.clone()),
+        _ => (
+            format!("{dir}/gpt2_step000600_bf16.safetensors"),
+            format!("{dir}/gpt2_step000800_bf16.safetensors"),
+        ),
+    };
+    let (r, t) = (Checkpoint::open(rp).unwrap(), Checkpoint::open(tp).unwrap());
     rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build_global()

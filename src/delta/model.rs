@@ -19,8 +19,10 @@
 //! share their backoff row. Decisions use integer cost estimates only (see entropy::freq).
 
 use super::symbols::{RefInfo, Sym, EXP_CLASSES};
-use crate::bytes::{ByteReader, ByteWriter};
-use crate::entropy::freq::{cost, normalize, COST_ONE_BIT, PROB_TOTAL};
+use std::sync::OnceLock;
+
+use crate::bytes::{varint_len, ByteReader, ByteWriter};
+use crate::entropy::freq::{log2_fixed, normalize, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
 use crate::Result;
 
 /// The coded stages, in decoding order.
@@ -128,6 +130,16 @@ impl Hist {
         let a = self.space.alphabet();
         &self.counts[ctx * a..(ctx + 1) * a]
     }
+    /// Contexts with at least one count, ascending.
+    pub fn occupied(&self) -> Vec<usize> {
+        let a = self.space.alphabet();
+        self.counts
+            .chunks_exact(a)
+            .enumerate()
+            .filter(|(_, row)| row.iter().fold(0, |acc, &c| acc | c) != 0)
+            .map(|(ctx, _)| ctx)
+            .collect()
+    }
     /// The same counts with the neighbor-sign context folded away (every `up` becomes 0).
     pub fn without_neighbor(&self) -> Hist {
         debug_assert_eq!(self.space.stage, Stage::S);
@@ -192,8 +204,9 @@ impl StageTable {
         for (i, (id, _)) in backoff.iter().enumerate() {
             backoff_index[*id as usize] = (explicit.len() + i) as u32;
         }
-        for (ctx, m) in map.iter_mut().enumerate() {
-            *m = backoff_index[ctx % nb];
+        // map[ctx] = backoff_index[ctx % nb], without a division per context.
+        for (m, &b) in map.iter_mut().zip(backoff_index.iter().cycle()) {
+            *m = b;
         }
         for (i, (id, _)) in explicit.iter().enumerate() {
             map[*id as usize] = i as u32;
@@ -221,10 +234,10 @@ impl StageTable {
         let space = hist.space;
         let a = space.alphabet();
         let nb = space.n_backoff();
-        let occupied = |ctx: usize| hist.row(ctx).iter().any(|&c| c > 0);
+        let occupied = hist.occupied();
 
         let mut group = vec![0u64; nb * a];
-        for ctx in 0..space.n_primary() {
+        for &ctx in &occupied {
             let g = ctx % nb;
             for (acc, &c) in group[g * a..(g + 1) * a].iter_mut().zip(hist.row(ctx)) {
                 *acc += c;
@@ -236,7 +249,7 @@ impl StageTable {
 
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
-        for ctx in (0..space.n_primary()).filter(|&c| occupied(c)) {
+        for ctx in occupied {
             let counts = hist.row(ctx);
             let own = normalize(counts);
             let keep = !prune || {
@@ -266,8 +279,8 @@ impl StageTable {
 
     /// Ideal code length of `hist` under this table, in COST_ONE_BIT units.
     pub fn data_cost(&self, hist: &Hist) -> u64 {
-        (0..self.space.n_primary())
-            .filter(|&ctx| hist.row(ctx).iter().any(|&c| c > 0))
+        hist.occupied()
+            .into_iter()
             .map(|ctx| cost(hist.row(ctx), &self.row(self.map[ctx]).freq))
             .sum()
     }
@@ -307,11 +320,41 @@ impl StageTable {
     }
 }
 
-/// Bytes a row takes in the table format.
+/// `entropy::freq::cost`, with the per-symbol cost of every possible frequency looked up
+/// instead of recomputed (same integers; table selection runs this for every context).
+pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
+    static BITS: OnceLock<Vec<u64>> = OnceLock::new();
+    let bits = BITS.get_or_init(|| {
+        let one = PROB_BITS as u64 * COST_ONE_BIT;
+        (0..=PROB_TOTAL as u64)
+            .map(|f| one - log2_fixed(f.max(1)))
+            .collect()
+    });
+    counts
+        .iter()
+        .zip(freqs)
+        .filter(|(&c, _)| c > 0)
+        .map(|(&c, &f)| c * bits[f as usize])
+        .sum()
+}
+
+/// Bytes a row takes in the table format (what [`write_row`] writes), without writing it.
 pub fn row_bytes(freq: &[u32]) -> usize {
-    let mut w = ByteWriter::new();
-    write_row(&mut w, freq);
-    w.len()
+    if freq.len() == 2 {
+        return varint_len(freq[0] as u64);
+    }
+    let mut n = 0;
+    let mut next = 0;
+    let mut last_f = 0;
+    let mut k = 0;
+    for (s, &f) in freq.iter().enumerate().filter(|(_, &f)| f > 0) {
+        n += varint_len((s - next) as u64) + varint_len(f as u64);
+        next = s + 1;
+        last_f = f;
+        k += 1;
+    }
+    // The last occupied symbol's frequency is implied.
+    varint_len(k as u64) + n - if k > 0 { varint_len(last_f as u64) } else { 0 }
 }
 
 fn write_row(w: &mut ByteWriter, freq: &[u32]) {
@@ -372,4 +415,30 @@ fn read_row(r: &mut ByteReader, alphabet: usize) -> Result<Vec<u32>> {
 pub struct Tables {
     /// B, Q1, Q2 and, in the Signed layout, S.
     pub stages: Vec<StageTable>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_bytes_and_cost_match_their_slow_definitions() {
+        let rows: Vec<Vec<u32>> = vec![
+            vec![4096, 0],
+            vec![1, 4095],
+            vec![0, 4096, 0],
+            vec![4000, 0, 0, 90, 6],
+            (0..65).map(|i| if i % 3 == 0 { 0 } else { 64 }).collect(),
+        ];
+        for freq in rows {
+            let mut w = ByteWriter::new();
+            write_row(&mut w, &freq);
+            assert_eq!(row_bytes(&freq), w.len(), "{freq:?}");
+            let counts: Vec<u64> = freq.iter().map(|&f| f as u64 * 3).collect();
+            assert_eq!(
+                cost(&counts, &freq),
+                crate::entropy::freq::cost(&counts, &freq)
+            );
+        }
+    }
 }
