@@ -39,6 +39,9 @@ pub struct Gpu {
     pub residual: Module,
     pub encode: Module,
     pub decode: Module,
+    /// One operation at a time: error scopes are per device, and the device is the parallel
+    /// part anyway.
+    lock: std::sync::Mutex<()>,
 }
 
 /// Every adapter wgpu finds, honoring `WGPU_BACKEND` (e.g. `gl`).
@@ -70,6 +73,10 @@ impl Gpu {
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| Error::Unsupported(format!("wgpu device on {}: {e}", info.name)))?;
+        // wgpu's default reaction to an error outside an error scope is a panic; report it
+        // instead (every operation below also runs inside scopes, see `checked`).
+        device.on_uncaptured_error(Box::new(|e| eprintln!("wgpu error: {e}")));
+        device.push_error_scope(wgpu::ErrorFilter::Validation);
         use Slot::*;
         let residual = module(
             &device,
@@ -92,6 +99,12 @@ impl Gpu {
             &[Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
             &["dec_lanes", "dec_tail"],
         );
+        if let Some(e) = pollster::block_on(device.pop_error_scope()) {
+            return Err(Error::Unsupported(format!(
+                "wgpu could not build the shaders on {}: {e}",
+                info.name
+            )));
+        }
         Ok(Gpu {
             device,
             queue,
@@ -100,7 +113,25 @@ impl Gpu {
             residual,
             encode,
             decode,
+            lock: std::sync::Mutex::new(()),
         })
+    }
+
+    /// Run `f` with wgpu's validation and out-of-memory errors turned into an `Error`.
+    pub fn checked<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _one_at_a_time = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let validation = pollster::block_on(self.device.pop_error_scope());
+        let oom = pollster::block_on(self.device.pop_error_scope());
+        match validation.or(oom) {
+            Some(e) => Err(Error::Invalid(format!(
+                "wgpu {what} on {}: {e}",
+                self.info.name
+            ))),
+            None => out,
+        }
     }
 
     /// A storage buffer holding `bytes` (padded to whole u32 words plus `pad_words` zeros).

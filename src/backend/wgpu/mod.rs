@@ -5,8 +5,6 @@
 
 mod gpu;
 
-use std::sync::Mutex;
-
 use super::reference::layout_stages;
 use super::{Backend, DecodeJob, EncodeJob, Resident};
 use crate::delta::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
@@ -19,9 +17,6 @@ use gpu::Gpu;
 
 pub struct WgpuBackend {
     gpu: Gpu,
-    /// One tensor's work at a time: simpler to reason about than interleaved submissions, and
-    /// the device is the parallel part.
-    lock: Mutex<()>,
 }
 
 /// Adapters wgpu can see, described for people.
@@ -57,7 +52,6 @@ impl WgpuBackend {
             })?;
         Ok(WgpuBackend {
             gpu: Gpu::new(adapter)?,
-            lock: Mutex::new(()),
         })
     }
 }
@@ -217,14 +211,34 @@ impl WgpuResident<'_> {
 
 impl Resident for WgpuResident<'_> {
     fn residual_bytes(&self) -> Result<Vec<u8>> {
-        let _guard = self.b.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.gpu()
+            .checked("readback", || self.residual_bytes_inner())
+    }
+
+    fn histograms(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>> {
+        self.gpu()
+            .checked("histograms", || self.histograms_inner(layout, neighbor))
+    }
+
+    fn encode(
+        &self,
+        layout: Layout,
+        tables: &Tables,
+        neighbor: Option<usize>,
+    ) -> Result<Vec<EncodedChunk>> {
+        self.gpu()
+            .checked("encode", || self.encode_inner(layout, tables, neighbor))
+    }
+}
+
+impl WgpuResident<'_> {
+    fn residual_bytes_inner(&self) -> Result<Vec<u8>> {
         let g = self.gpu();
         let out = g.finish_and_read(g.encoder(), &[(&self.resid, (self.n * self.size) as u64)])?;
         Ok(out.into_iter().next().unwrap())
     }
 
-    fn histograms(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>> {
-        let _guard = self.b.lock.lock().unwrap_or_else(|e| e.into_inner());
+    fn histograms_inner(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>> {
         let g = self.gpu();
         let mut p = self.base.layout(layout, neighbor)?;
         let spaces: Vec<Space> = layout_stages(layout)
@@ -263,13 +277,12 @@ impl Resident for WgpuResident<'_> {
             .collect())
     }
 
-    fn encode(
+    fn encode_inner(
         &self,
         layout: Layout,
         tables: &Tables,
         neighbor: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
-        let _guard = self.b.lock.lock().unwrap_or_else(|e| e.into_inner());
         let g = self.gpu();
         let nc = self.base.n_chunks as usize;
         if nc == 0 {
@@ -390,10 +403,19 @@ impl Backend for WgpuBackend {
     }
 
     fn residuals<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
+        self.gpu.checked("residuals", || self.residuals_inner(job))
+    }
+
+    fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
+        self.gpu.checked("decode", || self.decode_inner(job))
+    }
+}
+
+impl WgpuBackend {
+    fn residuals_inner<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
         let size = (job.fl.width / 8) as usize;
         let n = job.reference.len() / size;
         check_len(n)?;
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let g = &self.gpu;
         let r = WgpuResident {
             b: self,
@@ -415,11 +437,10 @@ impl Backend for WgpuBackend {
         let mut enc = g.encoder();
         g.dispatch(&mut enc, &g.residual, "residuals", &bind, groups(n));
         g.queue.submit([enc.finish()]);
-        drop(_guard);
         Ok(Box::new(r))
     }
 
-    fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
+    fn decode_inner(&self, job: &DecodeJob) -> Result<Vec<u8>> {
         let size = (job.fl.width / 8) as usize;
         let n = job.reference.len() / size;
         check_len(n)?;
@@ -439,7 +460,6 @@ impl Backend for WgpuBackend {
                 "stage tables do not match the layout".into(),
             ));
         }
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let g = &self.gpu;
         let flat = g.upload_u32(&flatten_tables(job.tables, &mut p))?;
 
