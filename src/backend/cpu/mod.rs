@@ -103,12 +103,13 @@ impl<T: Word> Resident for CpuResident<T> {
                 },
             )
             .map(|(h, _)| h)
-            .reduce(fresh, |mut a, b| {
+            .reduce_with(|mut a, b| {
                 for (x, y) in a.iter_mut().zip(&b) {
                     x.add(y);
                 }
                 a
-            });
+            })
+            .unwrap_or_else(fresh);
         Ok(hists)
     }
 
