@@ -55,12 +55,18 @@ pub fn select(choice: BackendChoice) -> Result<Selected> {
                 )),
                 backend: Arc::new(b),
             }),
-            Err(e) => Ok(Selected {
-                backend: Arc::new(CpuBackend),
-                note: Some(format!(
-                    "auto: no CUDA in this build and no discrete GPU ({e}); using the CPU backend"
-                )),
-            }),
+            Err(e) => {
+                let why = match e {
+                    Error::Unsupported(m) => m,
+                    other => other.to_string(),
+                };
+                Ok(Selected {
+                    backend: Arc::new(CpuBackend),
+                    note: Some(format!(
+                        "auto: no CUDA in this build; {why}; using the CPU backend"
+                    )),
+                })
+            }
         },
     }
 }
