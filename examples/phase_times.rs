@@ -54,7 +54,7 @@ fn main() {
             let tables = Tables {
                 stages: hs.iter().map(|h| StageTable::select(h, true)).collect(),
             };
-            let _ = hs[3].without_neighbor();
+            let _ = (hs[0].without_neighbor(), hs[3].without_neighbor());
             lap(3, &mut clock);
             let chunks = res.encode(Layout::Signed, &tables, Some(d)).unwrap();
             lap(4, &mut clock);
@@ -62,7 +62,7 @@ fn main() {
                 fl,
                 layout: Layout::Signed,
                 condition: true,
-                neighbor: Some(d),
+                distance: Some(d),
                 tables: &tables,
                 chunks: &chunks,
                 reference: rd,

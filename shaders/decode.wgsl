@@ -83,15 +83,14 @@ fn dec_lanes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let j = base + jj;
         var info = 0u;
         if (live) { info = ref_info(load_ref(j), p); }
+        // The neighbor (at least LANES elements back) was decoded in an earlier step.
+        var nbc = NONE;
+        if (live && p.neighbor != 0u && jj >= p.neighbor) { nbc = get_code(j - p.neighbor); }
         var code = 0u;
         for (var s = 0u; s < p.n_stages; s++) {
             var need = false;
             if (live && present(s, code)) {
-                var up = 0u;
-                if (s == 3u && p.neighbor != 0u && jj >= p.neighbor) {
-                    up = sign_state(get_code(j - p.neighbor));
-                }
-                var sym = dec_symbol(s, context(s, code, info, up, p.w1), &x);
+                var sym = dec_symbol(s, context(s, code, info, nbc, p), &x);
                 if (sym == NONE) {
                     fail(1u);
                     sym = 0u;

@@ -60,12 +60,12 @@ fn enc_lanes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let j = base + jj;
         let code = get_code(j);
         let info = ref_info(load_ref(j), p);
-        var up = 0u;
-        if (p.neighbor != 0u && jj >= p.neighbor) { up = sign_state(get_code(j - p.neighbor)); }
+        var nbc = NONE;
+        if (p.neighbor != 0u && jj >= p.neighbor) { nbc = get_code(j - p.neighbor); }
         for (var s1 = p.n_stages; s1 > 0u; s1--) {
             let s = s1 - 1u;
             if (!present(s, code)) { continue; }
-            let ri = tables[p.map_off[s] + context(s, code, info, up, p.w1)];
+            let ri = tables[p.map_off[s] + context(s, code, info, nbc, p)];
             let e = p.rows_off[s] + (ri * p.alpha[s] + symbol_of(s, code)) * 2u;
             let f = tables[e];
             let start = tables[e + 1u];

@@ -2,14 +2,13 @@
 // 64-bit values are vec2<u32> (x = low word, y = high word) whatever SHADER_INT64 says, so
 // results never depend on that feature. Every float width is handled by the same code.
 
-const CHUNK: u32 = 131072u;
+// CHUNK (elements per chunk, delta::chunk::CHUNK_ELEMS) and GROUPS (mask groups per chunk:
+// steps CHUNK / LANES x 4 stage slots) are prepended by the host from the Rust constants.
 const LANES: u32 = 32u;
 const TOTAL: u32 = 4096u;
 const SLOT_MASK: u32 = 4095u;
 const RANS_L: u32 = 65536u;
 const NONE: u32 = 0xffffffffu;
-// Mask groups per chunk: steps (CHUNK / LANES) x 4 stage slots.
-const GROUPS: u32 = 16384u;
 
 struct Params {
     n: u32,
@@ -18,7 +17,8 @@ struct Params {
     ebits: u32,
     condition: u32,
     signed_layout: u32,
-    // Distance to the element whose update sign is a context of S; 0: no neighbor context.
+    // Distance to the neighbor element (one row up) whose bit length (B) and update sign (S)
+    // are contexts; 0: no neighbor context.
     neighbor: u32,
     n_stages: u32,
     n_chunks: u32,
@@ -29,6 +29,8 @@ struct Params {
     rows_off: vec4<u32>,
     alpha: vec4<u32>,
     hist_off: vec4<u32>,
+    // Per stage: 1 when it uses its neighbor context form (B and S only).
+    nb_form: vec4<u32>,
 }
 
 fn mask64(w: u32) -> vec2<u32> {
@@ -104,7 +106,8 @@ fn word_index(j: u32, w: u32) -> u32 {
     return 2u * j;
 }
 
-// Reference facts: exponent class in bits 0..8, sign in bit 8.
+// Reference facts: exponent class in bits 0..8, sign in bit 8, the two mantissa bits just
+// below the exponent field in bits 9..11.
 fn ref_info(r: vec2<u32>, p: Params) -> u32 {
     let e = shr64(r, p.mant).x & ((1u << p.ebits) - 1u);
     var er = 0u;
@@ -115,7 +118,8 @@ fn ref_info(r: vec2<u32>, p: Params) -> u32 {
             er = e;
         }
     }
-    return er | (bit64(r, p.width - 1u) << 8u);
+    let m2 = shr64(r, p.mant - 2u).x & 3u;
+    return er | (bit64(r, p.width - 1u) << 8u) | (m2 << 9u);
 }
 
 // Coded value of a displacement: |d| (Signed layout, sign returned in .z) or ZigZag(d).
@@ -163,13 +167,22 @@ fn symbol_of(s: u32, c: u32) -> u32 {
     return (c >> 9u) & 1u;
 }
 
-// Primary context id (delta::model::Space::context).
-fn context(s: u32, c: u32, info: u32, up: u32, w1: u32) -> u32 {
-    let eb = (info & 255u) * w1 + (c & 127u);
-    if (s == 0u) { return info & 255u; }
+// Primary context id (delta::model::Space::context). `nbc`: the neighbor's symbol code, or
+// NONE when there is no neighbor in the chunk.
+fn context(s: u32, c: u32, info: u32, nbc: u32, p: Params) -> u32 {
+    let er = info & 255u;
+    let eb = er * p.w1 + (c & 127u);
+    if (s == 0u) {
+        if (p.nb_form[0] == 0u) { return er; }
+        var nb = p.w1;
+        if (nbc != NONE) { nb = nbc & 127u; }
+        return ((((info >> 9u) & 3u) * (p.w1 + 1u) + nb) << 8u) + er;
+    }
     if (s == 1u) { return eb; }
     if (s == 2u) { return eb * 2u + ((c >> 7u) & 1u); }
-    return (eb * 3u + up) * 2u + (info >> 8u);
+    var up = 0u;
+    if (p.nb_form[3] != 0u && nbc != NONE) { up = sign_state(nbc); }
+    return (eb * 3u + up) * 2u + ((info >> 8u) & 1u);
 }
 
 fn chunk_len(c: u32, n: u32) -> u32 {

@@ -70,13 +70,13 @@ fn histogram(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     if (j >= p.n) { return; }
     let c = get_code(j);
     let info = ref_info(load_ref(j), p);
-    var up = 0u;
+    var nbc = NONE;
     if (p.neighbor != 0u && (j % CHUNK) >= p.neighbor) {
-        up = sign_state(get_code(j - p.neighbor));
+        nbc = get_code(j - p.neighbor);
     }
     for (var s = 0u; s < p.n_stages; s++) {
         if (present(s, c)) {
-            let at = p.hist_off[s] + context(s, c, info, up, p.w1) * p.alpha[s] + symbol_of(s, c);
+            let at = p.hist_off[s] + context(s, c, info, nbc, p) * p.alpha[s] + symbol_of(s, c);
             atomicAdd(&counts[at], 1u);
         }
     }

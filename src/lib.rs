@@ -7,6 +7,8 @@ pub mod error;
 pub mod lm;
 
 pub use error::{Error, Result};
+pub mod anchor;
+pub mod archive;
 pub mod backend;
 pub mod baseline;
 pub mod bytes;

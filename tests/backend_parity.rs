@@ -2,6 +2,8 @@
 //! written once as `fn check(backend)` and instantiated per backend by `parity_tests!` (after
 //! candle's `test_device!`). Exact means exact: bytes are compared, never tolerances.
 
+mod common;
+
 use std::sync::Arc;
 
 use lockstep::backend::cpu::CpuBackend;
@@ -10,6 +12,7 @@ use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
 use lockstep::backend::Backend;
 use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::blob::encode_modeled_only_on;
 use lockstep::delta::{
     decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, LayoutChoice,
     TensorPair, CHUNK_ELEMS, LANES,
@@ -41,7 +44,7 @@ impl Rng {
 }
 
 /// A reference tensor of plausible weights and a target that mostly moved by a few ULPs with
-/// a sign that follows the column, plus some wild and special values.
+/// a sign and a magnitude that follow the column, plus some wild and special values.
 fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
     let size = dtype.size();
     let w = size as u32 * 8;
@@ -56,12 +59,17 @@ fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u
         let mant = rng.next() & ((1u64 << fl.mantissa_bits) - 1);
         let rv = ((k >> 63) << (w - 1)) | exp | mant;
         let kind = rng.next() % 100;
-        let col_sign = (j % cols.max(1)) % 3 == 0;
+        let col = j % cols.max(1);
+        let col_sign = col % 3 == 0;
+        // Update magnitudes that follow the column, so an element's bit length is predicted by
+        // the one a row up (the B stage's neighbor form pays).
+        let col_scale = 1u64 << (2 + 3 * (col % 4));
         let xv = match kind {
             0..=9 => rv,
             10..=93 => {
-                let step = rng.next() % (1 + (rng.next() % 300));
-                if col_sign ^ (kind % 5 == 0) {
+                let step = rng.next() % (1 + (rng.next() % col_scale));
+                // Negative floats move the other way in key order: follow the column there too.
+                if col_sign ^ (kind % 5 == 0) ^ (k >> 63 == 1) {
                     rv.wrapping_add(step)
                 } else {
                     rv.wrapping_sub(step)
@@ -87,7 +95,16 @@ fn shape_for(n: usize) -> Vec<u64> {
     }
 }
 
-fn assert_same_stages(backend: &dyn Backend, pair: &TensorPair, opts: &EncodeOptions, what: &str) {
+/// Which neighbor context forms the checked blobs used: (B, S).
+#[derive(Default)]
+struct Forms(bool, bool);
+
+fn assert_same_stages(
+    backend: &dyn Backend,
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    what: &str,
+) -> Forms {
     let want = stages(&ReferenceBackend, pair, opts).unwrap().unwrap();
     let got = stages(backend, pair, opts)
         .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()))
@@ -99,9 +116,11 @@ fn assert_same_stages(backend: &dyn Backend, pair: &TensorPair, opts: &EncodeOpt
             backend.name()
         );
     }
+    Forms(want.b_neighbor, want.s_neighbor)
 }
 
-/// Every float dtype, odd lengths around the lane count and the chunk size.
+/// Every float dtype, odd lengths around the lane count and the chunk size; rows of 48
+/// where the length allows, so both neighbor context forms are chosen somewhere (checked).
 pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
     let lens = [
         0,
@@ -112,7 +131,10 @@ pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
         48 * 40,
         CHUNK_ELEMS - 1,
         CHUNK_ELEMS + 1,
+        // Two chunks, the second shorter than a row: no element there has a neighbor.
+        48 * (CHUNK_ELEMS / 48 + 1),
     ];
+    let mut seen = Forms::default();
     for (i, dtype) in FLOATS.into_iter().enumerate() {
         for (k, &n) in lens.iter().enumerate() {
             if n > max_len {
@@ -128,10 +150,17 @@ pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
             };
             for opts in options() {
                 let what = format!("{dtype} n={n} {opts:?}");
-                assert_same_stages(backend, &pair, &opts, &what);
+                let f = assert_same_stages(backend, &pair, &opts, &what);
+                seen = Forms(seen.0 | f.0, seen.1 | f.1);
             }
         }
     }
+    assert!(
+        seen.0 && seen.1,
+        "the matrix never chose B's ({}) or S's ({}) neighbor form",
+        seen.0,
+        seen.1
+    );
 }
 
 fn options() -> [EncodeOptions; 3] {
@@ -151,9 +180,10 @@ fn options() -> [EncodeOptions; 3] {
 /// Encode on one backend, decode on the other, both ways.
 pub fn cross_decode(backend: &dyn Backend) {
     for (i, dtype) in FLOATS.into_iter().enumerate() {
-        let n = 5000 + i;
+        // Rows of 48: the neighbor context forms are in play.
+        let n = 48 * (100 + i);
         let (r, x) = pair_bytes(dtype, n, 48, 99 + i as u64);
-        let shape = [n as u64];
+        let shape = [(n / 48) as u64, 48];
         let pair = TensorPair {
             dtype,
             shape: &shape,
@@ -166,6 +196,49 @@ pub fn cross_decode(backend: &dyn Backend) {
         assert_eq!(ours, theirs, "{dtype}");
         assert_eq!(decode_tensor_with(&ours, &r, &ReferenceBackend).unwrap(), x);
         assert_eq!(decode_tensor_with(&theirs, &r, backend).unwrap(), x);
+    }
+}
+
+/// The entropy coder over every 16-bit target pattern (bf16, f16) and every 8-bit pair (fp8),
+/// in the Modeled mode even where raw would win: the reference's blob, and its decode.
+pub fn every_pattern_modeled(backend: &dyn Backend) {
+    let mut cases: Vec<(DType, Vec<u8>, Vec<u8>)> = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        let t: Vec<u8> = (0..65536u32)
+            .flat_map(|i| (i as u16).to_le_bytes())
+            .collect();
+        let r: Vec<u8> = (0..65536u32)
+            .flat_map(|i| ((i * 40503) as u16).to_le_bytes())
+            .collect();
+        cases.push((dtype, r, t));
+    }
+    for dtype in [DType::F8E4M3, DType::F8E5M2] {
+        let r: Vec<u8> = (0..65536u32).map(|i| (i >> 8) as u8).collect();
+        let t: Vec<u8> = (0..65536u32).map(|i| i as u8).collect();
+        cases.push((dtype, r, t));
+    }
+    let shape = [256u64, 256];
+    for (dtype, r, t) in &cases {
+        let pair = TensorPair {
+            dtype: *dtype,
+            shape: &shape,
+            reference: r,
+            target: t,
+        };
+        for opts in options() {
+            let (want, _) = encode_modeled_only_on(&pair, &opts, &ReferenceBackend).unwrap();
+            let (got, _) = encode_modeled_only_on(&pair, &opts, backend).unwrap();
+            assert!(
+                want == got,
+                "{dtype} {opts:?}: {} blob differs",
+                backend.name()
+            );
+            assert_eq!(
+                &decode_tensor_with(&got, r, backend).unwrap(),
+                t,
+                "{dtype} {opts:?}"
+            );
+        }
     }
 }
 
@@ -194,6 +267,128 @@ pub fn corrupt_streams_error(backend: &dyn Backend) {
         if let (Ok(a), Ok(b)) = (want, got) {
             assert_eq!(a, b);
         }
+    }
+}
+
+/// The golden blobs of tests/golden.rs (main's bytes): every backend encodes exactly them
+/// and decodes them. The inputs mirror `cases()` there (tests/golden.rs itself is unchanged;
+/// a drift shows up here as a mismatch, never as a silent pass).
+mod golden {
+    use super::common::{self, Rng};
+    use lockstep::delta::{EncodeOptions, LayoutChoice};
+    use lockstep::dtype::DType;
+
+    pub struct Case {
+        pub name: &'static str,
+        pub dtype: DType,
+        pub shape: Vec<u64>,
+        pub reference: Vec<u8>,
+        pub target: Vec<u8>,
+        pub opts: EncodeOptions,
+    }
+
+    fn near(dtype: DType, n: usize, seed: u64, spread: i64) -> (Vec<u8>, Vec<u8>) {
+        let mut rng = Rng(seed);
+        let size = dtype.size();
+        let w = dtype.float_layout().unwrap().width;
+        let (mut r, mut t) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let rv = rng.next() & if w == 64 { u64::MAX } else { (1 << w) - 1 };
+            let d = (rng.below(2 * spread as u64 + 1) as i64 - spread) / (1 + rng.below(4) as i64);
+            let tv = lockstep::float::apply_displacement(rv, d, w);
+            r.extend_from_slice(&rv.to_le_bytes()[..size]);
+            t.extend_from_slice(&tv.to_le_bytes()[..size]);
+        }
+        (r, t)
+    }
+
+    pub fn cases() -> Vec<Case> {
+        let signed = EncodeOptions {
+            layout: LayoutChoice::Signed,
+            ..EncodeOptions::default()
+        };
+        let paper = EncodeOptions {
+            layout: LayoutChoice::Paper,
+            ..EncodeOptions::default()
+        };
+        let no_er = EncodeOptions {
+            condition_on_exponent: false,
+            ..signed
+        };
+        let (r, t) = common::bf16_pair(64 * 64, 100);
+        let mut v = Vec::new();
+        for (name, target, opts) in [
+            ("bf16_signed", &t, signed),
+            ("bf16_paper", &t, paper),
+            ("bf16_no_er", &t, no_er),
+            ("bf16_identical", &r, signed),
+        ] {
+            v.push(Case {
+                name,
+                dtype: DType::BF16,
+                shape: vec![64, 64],
+                reference: r.clone(),
+                target: target.clone(),
+                opts,
+            });
+        }
+        for (name, dtype, spread) in [
+            ("f32", DType::F32, 5000),
+            ("f16", DType::F16, 50),
+            ("f64", DType::F64, 1 << 30),
+            ("f8e4m3", DType::F8E4M3, 3),
+            ("f8e5m2", DType::F8E5M2, 3),
+        ] {
+            let (r, t) = near(dtype, 2000, dtype.code() as u64, spread);
+            v.push(Case {
+                name,
+                dtype,
+                shape: vec![40, 50],
+                reference: r,
+                target: t,
+                opts: EncodeOptions::default(),
+            });
+        }
+        let mut rng = Rng(5);
+        let (r, t) = (rng.bytes(200), rng.bytes(200));
+        v.push(Case {
+            name: "bf16_raw",
+            dtype: DType::BF16,
+            shape: vec![100],
+            reference: r,
+            target: t,
+            opts: signed,
+        });
+        v
+    }
+}
+
+/// Encode every golden case on `backend`: exactly the golden bytes; decode every golden blob
+/// on `backend`: exactly the target.
+pub fn golden_blobs(backend: &dyn Backend) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden");
+    for c in golden::cases() {
+        let blob = std::fs::read(format!("{dir}/{}.lsdb", c.name)).unwrap();
+        let pair = TensorPair {
+            dtype: c.dtype,
+            shape: &c.shape,
+            reference: &c.reference,
+            target: &c.target,
+        };
+        let (ours, _) = encode_tensor_with(&pair, &c.opts, backend).unwrap();
+        assert!(
+            ours == blob,
+            "{}: {} does not emit the golden bytes",
+            c.name,
+            backend.name()
+        );
+        assert_eq!(
+            decode_tensor_with(&blob, &c.reference, backend).unwrap(),
+            c.target,
+            "{}: {} decode of the golden blob",
+            c.name,
+            backend.name()
+        );
     }
 }
 
@@ -245,7 +440,7 @@ pub fn real_trajectory(backend: &dyn Backend, max_elems: usize) {
         };
         for (name, pair) in real_pairs(&r, &t, max_elems) {
             if pair.dtype.is_float() {
-                assert_same_stages(backend, &pair, &EncodeOptions::default(), &name);
+                let _ = assert_same_stages(backend, &pair, &EncodeOptions::default(), &name);
             }
         }
     }
@@ -293,6 +488,20 @@ macro_rules! parity_tests {
             fn random_tensors_every_dtype_and_odd_length() {
                 if let Some(b) = backend() {
                     random_every_dtype(b.as_ref(), $max_len);
+                }
+            }
+
+            #[test]
+            fn golden_blobs_encode_and_decode() {
+                if let Some(b) = backend() {
+                    golden_blobs(b.as_ref());
+                }
+            }
+
+            #[test]
+            fn every_bit_pattern_in_modeled_mode() {
+                if let Some(b) = backend() {
+                    every_pattern_modeled(b.as_ref());
                 }
             }
 

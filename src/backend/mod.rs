@@ -26,7 +26,7 @@ pub mod wgpu;
 use std::sync::{Arc, RwLock};
 
 use crate::delta::chunk::EncodedChunk;
-use crate::delta::model::{Hist, Tables};
+use crate::delta::model::{Hist, Space, Tables};
 use crate::delta::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::Result;
@@ -50,8 +50,9 @@ pub struct DecodeJob<'a> {
     pub fl: FloatLayout,
     pub layout: Layout,
     pub condition: bool,
-    /// Distance to the element whose update sign is a context of the S stage, if used.
-    pub neighbor: Option<usize>,
+    /// Distance to the neighbor element (one row up) whose bit length and update sign are
+    /// contexts of the B and S stages, if either uses its neighbor form (`tables` says which).
+    pub distance: Option<usize>,
     pub tables: &'a Tables,
     /// One per chunk of `CHUNK_ELEMS` elements, in order.
     pub chunks: &'a [EncodedChunk],
@@ -78,16 +79,28 @@ pub trait Resident {
     /// The residual stage as bytes, for parity checks: each element's w-bit displacement
     /// `key(target) - key(reference) mod 2^w`, little-endian, `w / 8` bytes per element.
     fn residual_bytes(&self) -> Result<Vec<u8>>;
-    /// Histograms of every stage of `layout` (B, Q1, Q2 and, for Signed, S with the neighbor
-    /// context when `neighbor` is set). Chunk-local, like the coder.
-    fn histograms(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>>;
-    /// Code every chunk: interleaved rANS lanes and the packed raw tail.
+    /// Histograms of every stage of `layout` (B, Q1, Q2 and, for Signed, S). With a
+    /// `distance` (Signed only), B and S are counted in their neighbor forms
+    /// ([`layout_spaces`]); the host folds a neighbor away where it does not pay. Chunk-local,
+    /// like the coder.
+    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>>;
+    /// Code every chunk: interleaved rANS lanes and the packed raw tail. Each stage's context
+    /// form is its table's `space` (`space.neighbor` for B and S); `distance` is the neighbor.
     fn encode(
         &self,
         layout: Layout,
         tables: &Tables,
-        neighbor: Option<usize>,
+        distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>>;
+}
+
+/// The stage spaces [`Resident::histograms`] counts: every stage of `layout`, B and S in their
+/// neighbor forms when a neighbor `distance` is given.
+pub fn layout_spaces(layout: Layout, width: u32, distance: Option<usize>) -> Vec<Space> {
+    reference::layout_stages(layout)
+        .iter()
+        .map(|&s| Space::new(s, width, distance.is_some()))
+        .collect()
 }
 
 static DEFAULT: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);

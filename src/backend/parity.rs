@@ -23,14 +23,19 @@ pub const STAGE_NAMES: [&str; 6] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stages {
     pub residuals: Vec<u8>,
-    /// Counts of every stage of both layouts (Signed with the neighbor context), in order.
+    /// Counts of every stage of both layouts (Signed with B and S in their neighbor forms).
     pub histograms: Vec<Vec<u64>>,
-    /// Signed layout with the neighbor context, under tables selected from the histograms.
+    /// Signed layout under tables selected from the histograms: B and S in their neighbor
+    /// forms, then B folded to its plain form, then S folded (three runs, concatenated).
     pub chunks: Vec<EncodedChunk>,
     /// The verified blob (default options).
     pub blob: Vec<u8>,
     /// This backend's decode of its own blob.
     pub decoded: Vec<u8>,
+    /// The blob's B and S stages use their neighbor context forms (`Report::b_neighbor`,
+    /// `Report::neighbor`); implied by the blob, kept so tests can see what was covered.
+    pub b_neighbor: bool,
+    pub s_neighbor: bool,
 }
 
 impl Stages {
@@ -79,12 +84,29 @@ pub fn stages(
     let d = neighbor_distance(pair.shape);
     let paper = resident.histograms(Layout::Paper, None)?;
     let signed = resident.histograms(Layout::Signed, Some(d))?;
-    let tables = Tables {
-        stages: signed.iter().map(|h| StageTable::select(h, true)).collect(),
-    };
-    let chunks = resident.encode(Layout::Signed, &tables, Some(d))?;
+    // Every mix of context forms: B and S both in their neighbor forms, then each folded.
+    let mut chunks = Vec::new();
+    for fold in [[false, false], [true, false], [false, true]] {
+        let stages = signed
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let folded = match i {
+                    0 => fold[0],
+                    3 => fold[1],
+                    _ => false,
+                };
+                if folded {
+                    StageTable::select(&h.without_neighbor(), true)
+                } else {
+                    StageTable::select(h, true)
+                }
+            })
+            .collect();
+        chunks.extend(resident.encode(Layout::Signed, &Tables { stages }, Some(d))?);
+    }
     drop(resident);
-    let (blob, _) = encode_tensor_with(pair, opts, backend)?;
+    let (blob, report) = encode_tensor_with(pair, opts, backend)?;
     let decoded = decode_tensor_with(&blob, pair.reference, backend)?;
     Ok(Some(Stages {
         residuals,
@@ -92,6 +114,8 @@ pub fn stages(
         chunks,
         blob,
         decoded,
+        b_neighbor: report.b_neighbor,
+        s_neighbor: report.neighbor,
     }))
 }
 

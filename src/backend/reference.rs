@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{Backend, DecodeJob, EncodeJob, Resident};
+use super::{layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
 use crate::delta::chunk::{chunk_ranges, decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS};
 use crate::delta::model::{Hist, Space, Stage, Tables, STAGES};
 use crate::delta::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
@@ -45,36 +45,27 @@ fn reference_info(refs: &[u64], fl: FloatLayout, condition: bool) -> Vec<RefInfo
         .collect()
 }
 
-/// Histograms of the given stages; chunk-local like the coder (the neighbor context never
-/// reaches into the previous chunk).
+/// Histograms of the given stage spaces; chunk-local like the coder (the neighbor context
+/// never reaches into the previous chunk).
 pub fn histograms(
     syms: &[Sym],
     info: &[RefInfo],
-    width: u32,
-    stages: &[Stage],
-    neighbor: Option<usize>,
+    spaces: &[Space],
+    distance: Option<usize>,
 ) -> Vec<Hist> {
-    let fresh = || -> Vec<Hist> {
-        stages
-            .iter()
-            .map(|&s| Hist::new(Space::new(s, width)))
-            .collect()
-    };
+    let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
     chunk_ranges(syms.len())
         .into_par_iter()
         .map(|range| {
             let mut hists = fresh();
             let (syms, info) = (&syms[range.clone()], &info[range]);
             for (j, s) in syms.iter().enumerate() {
-                let up = match neighbor {
-                    Some(d) if j >= d => symbols::sign_state(&syms[j - d]),
-                    _ => 0,
-                };
+                let nb = symbols::neighbor(syms, j, distance);
                 for h in hists.iter_mut() {
                     let sp = h.space;
                     if sp.present(s) {
                         let a = sp.alphabet();
-                        h.counts[sp.context(s, info[j], up) * a + sp.symbol(s)] += 1;
+                        h.counts[sp.context(s, info[j], nb) * a + sp.symbol(s)] += 1;
                     }
                 }
             }
@@ -129,27 +120,23 @@ impl Resident for RefResident {
         Ok(out)
     }
 
-    fn histograms(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>> {
+    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         let syms = self.syms(layout);
-        Ok(histograms(
-            &syms,
-            &self.info,
-            self.fl.width,
-            layout_stages(layout),
-            neighbor,
-        ))
+        let distance = distance.filter(|_| layout == Layout::Signed);
+        let spaces = layout_spaces(layout, self.fl.width, distance);
+        Ok(histograms(&syms, &self.info, &spaces, distance))
     }
 
     fn encode(
         &self,
         layout: Layout,
         tables: &Tables,
-        neighbor: Option<usize>,
+        distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
         let syms = self.syms(layout);
         Ok(chunk_ranges(syms.len())
             .into_par_iter()
-            .map(|r| encode_chunk(&syms[r.clone()], &self.info[r], tables, neighbor))
+            .map(|r| encode_chunk(&syms[r.clone()], &self.info[r], tables, distance))
             .collect())
     }
 }
@@ -195,7 +182,7 @@ impl Backend for ReferenceBackend {
             .into_par_iter()
             .zip(job.chunks.par_iter())
             .map(|(range, chunk)| {
-                let syms = decode_chunk(&info[range.clone()], job.tables, job.neighbor, chunk)?;
+                let syms = decode_chunk(&info[range.clone()], job.tables, job.distance, chunk)?;
                 Ok(refs[range]
                     .iter()
                     .zip(&syms)

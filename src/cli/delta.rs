@@ -120,7 +120,10 @@ pub fn run(cmd: DeltaCmd) -> Result<()> {
             output,
         } => {
             let r = Checkpoint::open(&reference)?;
-            let bytes = std::fs::read(&delta).map_err(|e| lockstep::Error::io(&delta, e))?;
+            let file = std::fs::File::open(&delta).map_err(|e| lockstep::Error::io(&delta, e))?;
+            // SAFETY: read-only mapping; the .lsd file is not modified while we decode it.
+            let bytes =
+                unsafe { memmap2::Mmap::map(&file) }.map_err(|e| lockstep::Error::io(&delta, e))?;
             decode_file(&r, &bytes, &output)?;
             println!(
                 "{} -> {}: verified (BLAKE3 of the original matches)",

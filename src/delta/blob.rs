@@ -1,7 +1,7 @@
 //! The tensor blob: one self-contained, checksummed unit per tensor (docs/FORMAT.md).
 
 use super::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
-use super::model::{Hist, Space, StageTable, Tables, STAGES};
+use super::model::{Hist, Space, Stage, StageTable, Tables, STAGES};
 use super::symbols::Layout;
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
 use crate::backend::{Backend, DecodeJob, EncodeJob, Resident};
@@ -75,7 +75,9 @@ fn write_header(w: &mut ByteWriter, h: &BlobHeader) {
     for &d in &h.shape {
         w.varint(d);
     }
-    w.u32(h.reference_crc);
+    if h.mode.uses_reference() {
+        w.u32(h.reference_crc);
+    }
     w.u32(h.target_crc);
 }
 
@@ -118,7 +120,7 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
         dtype,
         shape,
         n_elements,
-        reference_crc: r.u32()?,
+        reference_crc: if mode.uses_reference() { r.u32()? } else { 0 },
         target_crc: r.u32()?,
     };
     let pos = r.pos();
@@ -143,10 +145,16 @@ fn table_bytes(t: &StageTable) -> u64 {
     w.len() as u64
 }
 
+/// Estimated cost of a stage (data + table) in COST_ONE_BIT units.
+fn stage_cost(t: &StageTable, h: &Hist) -> u64 {
+    t.data_cost(h) + table_bytes(t) * 8 * COST_ONE_BIT
+}
+
 /// One way of coding a float tensor, with its estimated size.
 struct Candidate {
     layout: Layout,
-    neighbor: Option<usize>,
+    /// Neighbor distance, if any stage's context uses the neighbor.
+    distance: Option<usize>,
     hists: Vec<Hist>,
     tables: Tables,
     /// Estimated payload cost in COST_ONE_BIT units: data + tables + raw tail.
@@ -165,8 +173,7 @@ fn tail_bits(b_hist: &Hist) -> u64 {
 }
 
 fn candidate(resident: &dyn Resident, layout: Layout, shape: &[u64]) -> Result<Candidate> {
-    let stage_cost = |t: &StageTable, h: &Hist| t.data_cost(h) + table_bytes(t) * 8 * COST_ONE_BIT;
-    let (mut hists, stages, neighbor) = match layout {
+    let (mut hists, mut stages, distance) = match layout {
         Layout::Paper => {
             let hists = resident.histograms(layout, None)?;
             let stages: Vec<StageTable> =
@@ -175,30 +182,25 @@ fn candidate(resident: &dyn Resident, layout: Layout, shape: &[u64]) -> Result<C
         }
         Layout::Signed => {
             let d = neighbor_distance(shape);
-            let mut hists = resident.histograms(layout, Some(d))?;
-            let mut stages: Vec<StageTable> = hists[..3]
-                .iter()
-                .map(|h| StageTable::select(h, true))
-                .collect();
-            let with = StageTable::select(&hists[3], true);
-            let flat_hist = hists[3].without_neighbor();
-            let without = StageTable::select(&flat_hist, true);
-            let (c_with, c_without) = (
-                stage_cost(&with, &hists[3]),
-                stage_cost(&without, &flat_hist),
-            );
-            let neighbor = if c_with < c_without {
-                stages.push(with);
-                Some(d)
-            } else {
-                stages.push(without);
-                hists[3] = flat_hist;
-                None
-            };
-            (hists, stages, neighbor)
+            let hists = resident.histograms(layout, Some(d))?;
+            let stages: Vec<StageTable> =
+                hists.iter().map(|h| StageTable::select(h, true)).collect();
+            (hists, stages, Some(d))
         }
     };
     hists.truncate(stages.len());
+    // Where a neighbor context does not pay for its larger tables, fold it away.
+    for i in 0..stages.len() {
+        if stages[i].space.neighbor {
+            let plain_hist = hists[i].without_neighbor();
+            let plain = StageTable::select(&plain_hist, true);
+            if stage_cost(&plain, &plain_hist) <= stage_cost(&stages[i], &hists[i]) {
+                stages[i] = plain;
+                hists[i] = plain_hist;
+            }
+        }
+    }
+    let distance = distance.filter(|_| stages.iter().any(|t| t.space.neighbor));
     let cost = tail_bits(&hists[0]) * COST_ONE_BIT
         + stages
             .iter()
@@ -207,7 +209,7 @@ fn candidate(resident: &dyn Resident, layout: Layout, shape: &[u64]) -> Result<C
             .sum::<u64>();
     Ok(Candidate {
         layout,
-        neighbor,
+        distance,
         hists,
         tables: Tables { stages },
         cost,
@@ -220,6 +222,30 @@ pub fn encode_unverified(
     pair: &TensorPair,
     opts: &EncodeOptions,
     backend: &dyn Backend,
+) -> Result<(Vec<u8>, Report)> {
+    encode_with(pair, opts, backend, true)
+}
+
+/// Encode a float tensor in the Modeled mode even where the raw fallback would be smaller:
+/// lets tests drive the entropy coder over every bit pattern. Not verified. Default backend.
+pub fn encode_modeled_only(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
+    encode_with(pair, opts, &*crate::backend::default_backend(), false)
+}
+
+/// [`encode_modeled_only`] on a given backend.
+pub fn encode_modeled_only_on(
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    backend: &dyn Backend,
+) -> Result<(Vec<u8>, Report)> {
+    encode_with(pair, opts, backend, false)
+}
+
+fn encode_with(
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    backend: &dyn Backend,
+    allow_fallback: bool,
 ) -> Result<(Vec<u8>, Report)> {
     let dtype = pair.dtype;
     let n = element_count(pair.shape)?;
@@ -256,7 +282,7 @@ pub fn encode_unverified(
     };
 
     let mut payload = ByteWriter::new();
-    if pair.reference == pair.target {
+    if pair.reference == pair.target && allow_fallback {
         header.mode = Mode::Identical;
     } else if let Some(fl) = dtype.float_layout() {
         header.mode = Mode::Modeled;
@@ -274,7 +300,8 @@ pub fn encode_unverified(
         payload.blob(&z);
         report.stream_bytes = z.len() as u64;
     }
-    if header.mode != Mode::Identical && payload.len() as u64 >= raw_bytes {
+    let fallback = allow_fallback || !dtype.is_float();
+    if fallback && header.mode != Mode::Identical && payload.len() as u64 >= raw_bytes {
         header.mode = Mode::Raw;
         header.reference_crc = 0;
         payload = ByteWriter::new();
@@ -324,7 +351,7 @@ fn encode_modeled(
             }
         }
     };
-    let chunks = resident.encode(chosen.layout, &chosen.tables, chosen.neighbor)?;
+    let chunks = resident.encode(chosen.layout, &chosen.tables, chosen.distance)?;
     if chunks.len() != chunk_ranges(pair.target.len() / pair.dtype.size()).len() {
         return Err(Error::Invalid(format!(
             "backend {} returned {} chunks",
@@ -334,9 +361,18 @@ fn encode_modeled(
     }
 
     out.u8(chosen.layout as u8);
-    let flags = opts.condition_on_exponent as u8 | (chosen.neighbor.is_some() as u8) << 1;
+    let uses = |stage: Stage| {
+        chosen
+            .tables
+            .stages
+            .get(stage as usize)
+            .is_some_and(|t| t.space.neighbor)
+    };
+    let flags = opts.condition_on_exponent as u8
+        | (uses(Stage::S) as u8) << 1
+        | (uses(Stage::B) as u8) << 2;
     out.u8(flags);
-    if let Some(d) = chosen.neighbor {
+    if let Some(d) = chosen.distance {
         out.varint(d as u64);
     }
     out.varint(CHUNK_ELEMS as u64);
@@ -348,8 +384,8 @@ fn encode_modeled(
     }
     report.table_bytes = (out.len() - before_tables) as u64;
     for c in &chunks {
-        out.u32(c.words.len() as u32);
-        out.u32(c.tail_bits as u32);
+        out.varint(c.words.len() as u64);
+        out.varint(c.tail_bits);
         for &s in &c.states {
             out.u32(s);
         }
@@ -363,7 +399,8 @@ fn encode_modeled(
         stream += 2 * c.words.len() as u64 + c.tail.len() as u64;
     }
     report.layout = Some(chosen.layout);
-    report.neighbor = chosen.neighbor.is_some();
+    report.neighbor = uses(Stage::S);
+    report.b_neighbor = uses(Stage::B);
     report.stream_bytes = stream;
     report.tail_bits = chunks.iter().map(|c| c.tail_bits).sum();
     for (i, (t, h)) in chosen.tables.stages.iter().zip(&chosen.hists).enumerate() {
@@ -444,11 +481,12 @@ fn decode_modeled(
         v => return Err(r.err(format!("unknown layout {v}"))),
     };
     let flags = r.u8()?;
-    if flags & !3 != 0 {
+    if flags & !7 != 0 {
         return Err(r.err(format!("unknown flags {flags:#x}")));
     }
     let condition = flags & 1 != 0;
-    let neighbor = if flags & 2 != 0 {
+    let (s_neighbor, b_neighbor) = (flags & 2 != 0, flags & 4 != 0);
+    let distance = if s_neighbor || b_neighbor {
         let d = r.varint_max(u32::MAX as u64, "neighbor distance")? as usize;
         if d < LANES {
             return Err(r.err(format!("neighbor distance {d} below the lane count")));
@@ -466,7 +504,14 @@ fn decode_modeled(
     let n_stages = if layout == Layout::Signed { 4 } else { 3 };
     let stages = STAGES[..n_stages]
         .iter()
-        .map(|&s| StageTable::read(r, Space::new(s, fl.width)))
+        .map(|&s| {
+            let nb = match s {
+                Stage::B => b_neighbor,
+                Stage::S => s_neighbor,
+                _ => false,
+            };
+            StageTable::read(r, Space::new(s, fl.width, nb))
+        })
         .collect::<Result<Vec<_>>>()?;
     let tables = Tables { stages };
 
@@ -474,14 +519,11 @@ fn decode_modeled(
     let ranges = chunk_ranges(n);
     let mut index = Vec::with_capacity(ranges.len().min(r.remaining() / 8));
     for range in &ranges {
-        let n_words = r.u32()? as usize;
-        let tail_bits = r.u32()? as u64;
+        let n_words = r.varint_max(range.len() as u64 * 4, "chunk word count")? as usize;
+        let tail_bits = r.varint_max(range.len() as u64 * 64, "chunk tail bits")?;
         let mut states = [0u32; LANES];
         for s in states.iter_mut() {
             *s = r.u32()?;
-        }
-        if tail_bits > range.len() as u64 * 64 {
-            return Err(r.err("chunk tail longer than possible"));
         }
         index.push((n_words, tail_bits, states));
     }
@@ -509,7 +551,7 @@ fn decode_modeled(
         fl,
         layout,
         condition,
-        neighbor,
+        distance,
         tables: &tables,
         chunks: &coded,
         reference,

@@ -8,7 +8,7 @@
 //! and reverses its words. Raw tails are bit-packed separately, in element order, LSB first.
 
 use super::model::{Space, Tables};
-use super::symbols::{sign_state, RefInfo, Sym};
+use super::symbols::{neighbor, RefInfo, Sym};
 use crate::entropy::freq::PROB_BITS;
 use crate::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
 use crate::{Error, Result};
@@ -16,7 +16,7 @@ use crate::{Error, Result};
 /// Interleaved rANS states per chunk.
 pub const LANES: usize = 32;
 /// Elements per chunk (the last chunk of a tensor may be shorter).
-pub const CHUNK_ELEMS: usize = 1 << 17;
+pub const CHUNK_ELEMS: usize = 1 << 18;
 
 /// The element ranges of a tensor's chunks.
 pub fn chunk_ranges(n: usize) -> Vec<std::ops::Range<usize>> {
@@ -34,20 +34,11 @@ pub struct EncodedChunk {
     pub tail_bits: u64,
 }
 
-/// The sign state of the element `neighbor` places before `j`, if that element is in the chunk.
-#[inline]
-fn up_state(syms: &[Sym], j: usize, neighbor: Option<usize>) -> u8 {
-    match neighbor {
-        Some(d) if j >= d => sign_state(&syms[j - d]),
-        _ => 0,
-    }
-}
-
 pub fn encode_chunk(
     syms: &[Sym],
     info: &[RefInfo],
     tables: &Tables,
-    neighbor: Option<usize>,
+    distance: Option<usize>,
 ) -> EncodedChunk {
     let n = syms.len();
     let mut states = [RANS_L; LANES];
@@ -62,7 +53,7 @@ pub fn encode_chunk(
                 if !space.present(s) {
                     continue;
                 }
-                let ctx = space.context(s, info[j], up_state(syms, j, neighbor));
+                let ctx = space.context(s, info[j], neighbor(syms, j, distance));
                 let row = table.row(table.map[ctx]);
                 let sym = space.symbol(s);
                 enc_put(&mut states[lane], &mut words, row.start[sym], row.freq[sym]);
@@ -90,7 +81,7 @@ pub fn encode_chunk(
 pub fn decode_chunk(
     info: &[RefInfo],
     tables: &Tables,
-    neighbor: Option<usize>,
+    distance: Option<usize>,
     chunk: &EncodedChunk,
 ) -> Result<Vec<Sym>> {
     let bad = |detail: &str| Error::format("tensor blob chunk", detail.to_string());
@@ -108,7 +99,7 @@ pub fn decode_chunk(
                 if !space.present(&syms[j]) {
                     continue;
                 }
-                let ctx = space.context(&syms[j], info[j], up_state(&syms, j, neighbor));
+                let ctx = space.context(&syms[j], info[j], neighbor(&syms, j, distance));
                 let ri = table.map[ctx];
                 if ri == u32::MAX {
                     return Err(bad("a symbol's context has no frequency row"));

@@ -79,6 +79,8 @@ pub struct Report {
     pub layout: Option<Layout>,
     /// Whether the update-sign stage uses the neighbor context.
     pub neighbor: bool,
+    /// Whether the bit-length stage uses the neighbor/mantissa context.
+    pub b_neighbor: bool,
     /// Ideal code length per stage (B, Q1, Q2, S) under the transmitted tables, in bits.
     pub stage_bits: [f64; 4],
     /// Raw tail bits.

@@ -5,24 +5,27 @@
 //!
 //! | stage | symbol | primary context id | backoff id (= primary % n_backoff) |
 //! |---|---|---|---|
-//! | B  | b (0..=w)  | er                            | 0 (one row) |
-//! | Q1 | q1         | er·W1 + b                     | b |
-//! | Q2 | q2         | (er·W1 + b)·2 + q1            | b·2 + q1 |
-//! | S  | neg        | ((er·W1 + b)·3 + up)·2 + rs   | up·2 + rs |
+//! | B  | b (0..=w)  | er                                 | 0 (one row) |
+//! | B, neighbor form | b | (m2·(W1+1) + nb)·256 + er  | er |
+//! | Q1 | q1         | er·W1 + b                          | b |
+//! | Q2 | q2         | (er·W1 + b)·2 + q1                 | b·2 + q1 |
+//! | S  | neg        | ((er·W1 + b)·3 + up)·2 + rs        | up·2 + rs |
 //!
 //! with W1 = w + 1, er the reference exponent class (0 when conditioning is off), rs the
-//! reference sign and up the sign state (0 none, 1 up, 2 down) of the already-decoded update
-//! one row up (0 when the tensor does not use that context).
+//! reference sign, m2 the reference's top two mantissa bits, and, of the already-decoded
+//! element one row up, nb its bit length (W1 if none) and up its update's sign state (0 none,
+//! 1 up, 2 down). Whether B and S use their neighbor forms is chosen per tensor (`neighbor`);
+//! without it S sees up = 0.
 //!
 //! Paper mode transmits a row for every occupied primary context. The default *prunes*: a
 //! primary context gets its own row only when that saves more bits than the row costs; the rest
 //! share their backoff row. Decisions use integer cost estimates only (see entropy::freq).
 
-use super::symbols::{RefInfo, Sym, EXP_CLASSES};
+use super::symbols::{Neighbor, RefInfo, Sym, EXP_CLASSES};
 use std::sync::OnceLock;
 
 use crate::bytes::{varint_len, ByteReader, ByteWriter};
-use crate::entropy::freq::{log2_fixed, normalize, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
+use crate::entropy::freq::{log2_fixed, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
 use crate::Result;
 
 /// The coded stages, in decoding order.
@@ -42,15 +45,24 @@ pub struct Space {
     pub stage: Stage,
     /// b alphabet size, w + 1.
     pub w1: usize,
+    /// Whether the stage's context includes the neighbor one row up (B: its bit length and
+    /// the reference mantissa; S: its update sign). Always false for Q1 and Q2.
+    pub neighbor: bool,
 }
 
 impl Space {
-    pub fn new(stage: Stage, width: u32) -> Self {
+    pub fn new(stage: Stage, width: u32, neighbor: bool) -> Self {
         Space {
             stage,
             w1: width as usize + 1,
+            neighbor: neighbor && matches!(stage, Stage::B | Stage::S),
         }
     }
+    /// Neighbor bit-length classes: 0 ..= w, and w + 1 for "no neighbor".
+    fn nb_classes(&self) -> usize {
+        self.w1 + 1
+    }
+
     pub fn alphabet(&self) -> usize {
         match self.stage {
             Stage::B => self.w1,
@@ -60,6 +72,7 @@ impl Space {
     pub fn n_primary(&self) -> usize {
         let e = EXP_CLASSES;
         match self.stage {
+            Stage::B if self.neighbor => 4 * self.nb_classes() * e,
             Stage::B => e,
             Stage::Q1 => e * self.w1,
             Stage::Q2 => e * self.w1 * 2,
@@ -68,6 +81,7 @@ impl Space {
     }
     pub fn n_backoff(&self) -> usize {
         match self.stage {
+            Stage::B if self.neighbor => EXP_CLASSES,
             Stage::B => 1,
             Stage::Q1 => self.w1,
             Stage::Q2 => self.w1 * 2,
@@ -96,13 +110,20 @@ impl Space {
     }
     /// Primary context id; only fields already decoded when this stage runs are read.
     #[inline]
-    pub fn context(&self, s: &Sym, r: RefInfo, up: u8) -> usize {
+    pub fn context(&self, s: &Sym, r: RefInfo, nb: Neighbor) -> usize {
         let er = r.er as usize;
         match self.stage {
+            Stage::B if self.neighbor => {
+                let nb_class = (nb.b as usize).min(self.w1);
+                (r.m2 as usize * self.nb_classes() + nb_class) * EXP_CLASSES + er
+            }
             Stage::B => er,
             Stage::Q1 => er * self.w1 + s.b as usize,
             Stage::Q2 => (er * self.w1 + s.b as usize) * 2 + s.q1 as usize,
-            Stage::S => ((er * self.w1 + s.b as usize) * 3 + up as usize) * 2 + r.rs as usize,
+            Stage::S => {
+                let up = if self.neighbor { nb.sign as usize } else { 0 };
+                ((er * self.w1 + s.b as usize) * 3 + up) * 2 + r.rs as usize
+            }
         }
     }
 }
@@ -140,16 +161,25 @@ impl Hist {
             .map(|(ctx, _)| ctx)
             .collect()
     }
-    /// The same counts with the neighbor-sign context folded away (every `up` becomes 0).
+    /// The same counts as the stage would see without its neighbor context.
     pub fn without_neighbor(&self) -> Hist {
-        debug_assert_eq!(self.space.stage, Stage::S);
-        let mut out = Hist::new(self.space);
-        for ctx in 0..self.space.n_primary() {
-            let rs = ctx % 2;
-            let base = ctx / 6;
-            let dst = base * 6 + rs;
-            for s in 0..2 {
-                out.counts[dst * 2 + s] += self.counts[ctx * 2 + s];
+        let sp = self.space;
+        let plain = Space {
+            neighbor: false,
+            ..sp
+        };
+        let mut out = Hist::new(plain);
+        let a = sp.alphabet();
+        for ctx in 0..sp.n_primary() {
+            let dst = match sp.stage {
+                // (m2, nb, er) -> er
+                Stage::B if sp.neighbor => ctx % EXP_CLASSES,
+                // (.., up, rs) -> (.., 0, rs)
+                Stage::S if sp.neighbor => ctx / 6 * 6 + ctx % 2,
+                _ => ctx,
+            };
+            for s in 0..a {
+                out.counts[dst * a + s] += self.counts[ctx * a + s];
             }
         }
         out
@@ -244,14 +274,14 @@ impl StageTable {
             }
         }
         let group_freqs: Vec<Vec<u32>> = (0..nb)
-            .map(|g| normalize(&group[g * a..(g + 1) * a]))
+            .map(|g| best_row(&group[g * a..(g + 1) * a]))
             .collect();
 
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
         for ctx in occupied {
             let counts = hist.row(ctx);
-            let own = normalize(counts);
+            let own = best_row(counts);
             let keep = !prune || {
                 let own_cost = cost(counts, &own) + (row_bytes(&own) as u64 + 1) * 8 * COST_ONE_BIT;
                 own_cost < cost(counts, &group_freqs[ctx % nb])
@@ -271,7 +301,7 @@ impl StageTable {
                 counts
                     .iter()
                     .any(|&c| c > 0)
-                    .then(|| (g as u32, Row::from_freqs(normalize(counts))))
+                    .then(|| (g as u32, Row::from_freqs(best_row(counts))))
             })
             .collect();
         StageTable::build(space, explicit, backoff)
@@ -338,39 +368,84 @@ pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
         .sum()
 }
 
+/// Precisions a multi-symbol row may be transmitted at (bits of its total).
+const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
+
+/// The cheapest normalized row for `counts`: each candidate precision is priced as the data's
+/// code length under it plus the row's bytes (integer estimates only). Binary rows are always
+/// sent at full precision.
+pub fn best_row(counts: &[u64]) -> Vec<u32> {
+    let full = normalize_to(counts, PROB_BITS);
+    if counts.len() == 2 {
+        return full;
+    }
+    let seen = counts.iter().filter(|&&c| c > 0).count() as u64;
+    let price = |f: &[u32]| cost(counts, f) + row_bytes(f) as u64 * 8 * COST_ONE_BIT;
+    let mut best_price = price(&full);
+    let mut best = full;
+    for bits in ROW_PRECISIONS[1..]
+        .iter()
+        .copied()
+        .filter(|&b| 1u64 << b >= seen)
+    {
+        let row: Vec<u32> = normalize_to(counts, bits)
+            .into_iter()
+            .map(|f| f << (PROB_BITS - bits))
+            .collect();
+        let p = price(&row);
+        if p < best_price {
+            best_price = p;
+            best = row;
+        }
+    }
+    best
+}
+
 /// Bytes a row takes in the table format (what [`write_row`] writes), without writing it.
 pub fn row_bytes(freq: &[u32]) -> usize {
     if freq.len() == 2 {
         return varint_len(freq[0] as u64);
     }
-    let mut n = 0;
-    let mut next = 0;
-    let mut last_f = 0;
-    let mut k = 0;
-    for (s, &f) in freq.iter().enumerate().filter(|(_, &f)| f > 0) {
-        n += varint_len((s - next) as u64) + varint_len(f as u64);
-        next = s + 1;
-        last_f = f;
-        k += 1;
-    }
-    // The last occupied symbol's frequency is implied.
-    varint_len(k as u64) + n - if k > 0 { varint_len(last_f as u64) } else { 0 }
+    let lo = freq.iter().position(|&f| f > 0).unwrap_or(0);
+    let hi = freq.iter().rposition(|&f| f > 0).unwrap_or(0);
+    let shift = freq
+        .iter()
+        .filter(|&&f| f > 0)
+        .map(|f| f.trailing_zeros())
+        .min()
+        .unwrap_or(0)
+        .min(PROB_BITS);
+    varint_len(shift as u64)
+        + varint_len(lo as u64)
+        + varint_len((hi - lo + 1) as u64)
+        + freq[lo..hi]
+            .iter()
+            .map(|&f| varint_len((f >> shift) as u64))
+            .sum::<usize>()
 }
 
+/// Binary rows: `varint f0`. Wider rows: `varint shift` (every frequency is a multiple of
+/// 2^shift), `varint lo`, `varint span` (symbols lo .. lo+span-1 hold every non-zero
+/// frequency), then the first span-1 frequencies >> shift; the last is implied by the total.
 fn write_row(w: &mut ByteWriter, freq: &[u32]) {
     if freq.len() == 2 {
         w.varint(freq[0] as u64);
         return;
     }
-    let nz: Vec<usize> = (0..freq.len()).filter(|&s| freq[s] > 0).collect();
-    w.varint(nz.len() as u64);
-    let mut next = 0;
-    for (i, &s) in nz.iter().enumerate() {
-        w.varint((s - next) as u64);
-        next = s + 1;
-        if i + 1 < nz.len() {
-            w.varint(freq[s] as u64);
-        }
+    let lo = freq.iter().position(|&f| f > 0).unwrap_or(0);
+    let hi = freq.iter().rposition(|&f| f > 0).unwrap_or(0);
+    let shift = freq
+        .iter()
+        .filter(|&&f| f > 0)
+        .map(|f| f.trailing_zeros())
+        .min()
+        .unwrap_or(0)
+        .min(PROB_BITS);
+    w.varint(shift as u64);
+    w.varint(lo as u64);
+    w.varint((hi - lo + 1) as u64);
+    for &f in &freq[lo..hi] {
+        w.varint((f >> shift) as u64);
     }
 }
 
@@ -380,33 +455,24 @@ fn read_row(r: &mut ByteReader, alphabet: usize) -> Result<Vec<u32>> {
         let f0 = r.varint_max(total, "binary frequency")? as u32;
         return Ok(vec![f0, PROB_TOTAL - f0]);
     }
-    let k = r.varint_max(alphabet as u64, "occupied symbols")? as usize;
-    if k == 0 {
+    let shift = r.varint_max(PROB_BITS as u64, "row precision shift")? as u32;
+    let lo = r.varint_max(alphabet as u64 - 1, "first symbol")? as usize;
+    let span = r.varint_max((alphabet - lo) as u64, "symbol span")? as usize;
+    if span == 0 {
         return Err(r.err("empty frequency row"));
     }
+    let scaled_total = total >> shift;
     let mut freq = vec![0u32; alphabet];
-    let mut next = 0u64;
     let mut sum = 0u64;
-    for i in 0..k {
-        let s = next + r.varint_max(alphabet as u64, "symbol gap")?;
-        if s >= alphabet as u64 {
-            return Err(r.err(format!("symbol {s} outside alphabet of {alphabet}")));
-        }
-        next = s + 1;
-        let f = if i + 1 < k {
-            r.varint_max(total, "frequency")?
-        } else {
-            total.checked_sub(sum).unwrap_or(0)
-        };
-        if f == 0 {
-            return Err(r.err("zero or over-full frequency in a row"));
-        }
-        sum += f;
-        freq[s as usize] = f as u32;
+    for f in freq[lo..lo + span - 1].iter_mut() {
+        let v = r.varint_max(scaled_total, "frequency")?;
+        sum += v;
+        *f = (v << shift) as u32;
     }
-    if sum != total {
-        return Err(r.err(format!("row sums to {sum}, not {total}")));
+    if sum >= scaled_total {
+        return Err(r.err("frequency row over-full"));
     }
+    freq[lo + span - 1] = ((scaled_total - sum) << shift) as u32;
     Ok(freq)
 }
 
@@ -429,6 +495,10 @@ mod tests {
             vec![0, 4096, 0],
             vec![4000, 0, 0, 90, 6],
             (0..65).map(|i| if i % 3 == 0 { 0 } else { 64 }).collect(),
+            // Coarse rows as best_row sends them (a shift > 0, a symbol range inside).
+            vec![0, 1024, 0, 2048, 1024, 0],
+            best_row(&[0, 0, 5, 900, 3, 0, 1, 0, 0]),
+            best_row(&(0..66).map(|i| (i * 7 % 13) as u64).collect::<Vec<_>>()),
         ];
         for freq in rows {
             let mut w = ByteWriter::new();

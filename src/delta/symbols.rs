@@ -28,6 +28,42 @@ pub struct RefInfo {
     pub er: u8,
     /// Sign bit of the reference value.
     pub rs: u8,
+    /// The two mantissa bits of the reference just below its exponent field.
+    pub m2: u8,
+}
+
+/// What a later element may see of an already-decoded neighbor: its update's sign state and
+/// its bit length. `b = NO_NEIGHBOR` when there is no neighbor in the chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Neighbor {
+    pub sign: u8,
+    pub b: u8,
+}
+
+/// Bit-length class of a missing neighbor: above every real bit length (<= 64).
+pub const NO_NEIGHBOR: u8 = 65;
+
+impl Neighbor {
+    pub const NONE: Neighbor = Neighbor {
+        sign: 0,
+        b: NO_NEIGHBOR,
+    };
+    #[inline]
+    pub fn of(s: &Sym) -> Neighbor {
+        Neighbor {
+            sign: sign_state(s),
+            b: s.b,
+        }
+    }
+}
+
+/// The neighbor `distance` places before element `j` of a chunk's symbols, if in the chunk.
+#[inline]
+pub fn neighbor(syms: &[Sym], j: usize, distance: Option<usize>) -> Neighbor {
+    match distance {
+        Some(d) if j >= d => Neighbor::of(&syms[j - d]),
+        _ => Neighbor::NONE,
+    }
 }
 
 /// One element's coded symbols.
@@ -66,6 +102,7 @@ pub fn ref_info(r: u64, fl: FloatLayout) -> RefInfo {
     RefInfo {
         er: exp_class(r, fl),
         rs: (r >> (fl.width - 1)) as u8 & 1,
+        m2: ((r >> (fl.mantissa_bits - 2)) & 3) as u8,
     }
 }
 

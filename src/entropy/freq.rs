@@ -17,12 +17,18 @@ pub const PROB_TOTAL: u32 = 1 << PROB_BITS;
 /// index), or an excess is removed one unit at a time from the symbol with the largest
 /// frequency above 1 (ties: lowest index). Returns all zeros when `counts` are all zero.
 pub fn normalize(counts: &[u64]) -> Vec<u32> {
+    normalize_to(counts, PROB_BITS)
+}
+
+/// [`normalize`] to a total of `1 << bits` (`bits <= PROB_BITS`; needs at least as many slots
+/// as seen symbols). Coarser rows are cheaper to transmit: the table format scales them up.
+pub fn normalize_to(counts: &[u64], bits: u32) -> Vec<u32> {
     let n: u64 = counts.iter().sum();
     let mut freqs = vec![0u32; counts.len()];
     if n == 0 {
         return freqs;
     }
-    let total = PROB_TOTAL as u64;
+    let total = 1u64 << bits;
     let mut sum: i64 = 0;
     for (f, &c) in freqs.iter_mut().zip(counts) {
         if c > 0 {

@@ -3,7 +3,7 @@
 
 use super::bits::BitReader;
 use super::tables::DecStage;
-use super::word::{self, sign_state, InfoFn, Word};
+use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
 use crate::delta::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
@@ -65,7 +65,7 @@ pub fn chunk<T: Word>(
     signed: bool,
     w1: usize,
     stages: &[DecStage],
-    neighbor: Option<usize>,
+    distance: Option<usize>,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
@@ -89,16 +89,30 @@ pub fn chunk<T: Word>(
         pos: 0,
     };
     let no_row = || bad("a symbol's context has no frequency row");
-    let d = neighbor.unwrap_or(usize::MAX);
+    let d = distance.unwrap_or(usize::MAX);
     let (bt, q1t, q2t) = (&stages[0], &stages[1], &stages[2]);
+    let d_s = match stages.get(3) {
+        Some(t) if t.neighbor => d,
+        _ => usize::MAX,
+    };
+    let mut b_ctx = [0usize; LANES];
     for step in 0..n.div_ceil(LANES) {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let inf = &info[base..base + lanes];
+        // The neighbor (d >= LANES back) was decoded in an earlier step.
+        for lane in 0..lanes {
+            let nb = if bt.neighbor {
+                neighbor_b(codes, base + lane, d, w1)
+            } else {
+                0
+            };
+            b_ctx[lane] = b_context(inf[lane], nb, w1, bt.neighbor);
+        }
         let code = &mut codes[base..base + lanes];
         let xs = &mut states[..lanes];
         for lane in 0..lanes {
-            let ri = bt.map[(inf[lane] & 255) as usize];
+            let ri = bt.map[b_ctx[lane]];
             if ri == u32::MAX {
                 return Err(no_row());
             }
@@ -129,9 +143,8 @@ pub fn chunk<T: Word>(
             for lane in 0..lanes {
                 let j = base + lane;
                 let b = (codes[j] & 127) as usize;
-                let up = if j >= d { sign_state(codes[j - d]) } else { 0 };
                 let eb = (info[j] & 255) as usize * w1 + b;
-                let ctx = (eb * 3 + up as usize) * 2 + (info[j] >> 8) as usize;
+                let ctx = (eb * 3 + up(codes, j, d_s) as usize) * 2 + rs(info[j]);
                 let f0 = s_t.f0(b >= 1, ctx).ok_or_else(no_row)?;
                 codes[j] |= binary(&mut states[lane], f0) << 9;
             }

@@ -5,7 +5,7 @@
 
 use super::bits::BitWriter;
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
-use super::word::{self, sign_state, Word};
+use super::word::{self, b_context, neighbor_b, rs, up, Word};
 use crate::delta::chunk::{EncodedChunk, LANES};
 use crate::delta::model::Hist;
 use crate::entropy::rans::RANS_L;
@@ -30,25 +30,23 @@ pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&m
     }
 }
 
-#[inline(always)]
-fn up(codes: &[u32], j: usize, neighbor: usize) -> u32 {
-    if j >= neighbor {
-        sign_state(codes[j - neighbor])
-    } else {
-        0
-    }
-}
-
-/// Add one chunk to the histograms (B, Q1, Q2 and, if `hists.len() == 4`, S).
-pub fn count(codes: &[u32], info: &[u16], w1: usize, neighbor: Option<usize>, hists: &mut [Hist]) {
+/// Add one chunk to the histograms (B, Q1, Q2 and, if `hists.len() == 4`, S), each in the
+/// context form its `space` names.
+pub fn count(codes: &[u32], info: &[u16], w1: usize, distance: Option<usize>, hists: &mut [Hist]) {
+    let d = distance.unwrap_or(usize::MAX);
     let (b_h, rest) = hists.split_first_mut().unwrap();
     let (q1_h, rest) = rest.split_first_mut().unwrap();
     let (q2_h, rest) = rest.split_first_mut().unwrap();
+    let b_nb = b_h.space.neighbor;
     let (b_c, q1_c, q2_c) = (&mut b_h.counts, &mut q1_h.counts, &mut q2_h.counts);
-    for (&c, &i) in codes.iter().zip(info) {
+    for (j, (&c, &i)) in codes.iter().zip(info).enumerate() {
         let b = (c & 127) as usize;
         let eb = (i & 255) as usize * w1 + b;
-        b_c[eb] += 1;
+        if b_nb {
+            b_c[b_context(i, neighbor_b(codes, j, d, w1), w1, true) * w1 + b] += 1;
+        } else {
+            b_c[eb] += 1;
+        }
         if b >= 2 {
             let q1 = ((c >> 7) & 1) as usize;
             q1_c[eb * 2 + q1] += 1;
@@ -58,15 +56,15 @@ pub fn count(codes: &[u32], info: &[u16], w1: usize, neighbor: Option<usize>, hi
         }
     }
     if let Some(s_h) = rest.first_mut() {
+        let d = if s_h.space.neighbor { d } else { usize::MAX };
         let s_c = &mut s_h.counts;
-        let d = neighbor.unwrap_or(usize::MAX);
         for (j, (&c, &i)) in codes.iter().zip(info).enumerate() {
             let b = (c & 127) as usize;
             if b == 0 {
                 continue;
             }
             let eb = (i & 255) as usize * w1 + b;
-            let ctx = (eb * 3 + up(codes, j, d) as usize) * 2 + (i >> 8) as usize;
+            let ctx = (eb * 3 + up(codes, j, d) as usize) * 2 + rs(i);
             s_c[ctx * 2 + ((c >> 9) & 1) as usize] += 1;
         }
     }
@@ -80,7 +78,7 @@ pub fn lanes(
     info: &[u16],
     w1: usize,
     stages: &[EncStage],
-    neighbor: Option<usize>,
+    distance: Option<usize>,
     words: &mut Vec<u16>,
 ) -> ([u32; LANES], usize) {
     let n = codes.len();
@@ -92,7 +90,12 @@ pub fn lanes(
         words.resize(need, 0);
     }
     let mut pos = 0usize;
-    let d = neighbor.unwrap_or(usize::MAX);
+    let d = distance.unwrap_or(usize::MAX);
+    let d_s = match stages.get(3) {
+        Some(t) if t.neighbor => d,
+        _ => usize::MAX,
+    };
+    let b_nb = stages[0].neighbor;
     let mut e: [&EncSym; LANES] = [&IDENTITY; LANES];
     for step in (0..n.div_ceil(LANES)).rev() {
         let base = step * LANES;
@@ -103,8 +106,7 @@ pub fn lanes(
             for lane in 0..lanes {
                 let b = (c[lane] & 127) as usize;
                 let eb = (inf[lane] & 255) as usize * w1 + b;
-                let ctx =
-                    (eb * 3 + up(codes, base + lane, d) as usize) * 2 + (inf[lane] >> 8) as usize;
+                let ctx = (eb * 3 + up(codes, base + lane, d_s) as usize) * 2 + rs(inf[lane]);
                 e[lane] = s_t.get(b >= 1, ctx, ((c[lane] >> 9) & 1) as usize);
             }
             put_lanes(st, &e[..lanes], words, &mut pos);
@@ -124,7 +126,12 @@ pub fn lanes(
         put_lanes(st, &e[..lanes], words, &mut pos);
         for lane in 0..lanes {
             let b = (c[lane] & 127) as usize;
-            e[lane] = stages[0].get(true, (inf[lane] & 255) as usize, b);
+            let nb = if b_nb {
+                neighbor_b(codes, base + lane, d, w1)
+            } else {
+                0
+            };
+            e[lane] = stages[0].get(true, b_context(inf[lane], nb, w1, b_nb), b);
         }
         put_lanes(st, &e[..lanes], words, &mut pos);
     }
@@ -146,12 +153,12 @@ pub fn chunk<T: Word>(
     signed: bool,
     w1: usize,
     stages: &[EncStage],
-    neighbor: Option<usize>,
+    distance: Option<usize>,
     s: &mut Scratch,
 ) -> EncodedChunk {
     s.tail.clear();
     codes(d, signed, &mut s.codes, Some(&mut s.tail));
-    let (states, n_words) = lanes(&s.codes, info, w1, stages, neighbor, &mut s.words);
+    let (states, n_words) = lanes(&s.codes, info, w1, stages, distance, &mut s.words);
     EncodedChunk {
         words: s.words[..n_words].iter().rev().copied().collect(),
         states,

@@ -12,9 +12,9 @@ mod word;
 use rayon::prelude::*;
 
 use super::reference::layout_stages;
-use super::{Backend, DecodeJob, EncodeJob, Resident};
+use super::{layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
 use crate::delta::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS};
-use crate::delta::model::{Hist, Space, Tables};
+use crate::delta::model::{Hist, Tables};
 use crate::delta::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::{Error, Result};
@@ -24,7 +24,7 @@ use word::{InfoFn, Word};
 pub struct CpuBackend;
 
 /// Residuals of one tensor: the w-bit displacement per element, and the reference facts
-/// (exponent class, sign) the contexts need, two bytes per element.
+/// (exponent class, sign, top two mantissa bits) the contexts need, two bytes per element.
 struct CpuResident<T: Word> {
     fl: FloatLayout,
     d: Vec<T>,
@@ -82,16 +82,11 @@ impl<T: Word> Resident for CpuResident<T> {
         Ok(out)
     }
 
-    fn histograms(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>> {
-        let w = self.fl.width;
-        let fresh = || -> Vec<Hist> {
-            layout_stages(layout)
-                .iter()
-                .map(|&s| Hist::new(Space::new(s, w)))
-                .collect()
-        };
+    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         let signed = layout == Layout::Signed;
-        let neighbor = if signed { neighbor } else { None };
+        let neighbor = if signed { distance } else { None };
+        let spaces = layout_spaces(layout, self.fl.width, neighbor);
+        let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
         let hists = chunk_ranges(self.d.len())
             .into_par_iter()
             .fold(
@@ -117,7 +112,7 @@ impl<T: Word> Resident for CpuResident<T> {
         &self,
         layout: Layout,
         tables: &Tables,
-        neighbor: Option<usize>,
+        distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
         check_tables(layout, tables)?;
         let signed = layout == Layout::Signed;
@@ -126,7 +121,7 @@ impl<T: Word> Resident for CpuResident<T> {
             .into_par_iter()
             .map_init(encode::Scratch::default, |scratch, r| {
                 let (d, info) = (&self.d[r.clone()], &self.info[r]);
-                encode::chunk(d, info, signed, self.w1(), &stages, neighbor, scratch)
+                encode::chunk(d, info, signed, self.w1(), &stages, distance, scratch)
             })
             .collect())
     }
@@ -156,7 +151,7 @@ fn decode_as<T: Word>(job: &DecodeJob) -> Result<Vec<u8>> {
         .try_for_each_init(
             || (Vec::new(), Vec::new(), Vec::new()),
             |scratch, ((o, r), c)| {
-                decode::chunk::<T>(c, r, o, info_fn, signed, w1, &stages, job.neighbor, scratch)
+                decode::chunk::<T>(c, r, o, info_fn, signed, w1, &stages, job.distance, scratch)
             },
         )?;
     Ok(out)

@@ -65,6 +65,8 @@ pub fn put_lanes(states: &mut [u64], syms: &[&EncSym], out: &mut [u16], pos: &mu
 /// One stage's table for the encoder: context -> row, row -> symbols.
 pub struct EncStage<'a> {
     pub map: &'a [u32],
+    /// The stage uses its neighbor context form (B, S).
+    pub neighbor: bool,
     pub alphabet: usize,
     pub syms: Vec<EncSym>,
     /// Index of the identity row (absent elements).
@@ -84,6 +86,7 @@ impl<'a> EncStage<'a> {
         syms.extend((0..a).map(|_| IDENTITY));
         EncStage {
             map: &t.map,
+            neighbor: t.space.neighbor,
             alphabet: a,
             syms,
             identity_row: n_rows,
@@ -106,6 +109,8 @@ impl<'a> EncStage<'a> {
 /// One stage's table for the decoder.
 pub struct DecStage<'a> {
     pub map: &'a [u32],
+    /// The stage uses its neighbor context form (B, S).
+    pub neighbor: bool,
     /// Binary stages: frequency of symbol 0 per row.
     pub f0: Vec<u32>,
     /// B stage: `(freq, start)` per row and symbol, and the symbol of every slot per row.
@@ -120,6 +125,7 @@ impl<'a> DecStage<'a> {
         let n_rows = t.explicit.len() + t.backoff.len();
         let mut d = DecStage {
             map: &t.map,
+            neighbor: t.space.neighbor,
             f0: Vec::new(),
             fs: Vec::new(),
             slot: Vec::new(),

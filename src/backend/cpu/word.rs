@@ -115,7 +115,8 @@ pub fn compose(c: u32, tail: u64) -> u64 {
     (top as u64) << (b - 3) | tail
 }
 
-/// Decoder-side facts of a reference element: exponent class (bits 0..8), sign (bit 8).
+/// Decoder-side facts of a reference element: exponent class (bits 0..8), sign (bit 8), the
+/// two mantissa bits below the exponent field (bits 9..11).
 #[derive(Clone, Copy)]
 pub struct InfoFn {
     mant: u32,
@@ -143,7 +144,45 @@ impl InfoFn {
         } else {
             e as u32
         };
-        er | (((r >> (T::BITS - 1)) & 1) as u32) << 8
+        er | (((r >> (T::BITS - 1)) & 1) as u32) << 8 | (((r >> (self.mant - 2)) & 3) as u32) << 9
+    }
+}
+
+/// Reference sign of packed facts.
+#[inline(always)]
+pub fn rs(info: u16) -> usize {
+    ((info >> 8) & 1) as usize
+}
+
+/// Bit-length class of the neighbor `d` elements before `j` in the chunk: its b, or `w1`
+/// when there is none (`Neighbor::NONE` clamped to the space, as `Space::context` does).
+#[inline(always)]
+pub fn neighbor_b(codes: &[u32], j: usize, d: usize, w1: usize) -> usize {
+    if j >= d {
+        (codes[j - d] & 127) as usize
+    } else {
+        w1
+    }
+}
+
+/// B context: `er`, or in the neighbor form `(m2·(W1+1) + nb)·256 + er`.
+#[inline(always)]
+pub fn b_context(info: u16, nb: usize, w1: usize, neighbor: bool) -> usize {
+    let er = (info & 255) as usize;
+    if neighbor {
+        ((((info >> 9) & 3) as usize * (w1 + 1) + nb) << 8) + er
+    } else {
+        er
+    }
+}
+
+/// Sign state of the neighbor `d` elements before `j` (0 when there is none).
+#[inline(always)]
+pub fn up(codes: &[u32], j: usize, d: usize) -> u32 {
+    if j >= d {
+        sign_state(codes[j - d])
+    } else {
+        0
     }
 }
 

@@ -22,14 +22,14 @@ impl WgpuBackend {
         if nc == 0 {
             return Ok(Vec::new());
         }
-        let mut p = Params::new(job.fl, n, job.condition).layout(job.layout, job.neighbor)?;
+        let mut p = Params::new(job.fl, n, job.condition).layout(job.layout, job.distance)?;
         if job.tables.stages.len() != p.n_stages as usize {
             return Err(Error::Invalid(
                 "stage tables do not match the layout".into(),
             ));
         }
         let g = &self.gpu;
-        let flat = g.upload_u32(&flatten_tables(job.tables, &mut p))?;
+        let flat = g.upload_u32(&flatten_tables(job.tables, &mut p, true))?;
 
         // One stream buffer: every chunk's words (u32-aligned), then every chunk's tail.
         let mut meta = vec![0u32; nc * 36 + 1];

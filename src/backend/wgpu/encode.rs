@@ -4,10 +4,9 @@
 use super::gpu::Gpu;
 use super::params::{flatten_tables, Params};
 use super::{groups, u32s, WgpuBackend};
-use crate::backend::reference::layout_stages;
-use crate::backend::Resident;
+use crate::backend::{layout_spaces, Resident};
 use crate::delta::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
-use crate::delta::model::{Hist, Space, Tables};
+use crate::delta::model::{Hist, Tables};
 use crate::delta::symbols::Layout;
 use crate::{Error, Result};
 
@@ -47,19 +46,19 @@ impl Resident for WgpuResident<'_> {
             .checked("readback", || self.residual_bytes_inner())
     }
 
-    fn histograms(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>> {
+    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         self.gpu()
-            .checked("histograms", || self.histograms_inner(layout, neighbor))
+            .checked("histograms", || self.histograms_inner(layout, distance))
     }
 
     fn encode(
         &self,
         layout: Layout,
         tables: &Tables,
-        neighbor: Option<usize>,
+        distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
         self.gpu()
-            .checked("encode", || self.encode_inner(layout, tables, neighbor))
+            .checked("encode", || self.encode_inner(layout, tables, distance))
     }
 }
 
@@ -70,13 +69,14 @@ impl WgpuResident<'_> {
         Ok(out.into_iter().next().unwrap())
     }
 
-    fn histograms_inner(&self, layout: Layout, neighbor: Option<usize>) -> Result<Vec<Hist>> {
+    fn histograms_inner(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         let g = self.gpu();
-        let mut p = self.base.layout(layout, neighbor)?;
-        let spaces: Vec<Space> = layout_stages(layout)
-            .iter()
-            .map(|&s| Space::new(s, p.fl_width))
-            .collect();
+        let distance = distance.filter(|_| layout == Layout::Signed);
+        let spaces = layout_spaces(layout, self.base.fl_width, distance);
+        let mut p = self
+            .base
+            .layout(layout, distance)?
+            .forms(spaces.iter().copied());
         let mut total = 0usize;
         for (s, sp) in spaces.iter().enumerate() {
             p.hist_off[s] = total as u32;
@@ -113,20 +113,20 @@ impl WgpuResident<'_> {
         &self,
         layout: Layout,
         tables: &Tables,
-        neighbor: Option<usize>,
+        distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
         let g = self.gpu();
         let nc = self.base.n_chunks as usize;
         if nc == 0 {
             return Ok(Vec::new());
         }
-        let mut p = self.base.layout(layout, neighbor)?;
+        let mut p = self.base.layout(layout, distance)?;
         if tables.stages.len() != p.n_stages as usize {
             return Err(Error::Invalid(
                 "stage tables do not match the layout".into(),
             ));
         }
-        let flat = g.upload_u32(&flatten_tables(tables, &mut p))?;
+        let flat = g.upload_u32(&flatten_tables(tables, &mut p, false))?;
         const GROUPS: usize = CHUNK_ELEMS / LANES * 4;
         let meta_len = 2 * nc * GROUPS + 4 * nc + 32 * nc;
         let (o_wtot, o_states) = (2 * nc * GROUPS, 2 * nc * GROUPS + 4 * nc);

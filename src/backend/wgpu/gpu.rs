@@ -4,6 +4,7 @@ use std::borrow::Cow;
 
 use wgpu::util::DeviceExt;
 
+use crate::delta::chunk::{CHUNK_ELEMS, LANES};
 use crate::{Error, Result};
 
 const PRELUDE: &str = include_str!("../../../shaders/prelude.wgsl");
@@ -182,7 +183,7 @@ impl Gpu {
         Ok(())
     }
 
-    pub fn params(&self, p: &[u32; 28]) -> wgpu::Buffer {
+    pub fn params(&self, p: &[u32; 32]) -> wgpu::Buffer {
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("params"),
@@ -289,7 +290,11 @@ fn module(
     slots: &[Slot],
     entries: &[&'static str],
 ) -> Module {
-    let source = format!("{PRELUDE}\n{SCAN}\n{body}");
+    // The chunk geometry comes from the Rust constants, so the two cannot drift apart.
+    let source = format!(
+        "const CHUNK: u32 = {CHUNK_ELEMS}u;\nconst GROUPS: u32 = {}u;\n{PRELUDE}\n{SCAN}\n{body}",
+        CHUNK_ELEMS / LANES * 4
+    );
     let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(name),
         source: wgpu::ShaderSource::Wgsl(Cow::Owned(source)),

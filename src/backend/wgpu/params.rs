@@ -2,7 +2,7 @@
 
 use super::super::reference::layout_stages;
 use crate::delta::chunk::CHUNK_ELEMS;
-use crate::delta::model::Tables;
+use crate::delta::model::{Space, Tables};
 use crate::delta::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::entropy::freq::PROB_TOTAL;
@@ -26,6 +26,8 @@ pub struct Params {
     pub rows_off: [u32; 4],
     pub alpha: [u32; 4],
     pub hist_off: [u32; 4],
+    /// Per stage: uses its neighbor context form (B, S).
+    pub nb_form: [u32; 4],
 }
 
 impl Params {
@@ -40,8 +42,8 @@ impl Params {
             ..Default::default()
         }
     }
-    pub fn words(&self) -> [u32; 28] {
-        let mut w = [0u32; 28];
+    pub fn words(&self) -> [u32; 32] {
+        let mut w = [0u32; 32];
         w[..12].copy_from_slice(&[
             self.n,
             self.fl_width,
@@ -56,18 +58,25 @@ impl Params {
             self.pass,
             self.pad,
         ]);
-        for (k, v) in [self.map_off, self.rows_off, self.alpha, self.hist_off]
-            .iter()
-            .enumerate()
+        for (k, v) in [
+            self.map_off,
+            self.rows_off,
+            self.alpha,
+            self.hist_off,
+            self.nb_form,
+        ]
+        .iter()
+        .enumerate()
         {
             w[12 + 4 * k..16 + 4 * k].copy_from_slice(v);
         }
         w
     }
-    pub fn layout(mut self, layout: Layout, neighbor: Option<usize>) -> Result<Params> {
+    /// Layout and neighbor distance; the stages' context forms are set by [`Params::forms`].
+    pub fn layout(mut self, layout: Layout, distance: Option<usize>) -> Result<Params> {
         self.signed = layout == Layout::Signed;
         self.n_stages = layout_stages(layout).len() as u32;
-        self.neighbor = match neighbor {
+        self.neighbor = match distance {
             Some(d) if self.signed => u32::try_from(d)
                 .map_err(|_| Error::Unsupported(format!("neighbor distance {d}")))?,
             _ => 0,
@@ -76,10 +85,23 @@ impl Params {
     }
 }
 
+impl Params {
+    /// Which stages use their neighbor context form.
+    pub fn forms(mut self, spaces: impl IntoIterator<Item = Space>) -> Params {
+        self.nb_form = [0; 4];
+        for (s, sp) in spaces.into_iter().enumerate() {
+            self.nb_form[s] = sp.neighbor as u32;
+        }
+        self
+    }
+}
+
 /// Tables flattened for the shaders: per stage the context -> row map, then `(freq, start)`
 /// per row and symbol; for stages with more than two symbols also, at `hist_off`, the symbol
-/// of every slot of every row (four per u32), so the decoder needs no search loop.
-pub fn flatten_tables(tables: &Tables, p: &mut Params) -> Vec<u32> {
+/// of every slot of every row (four per u32), so the decoder needs no search loop (only with
+/// `slots`: the encoder does not read them). Also sets the stages' context forms.
+pub fn flatten_tables(tables: &Tables, p: &mut Params, slots: bool) -> Vec<u32> {
+    *p = p.forms(tables.stages.iter().map(|t| t.space));
     let mut out = Vec::new();
     for (s, t) in tables.stages.iter().enumerate() {
         let a = t.space.alphabet();
@@ -96,12 +118,17 @@ pub fn flatten_tables(tables: &Tables, p: &mut Params) -> Vec<u32> {
             }
         }
         p.hist_off[s] = out.len() as u32;
-        if a > 2 {
+        if a > 2 && slots {
+            let mut row_slots = Vec::with_capacity(PROB_TOTAL as usize);
             for ri in 0..n_rows {
                 let row = t.row(ri as u32);
-                let slots: Vec<u8> = (0..PROB_TOTAL).map(|x| row.lookup(x) as u8).collect();
+                row_slots.clear();
+                for (sym, &f) in row.freq.iter().enumerate() {
+                    row_slots.extend(std::iter::repeat_n(sym as u8, f as usize));
+                }
+                debug_assert_eq!(row_slots.len(), PROB_TOTAL as usize);
                 out.extend(
-                    slots
+                    row_slots
                         .chunks_exact(4)
                         .map(|c| u32::from_le_bytes(c.try_into().unwrap())),
                 );

@@ -1,0 +1,590 @@
+//! Opening an archive (finding the last valid commit, rebuilding the index), decoding blobs
+//! along their reference chains, extracting a checkpoint, and verifying everything.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+
+use super::format::*;
+use crate::output::AtomicFile;
+use crate::{anchor, delta, Error, Result};
+
+/// Where one checkpoint's commit lives and which blobs it added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitSpan {
+    pub offset: u64,
+    pub len: u64,
+    pub first_blob: u64,
+    pub n_blobs: u64,
+}
+
+/// An open, read-only trajectory archive.
+pub struct Archive {
+    pub path: PathBuf,
+    map: Mmap,
+    pub keyframe_interval: u32,
+    pub blobs: Vec<BlobRecord>,
+    pub checkpoints: Vec<CheckpointRecord>,
+    pub commits: Vec<CommitSpan>,
+    /// End of the last valid footer: the archive's committed length.
+    pub valid_end: u64,
+}
+
+/// Decoded blobs kept for reuse (reference chains), shared across threads.
+pub type BlobCache = HashMap<u64, Arc<Vec<u8>>>;
+
+impl Archive {
+    /// Open an archive: the last footer whose checksum and commit records check out defines
+    /// its content; bytes after it (an interrupted append) are ignored.
+    pub fn open(path: impl AsRef<Path>) -> Result<Archive> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Archive::from_file(path, &file)
+    }
+
+    pub(crate) fn from_file(path: &Path, file: &File) -> Result<Archive> {
+        // SAFETY: read-only mapping; writers only ever append after the committed length.
+        let map = unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
+        let keyframe_interval = read_header(&map).map_err(|e| match e {
+            Error::Format { detail, .. } => {
+                Error::format(format!("archive {}", path.display()), detail)
+            }
+            e => e,
+        })?;
+        let (footer, end) = find_footer(&map)?.ok_or_else(|| {
+            Error::format(
+                format!("archive {}", path.display()),
+                "no valid commit found (truncated or damaged before its first checkpoint was committed)",
+            )
+        })?;
+        let mut spans = Vec::new();
+        let mut commits = Vec::new();
+        let (mut offset, mut len) = (footer.commit_offset, footer.commit_len);
+        loop {
+            let bytes = slice(&map, offset, len).ok_or_else(|| {
+                Error::format("archive commit chain", "commit record outside the file")
+            })?;
+            let c = read_commit(bytes)?;
+            let prev = c.prev_commit;
+            spans.push(CommitSpan {
+                offset,
+                len,
+                first_blob: c.first_blob,
+                n_blobs: c.blobs.len() as u64,
+            });
+            commits.push(c);
+            if prev == 0 {
+                break;
+            }
+            if prev > offset || commits.len() as u64 > footer.n_checkpoints {
+                return Err(Error::format(
+                    "archive commit chain",
+                    "commit records out of order",
+                ));
+            }
+            // The previous commit ends where its footer starts.
+            let prev_footer = read_footer(&map, prev as usize).ok_or_else(|| {
+                Error::format("archive commit chain", "previous footer is damaged")
+            })?;
+            (offset, len) = (prev_footer.commit_offset, prev_footer.commit_len);
+        }
+        commits.reverse();
+        spans.reverse();
+        if commits.len() as u64 != footer.n_checkpoints {
+            return Err(Error::format(
+                "archive footer",
+                format!(
+                    "says {} checkpoints, the commit chain has {}",
+                    footer.n_checkpoints,
+                    commits.len()
+                ),
+            ));
+        }
+        let mut blobs: Vec<BlobRecord> = Vec::new();
+        let mut checkpoints: Vec<CheckpointRecord> = Vec::new();
+        for (c, span) in commits.into_iter().zip(&spans) {
+            let bad = |d: String| Error::format("archive index", d);
+            if c.first_blob != blobs.len() as u64 {
+                return Err(bad(format!(
+                    "commit at {} starts at blob {}",
+                    span.offset, c.first_blob
+                )));
+            }
+            for b in &c.blobs {
+                if b.offset < HEADER_LEN as u64
+                    || b.offset.checked_add(b.len).is_none_or(|e| e > span.offset)
+                {
+                    return Err(bad(format!(
+                        "a blob at {} lies outside the data it belongs to",
+                        b.offset
+                    )));
+                }
+            }
+            for b in c.blobs {
+                let want = match b.reference {
+                    Some(r) => blobs[r as usize].depth.checked_add(1),
+                    None => Some(0),
+                };
+                if want != Some(b.depth) || b.depth >= keyframe_interval {
+                    return Err(bad(format!(
+                        "blob {} has depth {} (expected {want:?}, below the keyframe interval {keyframe_interval})",
+                        blobs.len(),
+                        b.depth
+                    )));
+                }
+                blobs.push(b);
+            }
+            let n = blobs.len() as u64;
+            let k = c.checkpoint;
+            if let Some(last) = checkpoints.last() {
+                if k.step <= last.step {
+                    return Err(bad(format!("step {} follows step {}", k.step, last.step)));
+                }
+            }
+            for f in &k.files {
+                let ids: Vec<u64> = match f {
+                    FileRecord::Safetensors {
+                        header_blob,
+                        tensors,
+                        ..
+                    } => std::iter::once(*header_blob)
+                        .chain(tensors.iter().map(|t| t.blob))
+                        .collect(),
+                    FileRecord::Verbatim { blob, .. } => vec![*blob],
+                };
+                if let Some(id) = ids.iter().find(|&&id| id >= n) {
+                    return Err(bad(format!("step {} refers to blob {id} of {n}", k.step)));
+                }
+                safe_rel_path(f.path())?;
+            }
+            checkpoints.push(k);
+        }
+        Ok(Archive {
+            path: path.to_path_buf(),
+            map,
+            keyframe_interval,
+            blobs,
+            checkpoints,
+            commits: spans,
+            valid_end: end as u64,
+        })
+    }
+
+    /// Bytes after the last valid commit (left by an interrupted append).
+    pub fn ignored_tail(&self) -> u64 {
+        self.map.len() as u64 - self.valid_end
+    }
+
+    /// The stored (coded) bytes of a blob.
+    pub fn blob_bytes(&self, id: u64) -> Result<&[u8]> {
+        let b = self
+            .blobs
+            .get(id as usize)
+            .ok_or_else(|| Error::format("archive index", format!("no blob {id}")))?;
+        slice(&self.map, b.offset, b.len)
+            .ok_or_else(|| Error::format("archive", format!("blob {id} is outside the file")))
+    }
+
+    /// The checkpoint with this step.
+    pub fn checkpoint(&self, step: u64) -> Result<&CheckpointRecord> {
+        self.checkpoints
+            .iter()
+            .find(|c| c.step == step)
+            .ok_or_else(|| {
+                let steps: Vec<String> = self
+                    .checkpoints
+                    .iter()
+                    .map(|c| c.step.to_string())
+                    .collect();
+                Error::Invalid(format!(
+                    "{}: no checkpoint at step {step} (steps: {})",
+                    self.path.display(),
+                    steps.join(", ")
+                ))
+            })
+    }
+
+    /// The bytes of one tensor of the checkpoint at `step`, decoded and hash-checked.
+    pub fn tensor(&self, step: u64, name: &str) -> Result<Vec<u8>> {
+        let ck = self.checkpoint(step)?;
+        let t = ck
+            .tensors()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::Invalid(format!("step {step} has no tensor '{name}'")))?;
+        self.decode_blob(t.blob)
+    }
+
+    /// Decode a blob (following its reference chain) and check its BLAKE3 hash.
+    pub fn decode_blob(&self, id: u64) -> Result<Vec<u8>> {
+        self.decode_cached(id, &BlobCache::new())
+            .map(|a| a.as_ref().clone())
+    }
+
+    /// Like [`Archive::decode_blob`], taking already decoded blobs from `cache`.
+    pub fn decode_cached(&self, id: u64, cache: &BlobCache) -> Result<Arc<Vec<u8>>> {
+        // Walk the reference chain down to a cached blob or a standalone one (iteratively:
+        // chain length is bounded by the keyframe interval, but the stack must not depend on
+        // what a file claims), then decode back up.
+        let mut chain = vec![id];
+        let mut base: Option<Arc<Vec<u8>>> = None;
+        while let Some(&cur) = chain.last() {
+            if let Some(v) = cache.get(&cur) {
+                chain.pop();
+                base = Some(v.clone());
+                break;
+            }
+            match self.blobs[cur as usize].reference {
+                Some(r) => chain.push(r),
+                None => break,
+            }
+        }
+        while let Some(cur) = chain.pop() {
+            base = Some(Arc::new(self.decode_one(cur, base.as_deref())?));
+        }
+        Ok(base.expect("the chain ends in a decoded blob"))
+    }
+
+    /// Decode one blob given its reference's decoded bytes (delta blobs), check its hash.
+    fn decode_one(&self, id: u64, reference: Option<&Vec<u8>>) -> Result<Vec<u8>> {
+        let rec = &self.blobs[id as usize];
+        let bytes = self.blob_bytes(id)?;
+        let what = |e: Error| Error::Invalid(format!("blob {id} ({}): {e}", rec.kind.name()));
+        let out = match rec.kind {
+            BlobKind::Anchor => anchor::decode(bytes).map_err(what)?,
+            BlobKind::Delta => {
+                let r = reference.expect("delta blobs are decoded after their reference");
+                delta::decode_tensor(bytes, r).map_err(what)?
+            }
+            BlobKind::Bytes => decode_bytes_blob(bytes, rec.raw_len).map_err(what)?,
+        };
+        if out.len() as u64 != rec.raw_len || *blake3::hash(&out).as_bytes() != rec.hash {
+            return Err(Error::Checksum {
+                what: format!("blob {id}: BLAKE3 of the decoded bytes"),
+                stored: u64::from_le_bytes(rec.hash[..8].try_into().unwrap()),
+                computed: u64::from_le_bytes(
+                    blake3::hash(&out).as_bytes()[..8].try_into().unwrap(),
+                ),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn slice(map: &[u8], offset: u64, len: u64) -> Option<&[u8]> {
+    let end = offset.checked_add(len)?;
+    if end > map.len() as u64 {
+        return None;
+    }
+    Some(&map[offset as usize..end as usize])
+}
+
+/// The last valid footer and the offset just past it. A complete, valid footer at the very
+/// end whose commit record is damaged is corruption, not an interrupted append (appends make
+/// the commit durable before writing its footer): that is an error, not a silent fallback.
+fn find_footer(map: &[u8]) -> Result<Option<(Footer, usize)>> {
+    let mut end = map.len();
+    loop {
+        if let Some(f) = read_footer(map, end) {
+            match slice(map, f.commit_offset, f.commit_len).map(read_commit) {
+                Some(Ok(_)) => return Ok(Some((f, end))),
+                Some(Err(e)) if end == map.len() => {
+                    return Err(Error::format(
+                        "archive",
+                        format!("the last commit record is damaged ({e})"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        // Scan back for the previous footer's end marker.
+        if end <= HEADER_LEN + FOOTER_LEN {
+            return Ok(None);
+        }
+        let search = &map[HEADER_LEN..end - 1];
+        let Some(pos) = search.windows(4).rposition(|w| w == FOOTER_END) else {
+            return Ok(None);
+        };
+        end = HEADER_LEN + pos + 4;
+    }
+}
+
+/// Reject stored paths that would escape the output directory.
+pub fn safe_rel_path(rel: &str) -> Result<()> {
+    let bad = rel.is_empty()
+        || rel.starts_with('/')
+        || rel.contains('\\')
+        || rel
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..");
+    if bad {
+        return Err(Error::format(
+            "archive index",
+            format!("unsafe file path {rel:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Encode verbatim bytes: mode byte 0 (raw) or 1 (zstd) and the payload.
+/// Files up to this size are compressed with zstd -19, larger ones (optimizer states, training
+/// arguments pickles) with zstd -3, which is orders of magnitude faster on gigabytes.
+pub const BYTES_BLOB_STRONG_LIMIT: usize = 4 << 20;
+
+pub fn encode_bytes_blob(bytes: &[u8]) -> Result<Vec<u8>> {
+    let level = if bytes.len() <= BYTES_BLOB_STRONG_LIMIT {
+        19
+    } else {
+        3
+    };
+    let z = zstd::bulk::compress(bytes, level).map_err(|e| Error::Invalid(format!("zstd: {e}")))?;
+    let mut out = Vec::with_capacity(z.len().min(bytes.len()) + 1);
+    if z.len() < bytes.len() {
+        out.push(1);
+        out.extend_from_slice(&z);
+    } else {
+        out.push(0);
+        out.extend_from_slice(bytes);
+    }
+    if decode_bytes_blob(&out, bytes.len() as u64)? != bytes {
+        return Err(Error::Invalid(
+            "internal error: bytes blob did not decode".into(),
+        ));
+    }
+    Ok(out)
+}
+
+pub fn decode_bytes_blob(blob: &[u8], raw_len: u64) -> Result<Vec<u8>> {
+    let bad = |d: String| Error::format("bytes blob", d);
+    match blob.first() {
+        Some(0) => Ok(blob[1..].to_vec()),
+        Some(1) => {
+            use std::io::Read;
+            let mut out = Vec::new();
+            zstd::stream::Decoder::new(&blob[1..])
+                .and_then(|d| d.take(raw_len + 1).read_to_end(&mut out))
+                .map_err(|e| bad(format!("zstd: {e}")))?;
+            Ok(out)
+        }
+        Some(m) => Err(bad(format!("unknown mode {m}"))),
+        None => Err(bad("empty".into())),
+    }
+}
+
+/// Damage found by [`Archive::verify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    pub step: u64,
+    pub file: String,
+    /// The tensor, or `None` for the file as a whole (its header, its hash).
+    pub tensor: Option<String>,
+    pub error: String,
+}
+
+/// What [`Archive::verify`] checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub checkpoints: u64,
+    pub files: u64,
+    pub tensors: u64,
+    pub bytes: u64,
+    pub damaged: Vec<Damage>,
+    /// Bytes after the last commit (an interrupted append), ignored.
+    pub ignored_tail: u64,
+}
+
+/// Receives (tensor name or `None` for the file itself, error) during `verify`.
+type OnError<'a> = dyn FnMut(Option<&str>, Error) + 'a;
+
+/// Decoded files of one checkpoint are produced tensor batch by tensor batch under this budget.
+pub const DECODE_BATCH_BYTES: u64 = 64 << 20;
+/// `verify` keeps the previous checkpoint's decoded tensors (reference chains) up to this size.
+pub const VERIFY_CACHE_BYTES: u64 = 4 << 30;
+
+impl Archive {
+    /// Rebuild one file of a checkpoint, streaming it to `sink` in order. Tensor errors are
+    /// passed to `on_error` (and the rebuild goes on, with the failed tensor missing) when it
+    /// is given, otherwise returned. Returns the file's BLAKE3 and length as rebuilt.
+    fn rebuild_file(
+        &self,
+        f: &FileRecord,
+        cache: &BlobCache,
+        keep: Option<&mut BlobCache>,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+        mut on_error: Option<&mut OnError>,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<([u8; 32], u64)> {
+        let mut hasher = blake3::Hasher::new();
+        let mut len = 0u64;
+        let mut emit = |b: &[u8], sink: &mut dyn FnMut(&[u8]) -> Result<()>| -> Result<()> {
+            hasher.update(b);
+            len += b.len() as u64;
+            sink(b)
+        };
+        let mut keep = keep;
+        match f {
+            FileRecord::Verbatim { blob, .. } => match self.decode_cached(*blob, cache) {
+                Ok(b) => {
+                    progress(b.len() as u64);
+                    emit(&b, sink)?
+                }
+                Err(e) => match on_error.as_mut() {
+                    Some(cb) => cb(None, e),
+                    None => return Err(e),
+                },
+            },
+            FileRecord::Safetensors {
+                header_blob,
+                tensors,
+                ..
+            } => {
+                match self.decode_cached(*header_blob, cache) {
+                    Ok(h) => emit(&h, sink)?,
+                    Err(e) => match on_error.as_mut() {
+                        Some(cb) => cb(None, e),
+                        None => return Err(e),
+                    },
+                }
+                let sizes = tensors
+                    .iter()
+                    .map(|t| self.blobs[t.blob as usize].raw_len as usize);
+                for batch in delta::batches(sizes, DECODE_BATCH_BYTES as usize) {
+                    let decoded: Vec<Result<Arc<Vec<u8>>>> = tensors[batch.clone()]
+                        .par_iter()
+                        .map(|t| self.decode_cached(t.blob, cache))
+                        .collect();
+                    for (t, d) in tensors[batch].iter().zip(decoded) {
+                        match d {
+                            Ok(b) => {
+                                progress(b.len() as u64);
+                                emit(&b, sink)?;
+                                if let Some(k) = keep.as_deref_mut() {
+                                    k.insert(t.blob, b);
+                                }
+                            }
+                            Err(e) => match on_error.as_mut() {
+                                Some(cb) => cb(Some(&t.name), e),
+                                None => {
+                                    return Err(Error::Invalid(format!("tensor '{}': {e}", t.name)))
+                                }
+                            },
+                        }
+                    }
+                }
+            }
+        }
+        Ok((*hasher.finalize().as_bytes(), len))
+    }
+
+    /// Restore the checkpoint at `step` under `out`: the file itself for a checkpoint that was
+    /// one `.safetensors` file (inside `out` if that is a directory), else a directory. Every
+    /// file is checked against its stored BLAKE3 hash before any is renamed into place.
+    /// Returns the bytes written.
+    pub fn extract(&self, step: u64, out: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
+        let ck = self.checkpoint(step)?;
+        let dests: Vec<PathBuf> = match ck.layout {
+            Layout::SingleFile if ck.files.len() == 1 => {
+                if out.is_dir() {
+                    vec![out.join(ck.files[0].path())]
+                } else {
+                    vec![out.to_path_buf()]
+                }
+            }
+            _ => ck.files.iter().map(|f| out.join(f.path())).collect(),
+        };
+        let mut pending = Vec::new();
+        let mut total = 0;
+        for (f, dest) in ck.files.iter().zip(&dests) {
+            if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            }
+            let mut af = AtomicFile::create(dest)?;
+            let (hash, len) = self.rebuild_file(
+                f,
+                &BlobCache::new(),
+                None,
+                &mut |b| af.write_all(b),
+                None,
+                progress,
+            )?;
+            if len != f.len() || &hash != f.hash() {
+                return Err(Error::Checksum {
+                    what: format!("step {step}, {}: BLAKE3 of the rebuilt file", f.path()),
+                    stored: u64::from_le_bytes(f.hash()[..8].try_into().unwrap()),
+                    computed: u64::from_le_bytes(hash[..8].try_into().unwrap()),
+                });
+            }
+            total += len;
+            pending.push(af);
+        }
+        for af in pending {
+            af.commit()?;
+        }
+        Ok(total)
+    }
+
+    /// Decode every checkpoint and check every hash; damage is reported, not fatal.
+    pub fn verify(&self, progress: &(dyn Fn(u64) + Sync)) -> VerifyReport {
+        let mut report = VerifyReport {
+            ignored_tail: self.ignored_tail(),
+            ..Default::default()
+        };
+        let mut cache = BlobCache::new();
+        for ck in &self.checkpoints {
+            let mut next = BlobCache::new();
+            for f in &ck.files {
+                let mut errors: Vec<(Option<String>, Error)> = Vec::new();
+                let r = self.rebuild_file(
+                    f,
+                    &cache,
+                    Some(&mut next),
+                    &mut |_| Ok(()),
+                    Some(&mut |t: Option<&str>, e| errors.push((t.map(str::to_string), e))),
+                    progress,
+                );
+                let failed = !errors.is_empty();
+                for (t, e) in errors {
+                    report.damaged.push(Damage {
+                        step: ck.step,
+                        file: f.path().to_string(),
+                        tensor: t,
+                        error: e.to_string(),
+                    });
+                }
+                match r {
+                    Ok((hash, len)) if !failed && (len != f.len() || &hash != f.hash()) => {
+                        report.damaged.push(Damage {
+                            step: ck.step,
+                            file: f.path().to_string(),
+                            tensor: None,
+                            error: "BLAKE3 of the rebuilt file does not match".into(),
+                        })
+                    }
+                    Err(e) => report.damaged.push(Damage {
+                        step: ck.step,
+                        file: f.path().to_string(),
+                        tensor: None,
+                        error: e.to_string(),
+                    }),
+                    _ => {}
+                }
+                report.files += 1;
+                report.bytes += f.len();
+                if let FileRecord::Safetensors { tensors, .. } = f {
+                    report.tensors += tensors.len() as u64;
+                }
+            }
+            report.checkpoints += 1;
+            let size: u64 = next.values().map(|v| v.len() as u64).sum();
+            cache = if size <= VERIFY_CACHE_BYTES {
+                next
+            } else {
+                BlobCache::new()
+            };
+        }
+        report
+    }
+}

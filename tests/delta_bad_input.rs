@@ -1,0 +1,221 @@
+//! Bad input gets a clear error, never a panic, an endless loop or a half-written file.
+
+mod common;
+
+use std::process::Command;
+
+use common::Rng;
+use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::file::{decode_file, encode_file};
+use lockstep::delta::{
+    decode_tensor, encode_tensor, EncodeOptions, TensorPair, DEFAULT_BATCH_BYTES,
+};
+use lockstep::dtype::DType;
+use lockstep::Error;
+
+fn sample_blob() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let (r, t) = common::bf16_pair(3000, 9);
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &[30, 100],
+        reference: &r,
+        target: &t,
+    };
+    let (blob, _) = encode_tensor(&pair, &EncodeOptions::default()).unwrap();
+    (blob, r, t)
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let (blob, r, _) = sample_blob();
+    for len in 0..blob.len() {
+        assert!(
+            decode_tensor(&blob[..len], &r).is_err(),
+            "prefix of {len} bytes decoded"
+        );
+    }
+}
+
+#[test]
+fn corruption_is_caught_by_the_checksum() {
+    let (blob, r, _) = sample_blob();
+    for i in (0..blob.len()).step_by(7) {
+        let mut b = blob.clone();
+        b[i] ^= 0x10;
+        match decode_tensor(&b, &r) {
+            Err(Error::Checksum { .. }) | Err(Error::Format { .. }) => {}
+            other => panic!("byte {i}: {other:?}"),
+        }
+    }
+}
+
+/// Corruption behind a recomputed checksum reaches the parser and the rANS decoder itself:
+/// they must still answer with an error (or, by chance, the right bytes), never a panic.
+#[test]
+fn corruption_with_a_valid_checksum_never_panics() {
+    let (blob, r, t) = sample_blob();
+    let mut rng = Rng(77);
+    for _ in 0..3000 {
+        let mut b = blob.clone();
+        let body = b.len() - 4;
+        for _ in 0..1 + rng.below(3) {
+            let i = rng.below(body as u64) as usize;
+            b[i] = rng.next() as u8;
+        }
+        let crc = crc32fast::hash(&b[..body]);
+        b[body..].copy_from_slice(&crc.to_le_bytes());
+        let result = std::panic::catch_unwind(|| decode_tensor(&b, &r));
+        match result {
+            Ok(Ok(out)) => assert_eq!(
+                out, t,
+                "corrupt blob decoded to different bytes without an error"
+            ),
+            Ok(Err(_)) => {}
+            Err(_) => panic!("decoder panicked on a corrupt blob"),
+        }
+    }
+}
+
+#[test]
+fn wrong_reference_is_named() {
+    let (blob, r, _) = sample_blob();
+    let mut other = r.clone();
+    other[10] ^= 1;
+    let err = decode_tensor(&blob, &other).unwrap_err().to_string();
+    assert!(err.contains("wrong reference"), "{err}");
+    let err = decode_tensor(&blob, &r[..100]).unwrap_err().to_string();
+    assert!(err.contains("reference tensor has 100 bytes"), "{err}");
+}
+
+#[test]
+fn encode_rejects_inconsistent_lengths() {
+    let (r, t) = common::bf16_pair(100, 1);
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &[101],
+        reference: &r,
+        target: &t,
+    };
+    assert!(matches!(
+        encode_tensor(&pair, &EncodeOptions::default()),
+        Err(Error::Mismatch(_))
+    ));
+}
+
+fn mismatched(dir: &std::path::Path, change: &str) -> std::path::PathBuf {
+    let (r, _) = common::bf16_pair(64 * 96, 1);
+    let p = dir.join(format!("{change}.safetensors"));
+    let (name, dtype, shape) = match change {
+        "name" => ("layer.renamed", "BF16", vec![64, 96]),
+        "shape" => ("layer.weight", "BF16", vec![96, 64]),
+        _ => ("layer.weight", "F16", vec![64, 96]),
+    };
+    common::write_safetensors(&p, &[(name, dtype, shape, r)]);
+    p
+}
+
+#[test]
+fn mismatched_checkpoints_name_the_tensor_and_leave_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = common::small_pair(dir.path());
+    let reference = Checkpoint::open(&a).unwrap();
+    for change in ["name", "shape", "dtype"] {
+        let target = Checkpoint::open(mismatched(dir.path(), change)).unwrap();
+        let out = dir.path().join("out.lsd");
+        let err = encode_file(
+            &reference,
+            &target,
+            &out,
+            &EncodeOptions::default(),
+            DEFAULT_BATCH_BYTES,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("layer."), "{change}: {err}");
+        assert!(!out.exists());
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left behind");
+}
+
+#[test]
+fn truncated_delta_file_fails_and_keeps_existing_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = common::small_pair(dir.path());
+    let (ra, rb) = (Checkpoint::open(&a).unwrap(), Checkpoint::open(&b).unwrap());
+    let lsd = dir.path().join("b.lsd");
+    encode_file(
+        &ra,
+        &rb,
+        &lsd,
+        &EncodeOptions::default(),
+        DEFAULT_BATCH_BYTES,
+    )
+    .unwrap();
+    let bytes = std::fs::read(&lsd).unwrap();
+    let out = dir.path().join("out.safetensors");
+    std::fs::write(&out, b"precious").unwrap();
+    for len in [0, 3, 10, bytes.len() / 2, bytes.len() - 1] {
+        assert!(decode_file(&ra, &bytes[..len], &out).is_err(), "{len}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"precious");
+    }
+    // Decoding against the wrong reference names the problem.
+    let err = decode_file(&rb, &bytes, &out).unwrap_err().to_string();
+    assert!(err.contains("wrong reference"), "{err}");
+    decode_file(&ra, &bytes, &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&b).unwrap());
+}
+
+#[test]
+fn cli_reports_errors_with_a_nonzero_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = common::small_pair(dir.path());
+    let exe = env!("CARGO_BIN_EXE_lockstep");
+    let lsd = dir.path().join("b.lsd");
+    let ok = Command::new(exe)
+        .args(["delta", "encode", "--reference"])
+        .arg(&a)
+        .arg("--target")
+        .arg(&b)
+        .arg("-o")
+        .arg(&lsd)
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let mut bytes = std::fs::read(&lsd).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&lsd, &bytes).unwrap();
+    let out = dir.path().join("never.safetensors");
+    let bad = Command::new(exe)
+        .args(["delta", "decode", "--reference"])
+        .arg(&a)
+        .arg(&lsd)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.starts_with("error:") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+    let missing = Command::new(exe)
+        .args(["delta", "decode", "--reference", "/nonexistent.safetensors"])
+        .arg(&lsd)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent.safetensors"));
+}

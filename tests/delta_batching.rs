@@ -1,0 +1,75 @@
+//! Blobs are tensor-local: batch boundaries and thread counts never change a byte.
+
+mod common;
+
+use lockstep::delta::{encode_batched, EncodeOptions, TensorPair, CHUNK_ELEMS};
+use lockstep::dtype::DType;
+
+#[test]
+fn bytes_do_not_depend_on_batch_budget_or_threads() {
+    // Mixed dtypes and sizes, one tensor spanning several chunks.
+    let tensors: Vec<(DType, Vec<u64>, Vec<u8>, Vec<u8>)> = vec![
+        {
+            let (r, t) = common::bf16_pair(3 * CHUNK_ELEMS + 77, 1);
+            (DType::BF16, vec![(3 * CHUNK_ELEMS + 77) as u64], r, t)
+        },
+        {
+            let (r, t) = common::bf16_pair(5000, 2);
+            (DType::BF16, vec![50, 100], r, t)
+        },
+        {
+            let r: Vec<u8> = (0..4000)
+                .flat_map(|i| ((i as f32).sin() * 0.1).to_le_bytes())
+                .collect();
+            let t: Vec<u8> = (0..4000)
+                .flat_map(|i| ((i as f32).sin() * 0.1 + 1e-5).to_le_bytes())
+                .collect();
+            (DType::F32, vec![40, 100], r, t)
+        },
+        (
+            DType::I64,
+            vec![128],
+            (0..128i64).flat_map(|i| i.to_le_bytes()).collect(),
+            (0..128i64).flat_map(|i| (i + 1).to_le_bytes()).collect(),
+        ),
+        {
+            let (r, t) = common::bf16_pair(17, 3);
+            (DType::BF16, vec![17], r, t)
+        },
+    ];
+    let pairs: Vec<TensorPair> = tensors
+        .iter()
+        .map(|(d, s, r, t)| TensorPair {
+            dtype: *d,
+            shape: s,
+            reference: r,
+            target: t,
+        })
+        .collect();
+    let run = |threads: usize, budget: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| encode_batched(&pairs, &EncodeOptions::default(), budget).unwrap())
+            .into_iter()
+            .map(|(blob, _)| blob)
+            .collect::<Vec<_>>()
+    };
+    let baseline = run(1, usize::MAX);
+    for threads in [1, 2, 7] {
+        for budget in [1, 10_000, 1 << 20, 64 << 20] {
+            assert!(
+                run(threads, budget) == baseline,
+                "threads={threads} budget={budget}"
+            );
+        }
+    }
+}
+
+#[test]
+fn batches_respect_the_budget() {
+    let b = lockstep::delta::batches([10, 10, 10, 50, 5], 25);
+    assert_eq!(b, vec![0..2, 2..3, 3..4, 4..5]);
+    assert!(lockstep::delta::batches(Vec::<usize>::new(), 10).is_empty());
+}
