@@ -60,7 +60,7 @@ fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u
         let rv = ((k >> 63) << (w - 1)) | exp | mant;
         let kind = rng.next() % 100;
         let col = j % cols.max(1);
-        let col_sign = col % 3 == 0;
+        let col_sign = col.is_multiple_of(3);
         // Update magnitudes that follow the column, so an element's bit length is predicted by
         // the one a row up (the B stage's neighbor form pays).
         let col_scale = 1u64 << (2 + 3 * (col % 4));
@@ -69,7 +69,7 @@ fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u
             10..=93 => {
                 let step = rng.next() % (1 + (rng.next() % col_scale));
                 // Negative floats move the other way in key order: follow the column there too.
-                if col_sign ^ (kind % 5 == 0) ^ (k >> 63 == 1) {
+                if col_sign ^ kind.is_multiple_of(5) ^ (k >> 63 == 1) {
                     rv.wrapping_add(step)
                 } else {
                     rv.wrapping_sub(step)
@@ -88,7 +88,7 @@ fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u
 
 fn shape_for(n: usize) -> Vec<u64> {
     // Rows of 48 when that divides n, so the sign stage's one-row-up context is exercised.
-    if n % 48 == 0 && n > 0 {
+    if n.is_multiple_of(48) && n > 0 {
         vec![(n / 48) as u64, 48]
     } else {
         vec![n as u64]
