@@ -22,6 +22,8 @@ fn bench(c: &mut Criterion) {
         .collect();
     let bytes: usize = pairs.iter().map(|p| p.target.len()).sum();
     let opts = EncodeOptions::default();
+    // The default backend, as encode_tensor uses (benches/delta.rs compares backends).
+    let backend = lockstep::backend::default_backend();
     let blobs: Vec<Vec<u8>> = pairs
         .iter()
         .map(|p| encode_tensor(p, &opts).unwrap().0)
@@ -39,7 +41,12 @@ fn bench(c: &mut Criterion) {
             pool.install(|| {
                 pairs
                     .iter()
-                    .map(|p| blob::encode_unverified(p, &opts).unwrap().0.len())
+                    .map(|p| {
+                        blob::encode_unverified(p, &opts, &*backend)
+                            .unwrap()
+                            .0
+                            .len()
+                    })
                     .sum::<usize>()
             })
         })

@@ -9,6 +9,7 @@ pub mod lm;
 pub use error::{Error, Result};
 pub mod anchor;
 pub mod archive;
+pub mod backend;
 pub mod baseline;
 pub mod bytes;
 pub mod checkpoint;

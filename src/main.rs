@@ -5,6 +5,11 @@ mod cli;
 use clap::Parser;
 
 fn main() {
+    // Mesa's Vulkan drivers complain on stderr when this is unset (containers, CI); a device
+    // probe should not print noise, so give them the temp directory before any thread starts.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
     let args = cli::Cli::parse();
     if let Err(e) = cli::run(args) {
         eprintln!("error: {e}");

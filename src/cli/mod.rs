@@ -1,8 +1,10 @@
 use clap::{Parser, Subcommand};
 
 mod archive;
+mod backend;
 mod delta;
 mod demo;
+mod parity;
 mod report;
 mod text;
 
@@ -13,6 +15,10 @@ mod text;
     about = "Lossless compression for checkpoint trajectories and text"
 )]
 pub struct Cli {
+    /// Compute backend: auto tries CUDA, then a discrete GPU (wgpu), then the CPU, and says
+    /// which it fell back to. The bytes never depend on it.
+    #[arg(long, value_enum, global = true, default_value_t = backend::BackendArg::Auto)]
+    pub backend: backend::BackendArg,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -27,6 +33,11 @@ pub enum Command {
     /// Text codec: integer GPT-2 + range coder.
     #[command(subcommand)]
     Text(text::TextCmd),
+    /// Run every backend present on consecutive checkpoints; print a hash per stage per
+    /// backend; exit non-zero on any difference.
+    Parity(parity::ParityArgs),
+    /// List the backends this build has and the devices found.
+    Backends,
     /// Integer model files: convert a Hugging Face GPT-2 checkpoint.
     #[command(subcommand)]
     Model(text::ModelCmd),
@@ -46,6 +57,19 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> lockstep::Result<()> {
     match cli.command {
+        Command::Backends => return backend::list(),
+        Command::Parity(args) => return parity::run(args),
+        // Only the delta codec runs on a backend; other commands should not probe devices.
+        Command::Demo(_)
+        | Command::Delta(_)
+        | Command::Pack(_)
+        | Command::Append(_)
+        | Command::Extract(_)
+        | Command::Verify(_) => backend::install(cli.backend)?,
+        _ => {}
+    }
+    match cli.command {
+        Command::Backends | Command::Parity(_) => Ok(()),
         Command::Demo(args) => demo::run(args),
         Command::Delta(cmd) => delta::run(cmd),
         Command::Text(cmd) => text::run_text(cmd),

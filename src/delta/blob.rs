@@ -1,11 +1,10 @@
 //! The tensor blob: one self-contained, checksummed unit per tensor (docs/FORMAT.md).
 
-use rayon::prelude::*;
-
-use super::chunk::{decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS, LANES};
+use super::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
 use super::model::{Hist, Space, Stage, StageTable, Tables, STAGES};
-use super::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
+use super::symbols::Layout;
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
+use crate::backend::{Backend, DecodeJob, EncodeJob, Resident};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::{COST_ONE_BIT, PROB_BITS};
@@ -128,37 +127,6 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
     Ok((header, &body[pos..]))
 }
 
-/// Little-endian element `j` of a tensor of `size`-byte elements.
-fn elements(bytes: &[u8], size: usize) -> Vec<u64> {
-    bytes
-        .chunks_exact(size)
-        .map(|c| {
-            let mut v = [0u8; 8];
-            v[..size].copy_from_slice(c);
-            u64::from_le_bytes(v)
-        })
-        .collect()
-}
-
-fn store_elements(values: &[u64], size: usize, out: &mut [u8]) {
-    for (dst, v) in out.chunks_exact_mut(size).zip(values) {
-        dst.copy_from_slice(&v.to_le_bytes()[..size]);
-    }
-}
-
-/// Reference facts per element; the exponent class is zeroed when conditioning is off.
-fn reference_info(refs: &[u64], fl: FloatLayout, condition: bool) -> Vec<RefInfo> {
-    refs.par_iter()
-        .map(|&r| {
-            let mut i = ref_info(r, fl);
-            if !condition {
-                i.er = 0;
-            }
-            i
-        })
-        .collect()
-}
-
 /// The neighbor whose update sign is a context for the sign stage: one row up when rows are at
 /// least `LANES` wide (so it is always decoded in an earlier step), else the same lane's
 /// previous element.
@@ -169,46 +137,6 @@ pub fn neighbor_distance(shape: &[u64]) -> usize {
         }
         _ => LANES,
     }
-}
-
-fn chunk_ranges(n: usize) -> Vec<std::ops::Range<usize>> {
-    (0..n.div_ceil(CHUNK_ELEMS))
-        .map(|c| c * CHUNK_ELEMS..((c + 1) * CHUNK_ELEMS).min(n))
-        .collect()
-}
-
-/// Histograms of the given stage spaces; chunk-local like the coder (the neighbor context
-/// never reaches into the previous chunk).
-fn histograms(
-    syms: &[Sym],
-    info: &[RefInfo],
-    spaces: &[Space],
-    distance: Option<usize>,
-) -> Vec<Hist> {
-    let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
-    chunk_ranges(syms.len())
-        .into_par_iter()
-        .map(|range| {
-            let mut hists = fresh();
-            let (syms, info) = (&syms[range.clone()], &info[range]);
-            for (j, s) in syms.iter().enumerate() {
-                let nb = symbols::neighbor(syms, j, distance);
-                for h in hists.iter_mut() {
-                    let sp = h.space;
-                    if sp.present(s) {
-                        let a = sp.alphabet();
-                        h.counts[sp.context(s, info[j], nb) * a + sp.symbol(s)] += 1;
-                    }
-                }
-            }
-            hists
-        })
-        .reduce(fresh, |mut a, b| {
-            for (x, y) in a.iter_mut().zip(&b) {
-                x.add(y);
-            }
-            a
-        })
 }
 
 fn table_bytes(t: &StageTable) -> u64 {
@@ -227,48 +155,40 @@ struct Candidate {
     layout: Layout,
     /// Neighbor distance, if any stage's context uses the neighbor.
     distance: Option<usize>,
-    syms: Vec<Sym>,
     hists: Vec<Hist>,
     tables: Tables,
     /// Estimated payload cost in COST_ONE_BIT units: data + tables + raw tail.
     cost: u64,
 }
 
-fn candidate(
-    refs: &[u64],
-    tgts: &[u64],
-    info: &[RefInfo],
-    fl: FloatLayout,
-    layout: Layout,
-    shape: &[u64],
-) -> Candidate {
-    let w = fl.width;
-    let syms: Vec<Sym> = refs
-        .par_iter()
-        .zip(tgts.par_iter())
-        .map(|(&r, &x)| encode_element(r, x, w, layout))
-        .collect();
-    let tail: u64 = syms.iter().map(|s| s.b.saturating_sub(3) as u64).sum();
+/// Raw tail bits implied by the B histogram: `max(b - 3, 0)` per element.
+fn tail_bits(b_hist: &Hist) -> u64 {
+    let a = b_hist.space.alphabet();
+    b_hist
+        .counts
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| c * ((i % a) as u64).saturating_sub(3))
+        .sum()
+}
+
+fn candidate(resident: &dyn Resident, layout: Layout, shape: &[u64]) -> Result<Candidate> {
     let (mut hists, mut stages, distance) = match layout {
         Layout::Paper => {
-            let spaces: Vec<Space> = STAGES[..3]
-                .iter()
-                .map(|&s| Space::new(s, w, false))
-                .collect();
-            let hists = histograms(&syms, info, &spaces, None);
+            let hists = resident.histograms(layout, None)?;
             let stages: Vec<StageTable> =
                 hists.iter().map(|h| StageTable::select(h, false)).collect();
             (hists, stages, None)
         }
         Layout::Signed => {
             let d = neighbor_distance(shape);
-            let spaces: Vec<Space> = STAGES.iter().map(|&s| Space::new(s, w, true)).collect();
-            let hists = histograms(&syms, info, &spaces, Some(d));
+            let hists = resident.histograms(layout, Some(d))?;
             let stages: Vec<StageTable> =
                 hists.iter().map(|h| StageTable::select(h, true)).collect();
             (hists, stages, Some(d))
         }
     };
+    hists.truncate(stages.len());
     // Where a neighbor context does not pay for its larger tables, fold it away.
     for i in 0..stages.len() {
         if stages[i].space.neighbor {
@@ -281,37 +201,50 @@ fn candidate(
         }
     }
     let distance = distance.filter(|_| stages.iter().any(|t| t.space.neighbor));
-    let cost = tail * COST_ONE_BIT
+    let cost = tail_bits(&hists[0]) * COST_ONE_BIT
         + stages
             .iter()
             .zip(&hists)
             .map(|(t, h)| stage_cost(t, h))
             .sum::<u64>();
-    Candidate {
+    Ok(Candidate {
         layout,
         distance,
-        syms,
         hists,
         tables: Tables { stages },
         cost,
-    }
+    })
 }
 
 /// Encode without the decode-and-compare check (callers outside benches want
 /// [`super::encode_tensor`]).
-pub fn encode_unverified(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
-    encode_with(pair, opts, true)
+pub fn encode_unverified(
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    backend: &dyn Backend,
+) -> Result<(Vec<u8>, Report)> {
+    encode_with(pair, opts, backend, true)
 }
 
 /// Encode a float tensor in the Modeled mode even where the raw fallback would be smaller:
-/// lets tests drive the entropy coder over every bit pattern. Not verified.
+/// lets tests drive the entropy coder over every bit pattern. Not verified. Default backend.
 pub fn encode_modeled_only(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
-    encode_with(pair, opts, false)
+    encode_with(pair, opts, &*crate::backend::default_backend(), false)
+}
+
+/// [`encode_modeled_only`] on a given backend.
+pub fn encode_modeled_only_on(
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    backend: &dyn Backend,
+) -> Result<(Vec<u8>, Report)> {
+    encode_with(pair, opts, backend, false)
 }
 
 fn encode_with(
     pair: &TensorPair,
     opts: &EncodeOptions,
+    backend: &dyn Backend,
     allow_fallback: bool,
 ) -> Result<(Vec<u8>, Report)> {
     let dtype = pair.dtype;
@@ -353,7 +286,7 @@ fn encode_with(
         header.mode = Mode::Identical;
     } else if let Some(fl) = dtype.float_layout() {
         header.mode = Mode::Modeled;
-        encode_modeled(pair, fl, opts, &mut payload, &mut report)?;
+        encode_modeled(pair, fl, opts, backend, &mut payload, &mut report)?;
     } else {
         header.mode = Mode::ZstdXor;
         let xor: Vec<u8> = pair
@@ -394,20 +327,23 @@ fn encode_modeled(
     pair: &TensorPair,
     fl: FloatLayout,
     opts: &EncodeOptions,
+    backend: &dyn Backend,
     out: &mut ByteWriter,
     report: &mut Report,
 ) -> Result<()> {
-    let size = pair.dtype.size();
-    let refs = elements(pair.reference, size);
-    let tgts = elements(pair.target, size);
-    let info = reference_info(&refs, fl, opts.condition_on_exponent);
-    let make = |layout| candidate(&refs, &tgts, &info, fl, layout, pair.shape);
+    let resident = backend.residuals(&EncodeJob {
+        fl,
+        reference: pair.reference,
+        target: pair.target,
+        condition: opts.condition_on_exponent,
+    })?;
+    let make = |layout| candidate(resident.as_ref(), layout, pair.shape);
     let chosen = match opts.layout {
-        LayoutChoice::Paper => make(Layout::Paper),
-        LayoutChoice::Signed => make(Layout::Signed),
+        LayoutChoice::Paper => make(Layout::Paper)?,
+        LayoutChoice::Signed => make(Layout::Signed)?,
         LayoutChoice::Auto => {
-            let signed = make(Layout::Signed);
-            let paper = make(Layout::Paper);
+            let signed = make(Layout::Signed)?;
+            let paper = make(Layout::Paper)?;
             if paper.cost < signed.cost {
                 paper
             } else {
@@ -415,18 +351,14 @@ fn encode_modeled(
             }
         }
     };
-
-    let chunks: Vec<EncodedChunk> = chunk_ranges(chosen.syms.len())
-        .into_par_iter()
-        .map(|r| {
-            encode_chunk(
-                &chosen.syms[r.clone()],
-                &info[r],
-                &chosen.tables,
-                chosen.distance,
-            )
-        })
-        .collect();
+    let chunks = resident.encode(chosen.layout, &chosen.tables, chosen.distance)?;
+    if chunks.len() != chunk_ranges(pair.target.len() / pair.dtype.size()).len() {
+        return Err(Error::Invalid(format!(
+            "backend {} returned {} chunks",
+            backend.name(),
+            chunks.len()
+        )));
+    }
 
     out.u8(chosen.layout as u8);
     let uses = |stage: Stage| {
@@ -478,7 +410,7 @@ fn encode_modeled(
 }
 
 /// Decode a blob against the reference tensor's bytes.
-pub fn decode(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
+pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<Vec<u8>> {
     let (h, payload) = read_header(bytes)?;
     let size = h.dtype.size() as u64;
     let raw_bytes = h
@@ -521,7 +453,7 @@ pub fn decode(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
                 .dtype
                 .float_layout()
                 .ok_or_else(|| r.err(format!("modeled blob of non-float dtype {}", h.dtype)))?;
-            decode_modeled(&mut r, &h, fl, reference)?
+            decode_modeled(&mut r, &h, fl, reference, backend)?
         }
     };
     r.expect_end()?;
@@ -541,6 +473,7 @@ fn decode_modeled(
     h: &BlobHeader,
     fl: FloatLayout,
     reference: &[u8],
+    backend: &dyn Backend,
 ) -> Result<Vec<u8>> {
     let layout = match r.u8()? {
         0 => Layout::Paper,
@@ -614,24 +547,13 @@ fn decode_modeled(
         });
     }
 
-    let size = h.dtype.size();
-    let refs = elements(reference, size);
-    let info = reference_info(&refs, fl, condition);
-    let decoded: Vec<Vec<u64>> = ranges
-        .into_par_iter()
-        .zip(coded.par_iter())
-        .map(|(range, chunk)| {
-            let syms = decode_chunk(&info[range.clone()], &tables, distance, chunk)?;
-            Ok(refs[range]
-                .iter()
-                .zip(&syms)
-                .map(|(&rv, s)| decode_element(rv, s, fl.width, layout))
-                .collect())
-        })
-        .collect::<Result<_>>()?;
-    let mut out = vec![0u8; n * size];
-    for (values, dst) in decoded.iter().zip(out.chunks_mut(CHUNK_ELEMS * size)) {
-        store_elements(values, size, dst);
-    }
-    Ok(out)
+    backend.decode(&DecodeJob {
+        fl,
+        layout,
+        condition,
+        distance,
+        tables: &tables,
+        chunks: &coded,
+        reference,
+    })
 }

@@ -18,6 +18,13 @@ pub const LANES: usize = 32;
 /// Elements per chunk (the last chunk of a tensor may be shorter).
 pub const CHUNK_ELEMS: usize = 1 << 18;
 
+/// The element ranges of a tensor's chunks.
+pub fn chunk_ranges(n: usize) -> Vec<std::ops::Range<usize>> {
+    (0..n.div_ceil(CHUNK_ELEMS))
+        .map(|c| c * CHUNK_ELEMS..((c + 1) * CHUNK_ELEMS).min(n))
+        .collect()
+}
+
 /// One chunk's coded output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedChunk {

@@ -22,6 +22,7 @@ pub mod model;
 pub mod stats;
 pub mod symbols;
 
+use crate::backend::{self, Backend};
 use crate::dtype::DType;
 use crate::{Error, Result};
 pub use blob::{BlobHeader, Mode};
@@ -98,10 +99,19 @@ impl Report {
     }
 }
 
-/// Encode one tensor into a self-contained, verified blob.
+/// Encode one tensor into a self-contained, verified blob, on the default backend.
 pub fn encode_tensor(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
-    let (bytes, report) = blob::encode_unverified(pair, opts)?;
-    let decoded = decode_tensor(&bytes, pair.reference)?;
+    encode_tensor_with(pair, opts, backend::default_backend().as_ref())
+}
+
+/// [`encode_tensor`] on a given backend (the bytes do not depend on which).
+pub fn encode_tensor_with(
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    backend: &dyn Backend,
+) -> Result<(Vec<u8>, Report)> {
+    let (bytes, report) = blob::encode_unverified(pair, opts, backend)?;
+    let decoded = decode_tensor_with(&bytes, pair.reference, backend)?;
     if decoded != pair.target {
         return Err(Error::Invalid(
             "internal error: encoded tensor did not decode to the target (nothing written)".into(),
@@ -110,9 +120,18 @@ pub fn encode_tensor(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>
     Ok((bytes, report))
 }
 
-/// Decode a blob against its reference tensor's bytes.
+/// Decode a blob against its reference tensor's bytes, on the default backend.
 pub fn decode_tensor(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
-    blob::decode(bytes, reference)
+    decode_tensor_with(bytes, reference, backend::default_backend().as_ref())
+}
+
+/// [`decode_tensor`] on a given backend.
+pub fn decode_tensor_with(
+    bytes: &[u8],
+    reference: &[u8],
+    backend: &dyn Backend,
+) -> Result<Vec<u8>> {
+    blob::decode(bytes, reference, backend)
 }
 
 /// Encode many tensors, batch by batch under a byte budget, tensors within a batch in parallel.
@@ -122,12 +141,27 @@ pub fn encode_batched(
     opts: &EncodeOptions,
     budget_bytes: usize,
 ) -> Result<Vec<(Vec<u8>, Report)>> {
+    encode_batched_with(
+        pairs,
+        opts,
+        budget_bytes,
+        backend::default_backend().as_ref(),
+    )
+}
+
+/// [`encode_batched`] on a given backend.
+pub fn encode_batched_with(
+    pairs: &[TensorPair],
+    opts: &EncodeOptions,
+    budget_bytes: usize,
+    backend: &dyn Backend,
+) -> Result<Vec<(Vec<u8>, Report)>> {
     use rayon::prelude::*;
     let mut out = Vec::with_capacity(pairs.len());
     for batch in batches(pairs.iter().map(|p| p.target.len()), budget_bytes) {
         let coded: Vec<_> = pairs[batch]
             .par_iter()
-            .map(|p| encode_tensor(p, opts))
+            .map(|p| encode_tensor_with(p, opts, backend))
             .collect::<Result<_>>()?;
         out.extend(coded);
     }

@@ -22,8 +22,10 @@
 //! share their backoff row. Decisions use integer cost estimates only (see entropy::freq).
 
 use super::symbols::{Neighbor, RefInfo, Sym, EXP_CLASSES};
-use crate::bytes::{ByteReader, ByteWriter};
-use crate::entropy::freq::{cost, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
+use std::sync::OnceLock;
+
+use crate::bytes::{varint_len, ByteReader, ByteWriter};
+use crate::entropy::freq::{log2_fixed, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
 use crate::Result;
 
 /// The coded stages, in decoding order.
@@ -149,6 +151,16 @@ impl Hist {
         let a = self.space.alphabet();
         &self.counts[ctx * a..(ctx + 1) * a]
     }
+    /// Contexts with at least one count, ascending.
+    pub fn occupied(&self) -> Vec<usize> {
+        let a = self.space.alphabet();
+        self.counts
+            .chunks_exact(a)
+            .enumerate()
+            .filter(|(_, row)| row.iter().fold(0, |acc, &c| acc | c) != 0)
+            .map(|(ctx, _)| ctx)
+            .collect()
+    }
     /// The same counts as the stage would see without its neighbor context.
     pub fn without_neighbor(&self) -> Hist {
         let sp = self.space;
@@ -222,8 +234,9 @@ impl StageTable {
         for (i, (id, _)) in backoff.iter().enumerate() {
             backoff_index[*id as usize] = (explicit.len() + i) as u32;
         }
-        for (ctx, m) in map.iter_mut().enumerate() {
-            *m = backoff_index[ctx % nb];
+        // map[ctx] = backoff_index[ctx % nb], without a division per context.
+        for (m, &b) in map.iter_mut().zip(backoff_index.iter().cycle()) {
+            *m = b;
         }
         for (i, (id, _)) in explicit.iter().enumerate() {
             map[*id as usize] = i as u32;
@@ -251,10 +264,10 @@ impl StageTable {
         let space = hist.space;
         let a = space.alphabet();
         let nb = space.n_backoff();
-        let occupied = |ctx: usize| hist.row(ctx).iter().any(|&c| c > 0);
+        let occupied = hist.occupied();
 
         let mut group = vec![0u64; nb * a];
-        for ctx in 0..space.n_primary() {
+        for &ctx in &occupied {
             let g = ctx % nb;
             for (acc, &c) in group[g * a..(g + 1) * a].iter_mut().zip(hist.row(ctx)) {
                 *acc += c;
@@ -266,7 +279,7 @@ impl StageTable {
 
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
-        for ctx in (0..space.n_primary()).filter(|&c| occupied(c)) {
+        for ctx in occupied {
             let counts = hist.row(ctx);
             let own = best_row(counts);
             let keep = !prune || {
@@ -296,8 +309,8 @@ impl StageTable {
 
     /// Ideal code length of `hist` under this table, in COST_ONE_BIT units.
     pub fn data_cost(&self, hist: &Hist) -> u64 {
-        (0..self.space.n_primary())
-            .filter(|&ctx| hist.row(ctx).iter().any(|&c| c > 0))
+        hist.occupied()
+            .into_iter()
             .map(|ctx| cost(hist.row(ctx), &self.row(self.map[ctx]).freq))
             .sum()
     }
@@ -337,6 +350,24 @@ impl StageTable {
     }
 }
 
+/// `entropy::freq::cost`, with the per-symbol cost of every possible frequency looked up
+/// instead of recomputed (same integers; table selection runs this for every context).
+pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
+    static BITS: OnceLock<Vec<u64>> = OnceLock::new();
+    let bits = BITS.get_or_init(|| {
+        let one = PROB_BITS as u64 * COST_ONE_BIT;
+        (0..=PROB_TOTAL as u64)
+            .map(|f| one - log2_fixed(f.max(1)))
+            .collect()
+    });
+    counts
+        .iter()
+        .zip(freqs)
+        .filter(|(&c, _)| c > 0)
+        .map(|(&c, &f)| c * bits[f as usize])
+        .sum()
+}
+
 /// Precisions a multi-symbol row may be transmitted at (bits of its total).
 const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
 
@@ -370,11 +401,27 @@ pub fn best_row(counts: &[u64]) -> Vec<u32> {
     best
 }
 
-/// Bytes a row takes in the table format.
+/// Bytes a row takes in the table format (what [`write_row`] writes), without writing it.
 pub fn row_bytes(freq: &[u32]) -> usize {
-    let mut w = ByteWriter::new();
-    write_row(&mut w, freq);
-    w.len()
+    if freq.len() == 2 {
+        return varint_len(freq[0] as u64);
+    }
+    let lo = freq.iter().position(|&f| f > 0).unwrap_or(0);
+    let hi = freq.iter().rposition(|&f| f > 0).unwrap_or(0);
+    let shift = freq
+        .iter()
+        .filter(|&&f| f > 0)
+        .map(|f| f.trailing_zeros())
+        .min()
+        .unwrap_or(0)
+        .min(PROB_BITS);
+    varint_len(shift as u64)
+        + varint_len(lo as u64)
+        + varint_len((hi - lo + 1) as u64)
+        + freq[lo..hi]
+            .iter()
+            .map(|&f| varint_len((f >> shift) as u64))
+            .sum::<usize>()
 }
 
 /// Binary rows: `varint f0`. Wider rows: `varint shift` (every frequency is a multiple of
@@ -434,4 +481,34 @@ fn read_row(r: &mut ByteReader, alphabet: usize) -> Result<Vec<u32>> {
 pub struct Tables {
     /// B, Q1, Q2 and, in the Signed layout, S.
     pub stages: Vec<StageTable>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_bytes_and_cost_match_their_slow_definitions() {
+        let rows: Vec<Vec<u32>> = vec![
+            vec![4096, 0],
+            vec![1, 4095],
+            vec![0, 4096, 0],
+            vec![4000, 0, 0, 90, 6],
+            (0..65).map(|i| if i % 3 == 0 { 0 } else { 64 }).collect(),
+            // Coarse rows as best_row sends them (a shift > 0, a symbol range inside).
+            vec![0, 1024, 0, 2048, 1024, 0],
+            best_row(&[0, 0, 5, 900, 3, 0, 1, 0, 0]),
+            best_row(&(0..66).map(|i| (i * 7 % 13) as u64).collect::<Vec<_>>()),
+        ];
+        for freq in rows {
+            let mut w = ByteWriter::new();
+            write_row(&mut w, &freq);
+            assert_eq!(row_bytes(&freq), w.len(), "{freq:?}");
+            let counts: Vec<u64> = freq.iter().map(|&f| f as u64 * 3).collect();
+            assert_eq!(
+                cost(&counts, &freq),
+                crate::entropy::freq::cost(&counts, &freq)
+            );
+        }
+    }
 }

@@ -1,6 +1,10 @@
 //! `cargo xtask <task>`: project chores that need more than one cargo command.
 //!
 //! - `ci`: everything CI checks, in the order a failure is cheapest to find.
+//! - `bench delta [DIR] [--zipnn]`: the speed and ratio table of docs/BENCHMARKS.md: every
+//!   lockstep backend present and zstd -19 on byte-grouped XOR, in one run; with `--zipnn`,
+//!   also ZipNN from PyPI, installed on first use into target/zipnn-venv (it pulls in torch,
+//!   several GB).
 
 use std::process::{Command, ExitCode};
 
@@ -9,8 +13,9 @@ fn main() -> ExitCode {
     let task = args.first().map(String::as_str).unwrap_or("help");
     let result = match task {
         "ci" => ci(),
+        "bench" if args.get(1).map(String::as_str) == Some("delta") => bench_delta(&args[2..]),
         _ => {
-            eprintln!("usage: cargo xtask ci");
+            eprintln!("usage: cargo xtask ci | cargo xtask bench delta [DIR] [--zipnn]");
             return ExitCode::from(2);
         }
     };
@@ -58,5 +63,59 @@ fn ci() -> Result<(), String> {
     }
     // nextest does not run doc tests; they are part of the documented API.
     run("cargo", &["test", "--release", "--doc"])?;
+    Ok(())
+}
+
+const TRAJECTORY: &str = "../shared/data/trajectory-gpt2";
+const PAIRS: [(&str, &str); 2] = [
+    (
+        "gpt2_step000600_bf16.safetensors",
+        "gpt2_step000800_bf16.safetensors",
+    ),
+    (
+        "gpt2_step000600_fp32.safetensors",
+        "gpt2_step000800_fp32.safetensors",
+    ),
+];
+
+fn bench_delta(args: &[String]) -> Result<(), String> {
+    let zipnn = args.iter().any(|a| a == "--zipnn");
+    let dir = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_else(|| TRAJECTORY.to_string());
+    run(
+        "cargo",
+        &[
+            "run",
+            "--release",
+            "--quiet",
+            "--example",
+            "bench_table",
+            "--",
+            &dir,
+        ],
+    )?;
+    if !zipnn {
+        eprintln!("(ZipNN not run: add --zipnn to install it into target/zipnn-venv and compare)");
+        return Ok(());
+    }
+    let py = "target/zipnn-venv/bin/python";
+    if !std::path::Path::new(py).exists() {
+        run("python3", &["-m", "venv", "target/zipnn-venv"])?;
+        run("target/zipnn-venv/bin/pip", &["install", "-q", "zipnn"])?;
+    }
+    for (a, b) in PAIRS {
+        println!("\nZipNN on {a} -> {b}:");
+        run(
+            py,
+            &[
+                "xtask/zipnn_bench.py",
+                &format!("{dir}/{a}"),
+                &format!("{dir}/{b}"),
+            ],
+        )?;
+    }
     Ok(())
 }

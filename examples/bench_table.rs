@@ -1,0 +1,156 @@
+//! The speed table behind `cargo xtask bench delta` (docs/BENCHMARKS.md): lockstep's backends
+//! and zstd -19 on byte-grouped XOR, on the same checkpoint pairs, in one run.
+//!
+//! Usage: cargo run --release --example bench_table -- [DIR] [--quick]
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use lockstep::backend::cpu::CpuBackend;
+use lockstep::backend::reference::ReferenceBackend;
+use lockstep::backend::wgpu::WgpuBackend;
+use lockstep::backend::Backend;
+use lockstep::baseline;
+use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::blob::encode_unverified;
+use lockstep::delta::{decode_tensor_with, EncodeOptions, TensorPair};
+
+fn pairs<'a>(r: &'a Checkpoint, t: &'a Checkpoint) -> Vec<TensorPair<'a>> {
+    t.tensors
+        .iter()
+        .filter(|e| e.dtype.is_float())
+        .map(|e| TensorPair {
+            dtype: e.dtype,
+            shape: &e.shape,
+            reference: r.data(r.get(&e.name).unwrap()),
+            target: t.data(e),
+        })
+        .collect()
+}
+
+/// Best of `reps` wall times of `f`.
+fn best<T>(reps: usize, mut f: impl FnMut() -> T) -> (f64, T) {
+    let mut out = None;
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let start = Instant::now();
+        let v = f();
+        best = best.min(start.elapsed().as_secs_f64());
+        out = Some(v);
+    }
+    (best, out.unwrap())
+}
+
+fn row(name: &str, raw: usize, packed: usize, enc_s: f64, dec_s: Option<f64>) {
+    let mbs = |s: f64| raw as f64 / s / 1e6;
+    println!(
+        "| {name:<28} | {:>6.4} | {:>9.1} | {:>9} |",
+        packed as f64 / raw as f64,
+        mbs(enc_s),
+        dec_s
+            .map(|s| format!("{:.1}", mbs(s)))
+            .unwrap_or("—".into())
+    );
+}
+
+fn lockstep_row(name: &str, b: &dyn Backend, threads: usize, pairs: &[TensorPair], reps: usize) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let opts = EncodeOptions::default();
+    let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
+    pool.install(|| {
+        // Tensors in parallel as well as chunks, as `encode_batched` does.
+        let (enc_s, blobs) = best(reps, || {
+            pairs
+                .par_iter()
+                .map(|p| encode_unverified(p, &opts, b).unwrap().0)
+                .collect::<Vec<_>>()
+        });
+        let (dec_s, decoded) = best(reps, || {
+            pairs
+                .par_iter()
+                .zip(&blobs)
+                .map(|(p, blob)| decode_tensor_with(blob, p.reference, b).unwrap())
+                .collect::<Vec<_>>()
+        });
+        assert!(decoded.iter().zip(pairs).all(|(d, p)| d == p.target));
+        let packed: usize = blobs.iter().map(|b| b.len()).sum();
+        row(name, raw, packed, enc_s, Some(dec_s));
+    });
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let dir = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/data/trajectory-gpt2"
+            )
+            .into(),
+        );
+    let reps = if quick { 1 } else { 3 };
+    let wgpu = WgpuBackend::new(false).ok();
+    for (a, b) in [
+        (
+            "gpt2_step000600_bf16.safetensors",
+            "gpt2_step000800_bf16.safetensors",
+        ),
+        (
+            "gpt2_step000600_fp32.safetensors",
+            "gpt2_step000800_fp32.safetensors",
+        ),
+    ] {
+        let (Ok(r), Ok(t)) = (
+            Checkpoint::open(format!("{dir}/{a}")),
+            Checkpoint::open(format!("{dir}/{b}")),
+        ) else {
+            eprintln!("skipping {a} -> {b}: not found in {dir}");
+            continue;
+        };
+        let pairs = pairs(&r, &t);
+        let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
+        println!(
+            "\n{a} -> {b}: {} float tensors, {:.1} MB",
+            pairs.len(),
+            raw as f64 / 1e6
+        );
+        println!("| coder                        | ratio  | enc MB/s  | dec MB/s  |");
+        println!("|------------------------------|--------|-----------|-----------|");
+        lockstep_row("lockstep cpu, 1 thread", &CpuBackend, 1, &pairs, reps);
+        lockstep_row("lockstep cpu, 2 threads", &CpuBackend, 2, &pairs, reps);
+        lockstep_row(
+            "lockstep reference, 1 thread",
+            &ReferenceBackend,
+            1,
+            &pairs,
+            1,
+        );
+        if let Some(w) = &wgpu {
+            lockstep_row("lockstep wgpu (see note)", w, 2, &pairs, 1);
+        }
+        // zstd -19 on byte-grouped XOR: the paper's baseline row, one thread.
+        let (enc_s, packed) = best(1, || {
+            let mut planes = Vec::new();
+            for p in &pairs {
+                let x = baseline::xor(p.reference, p.target);
+                baseline::push_planes(&mut planes, &x, p.dtype.size());
+            }
+            baseline::zstd_planes(&planes, 19).unwrap()
+        });
+        row("zstd -19, byte-grouped XOR", raw, packed, enc_s, None);
+    }
+    if let Some(w) = &wgpu {
+        println!(
+            "\nwgpu ran on {}: correctness only unless that is a real GPU.",
+            w.device()
+        );
+    }
+}

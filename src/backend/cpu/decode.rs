@@ -1,0 +1,181 @@
+//! Decoding one chunk: lanes step by step, stage by stage, then tails and the inverse
+//! transform in one forward pass.
+
+use super::bits::BitReader;
+use super::tables::DecStage;
+use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
+use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::entropy::rans::RANS_L;
+use crate::{Error, Result};
+
+fn bad(detail: &str) -> Error {
+    Error::format("tensor blob chunk", detail.to_string())
+}
+
+const SLOT_MASK: u32 = PROB_TOTAL - 1;
+
+/// The stream every lane of a chunk reads from, in decoding order, padded with `LANES` zero
+/// words so a refill never needs a bounds check; overruns are detected after each stage.
+struct Stream<'a> {
+    words: &'a [u16],
+    len: usize,
+    pos: usize,
+}
+
+impl Stream<'_> {
+    /// Refill every lane whose state fell below `RANS_L`, in lane order: the only serial
+    /// part of a stage (the table lookups that produced `states` are independent per lane).
+    #[inline(always)]
+    fn refill(&mut self, states: &mut [u32]) -> Result<()> {
+        for x in states.iter_mut() {
+            let need = *x < RANS_L;
+            let w = self.words[self.pos] as u32;
+            *x = if need { (*x << 16) | w } else { *x };
+            self.pos += need as usize;
+        }
+        if self.pos > self.len {
+            return Err(bad("rANS word stream ended early"));
+        }
+        Ok(())
+    }
+}
+
+/// Advance `x` past a binary symbol under `f0` (0 with the state unchanged when `f0` is the
+/// identity row's `PROB_TOTAL`); returns the symbol.
+#[inline(always)]
+fn binary(x: &mut u32, f0: u32) -> u32 {
+    let slot = *x & SLOT_MASK;
+    let sym = (slot >= f0) as u32;
+    let (f, s) = if sym == 0 {
+        (f0, 0)
+    } else {
+        (PROB_TOTAL - f0, f0)
+    };
+    *x = f * (*x >> PROB_BITS) + slot - s;
+    sym
+}
+
+/// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size).
+pub fn chunk<T: Word>(
+    c: &EncodedChunk,
+    reference: &[u8],
+    out: &mut [u8],
+    info_fn: InfoFn,
+    signed: bool,
+    w1: usize,
+    stages: &[DecStage],
+    distance: Option<usize>,
+    scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
+) -> Result<()> {
+    let n = reference.len() / T::SIZE;
+    let (info, codes) = (&mut scratch.0, &mut scratch.1);
+    info.clear();
+    info.extend(
+        reference
+            .chunks_exact(T::SIZE)
+            .map(|r| info_fn.info::<T>(T::read(r)) as u16),
+    );
+    codes.clear();
+    codes.resize(n, 0);
+    let mut states = c.states;
+    let padded = &mut scratch.2;
+    padded.clear();
+    padded.extend_from_slice(&c.words);
+    padded.resize(c.words.len() + LANES, 0);
+    let mut st = Stream {
+        words: padded,
+        len: c.words.len(),
+        pos: 0,
+    };
+    let no_row = || bad("a symbol's context has no frequency row");
+    let d = distance.unwrap_or(usize::MAX);
+    let (bt, q1t, q2t) = (&stages[0], &stages[1], &stages[2]);
+    let d_s = match stages.get(3) {
+        Some(t) if t.neighbor => d,
+        _ => usize::MAX,
+    };
+    let mut b_ctx = [0usize; LANES];
+    for step in 0..n.div_ceil(LANES) {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        let inf = &info[base..base + lanes];
+        // The neighbor (d >= LANES back) was decoded in an earlier step.
+        for lane in 0..lanes {
+            let nb = if bt.neighbor {
+                neighbor_b(codes, base + lane, d, w1)
+            } else {
+                0
+            };
+            b_ctx[lane] = b_context(inf[lane], nb, w1, bt.neighbor);
+        }
+        let code = &mut codes[base..base + lanes];
+        let xs = &mut states[..lanes];
+        for lane in 0..lanes {
+            let ri = bt.map[b_ctx[lane]];
+            if ri == u32::MAX {
+                return Err(no_row());
+            }
+            let x = &mut xs[lane];
+            let slot = *x & SLOT_MASK;
+            let sym = bt.slot[ri as usize * PROB_TOTAL as usize + slot as usize] as usize;
+            let (f, s) = bt.fs[ri as usize * bt.alphabet + sym];
+            *x = f * (*x >> PROB_BITS) + slot - s;
+            code[lane] = sym as u32;
+        }
+        st.refill(xs)?;
+        for lane in 0..lanes {
+            let b = code[lane] as usize;
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            let f0 = q1t.f0(b >= 2, eb).ok_or_else(no_row)?;
+            code[lane] |= binary(&mut xs[lane], f0) << 7;
+        }
+        st.refill(xs)?;
+        for lane in 0..lanes {
+            let c = code[lane];
+            let b = (c & 127) as usize;
+            let ctx = ((inf[lane] & 255) as usize * w1 + b) * 2 + ((c >> 7) & 1) as usize;
+            let f0 = q2t.f0(b >= 3, ctx).ok_or_else(no_row)?;
+            code[lane] |= binary(&mut xs[lane], f0) << 8;
+        }
+        st.refill(xs)?;
+        if let Some(s_t) = stages.get(3) {
+            for lane in 0..lanes {
+                let j = base + lane;
+                let b = (codes[j] & 127) as usize;
+                let eb = (info[j] & 255) as usize * w1 + b;
+                let ctx = (eb * 3 + up(codes, j, d_s) as usize) * 2 + rs(info[j]);
+                let f0 = s_t.f0(b >= 1, ctx).ok_or_else(no_row)?;
+                codes[j] |= binary(&mut states[lane], f0) << 9;
+            }
+            st.refill(&mut states[..lanes])?;
+        }
+    }
+    if st.pos != st.len || states.iter().any(|&s| s != RANS_L) {
+        return Err(bad("rANS lanes did not end in their initial state"));
+    }
+
+    let mut tail = BitReader::new(&c.tail, c.tail_bits);
+    for ((&code, r), o) in codes
+        .iter()
+        .zip(reference.chunks_exact(T::SIZE))
+        .zip(out.chunks_exact_mut(T::SIZE))
+    {
+        let b = code & 127;
+        let t = if b >= 4 {
+            tail.get(b - 3)
+                .ok_or_else(|| bad("raw tail shorter than the bit lengths require"))?
+        } else {
+            0
+        };
+        let v = word::compose(code, t);
+        let delta = word::displacement::<T>(v, (code >> 9) & 1 != 0, signed);
+        let x =
+            word::from_key::<T>(word::key::<T>(T::read(r)).wrapping_add(delta) & word::mask::<T>());
+        T::write(x, o);
+    }
+    if tail.consumed != c.tail_bits {
+        return Err(bad("raw tail longer than the bit lengths require"));
+    }
+    Ok(())
+}

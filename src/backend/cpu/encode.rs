@@ -1,0 +1,168 @@
+//! Encoder-side passes over one chunk: symbol codes, histograms, rANS lanes, raw tail.
+//!
+//! Per element the passes keep one `u32` code (b, q1, q2, neg) and one `u16` of reference
+//! facts instead of a 16-byte `Sym`; contexts and tail are recomputed from them on the fly.
+
+use super::bits::BitWriter;
+use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
+use super::word::{self, b_context, neighbor_b, rs, up, Word};
+use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::delta::model::Hist;
+use crate::entropy::rans::RANS_L;
+
+/// Symbol codes of a chunk's elements; with `tail`, also pack their raw tails.
+pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&mut BitWriter>) {
+    out.clear();
+    out.reserve(d.len());
+    match tail {
+        None => out.extend(d.iter().map(|&d| {
+            let (v, neg) = word::value::<T>(d.get(), signed);
+            word::code(v, neg)
+        })),
+        Some(t) => out.extend(d.iter().map(|&d| {
+            let (v, neg) = word::value::<T>(d.get(), signed);
+            let c = word::code(v, neg);
+            // b < 4 puts nothing (zero bits), without a branch.
+            let len = (c & 127).saturating_sub(3);
+            t.put(v & ((1u64 << len) - 1), len);
+            c
+        })),
+    }
+}
+
+/// Add one chunk to the histograms (B, Q1, Q2 and, if `hists.len() == 4`, S), each in the
+/// context form its `space` names.
+pub fn count(codes: &[u32], info: &[u16], w1: usize, distance: Option<usize>, hists: &mut [Hist]) {
+    let d = distance.unwrap_or(usize::MAX);
+    let (b_h, rest) = hists.split_first_mut().unwrap();
+    let (q1_h, rest) = rest.split_first_mut().unwrap();
+    let (q2_h, rest) = rest.split_first_mut().unwrap();
+    let b_nb = b_h.space.neighbor;
+    let (b_c, q1_c, q2_c) = (&mut b_h.counts, &mut q1_h.counts, &mut q2_h.counts);
+    for (j, (&c, &i)) in codes.iter().zip(info).enumerate() {
+        let b = (c & 127) as usize;
+        let eb = (i & 255) as usize * w1 + b;
+        if b_nb {
+            b_c[b_context(i, neighbor_b(codes, j, d, w1), w1, true) * w1 + b] += 1;
+        } else {
+            b_c[eb] += 1;
+        }
+        if b >= 2 {
+            let q1 = ((c >> 7) & 1) as usize;
+            q1_c[eb * 2 + q1] += 1;
+            if b >= 3 {
+                q2_c[(eb * 2 + q1) * 2 + ((c >> 8) & 1) as usize] += 1;
+            }
+        }
+    }
+    if let Some(s_h) = rest.first_mut() {
+        let d = if s_h.space.neighbor { d } else { usize::MAX };
+        let s_c = &mut s_h.counts;
+        for (j, (&c, &i)) in codes.iter().zip(info).enumerate() {
+            let b = (c & 127) as usize;
+            if b == 0 {
+                continue;
+            }
+            let eb = (i & 255) as usize * w1 + b;
+            let ctx = (eb * 3 + up(codes, j, d) as usize) * 2 + rs(i);
+            s_c[ctx * 2 + ((c >> 9) & 1) as usize] += 1;
+        }
+    }
+}
+
+/// The interleaved lanes of one chunk: the exact mirror of the decoding order of
+/// `delta::chunk` (steps, stages and lanes reversed), words reversed at the end. Elements
+/// absent from a stage code the identity symbol, so the inner loops are branch-free.
+pub fn lanes(
+    codes: &[u32],
+    info: &[u16],
+    w1: usize,
+    stages: &[EncStage],
+    distance: Option<usize>,
+    words: &mut Vec<u16>,
+) -> ([u32; LANES], usize) {
+    let n = codes.len();
+    let mut states = [RANS_L as u64; LANES];
+    // At most one word per coded symbol, plus one slot for the last unconditional store.
+    // Grown, never cleared: every slot below `pos` is written before it is read.
+    let need = n * stages.len() + 1;
+    if words.len() < need {
+        words.resize(need, 0);
+    }
+    let mut pos = 0usize;
+    let d = distance.unwrap_or(usize::MAX);
+    let d_s = match stages.get(3) {
+        Some(t) if t.neighbor => d,
+        _ => usize::MAX,
+    };
+    let b_nb = stages[0].neighbor;
+    let mut e: [&EncSym; LANES] = [&IDENTITY; LANES];
+    for step in (0..n.div_ceil(LANES)).rev() {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        let (c, inf) = (&codes[base..base + lanes], &info[base..base + lanes]);
+        let st = &mut states[..lanes];
+        if let Some(s_t) = stages.get(3) {
+            for lane in 0..lanes {
+                let b = (c[lane] & 127) as usize;
+                let eb = (inf[lane] & 255) as usize * w1 + b;
+                let ctx = (eb * 3 + up(codes, base + lane, d_s) as usize) * 2 + rs(inf[lane]);
+                e[lane] = s_t.get(b >= 1, ctx, ((c[lane] >> 9) & 1) as usize);
+            }
+            put_lanes(st, &e[..lanes], words, &mut pos);
+        }
+        for lane in 0..lanes {
+            let b = (c[lane] & 127) as usize;
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            let ctx = eb * 2 + ((c[lane] >> 7) & 1) as usize;
+            e[lane] = stages[2].get(b >= 3, ctx, ((c[lane] >> 8) & 1) as usize);
+        }
+        put_lanes(st, &e[..lanes], words, &mut pos);
+        for lane in 0..lanes {
+            let b = (c[lane] & 127) as usize;
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            e[lane] = stages[1].get(b >= 2, eb, ((c[lane] >> 7) & 1) as usize);
+        }
+        put_lanes(st, &e[..lanes], words, &mut pos);
+        for lane in 0..lanes {
+            let b = (c[lane] & 127) as usize;
+            let nb = if b_nb {
+                neighbor_b(codes, base + lane, d, w1)
+            } else {
+                0
+            };
+            e[lane] = stages[0].get(true, b_context(inf[lane], nb, w1, b_nb), b);
+        }
+        put_lanes(st, &e[..lanes], words, &mut pos);
+    }
+    (states.map(|s| s as u32), pos)
+}
+
+/// Per-thread buffers reused from chunk to chunk (fresh ones cost page faults and memsets).
+#[derive(Default)]
+pub struct Scratch {
+    pub codes: Vec<u32>,
+    words: Vec<u16>,
+    tail: BitWriter,
+}
+
+/// Code one chunk of displacements.
+pub fn chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    signed: bool,
+    w1: usize,
+    stages: &[EncStage],
+    distance: Option<usize>,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    s.tail.clear();
+    codes(d, signed, &mut s.codes, Some(&mut s.tail));
+    let (states, n_words) = lanes(&s.codes, info, w1, stages, distance, &mut s.words);
+    EncodedChunk {
+        words: s.words[..n_words].iter().rev().copied().collect(),
+        states,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
+}

@@ -1,0 +1,165 @@
+//! Transmitted tables turned into what the inner loops want: per row and symbol, the
+//! encoder's division replaced by an exact multiply, and the decoder's slot lookup as a table.
+
+use crate::delta::model::StageTable;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+
+/// One symbol of one row, ready to encode (after ryg_rans' `RansEncSymbol`).
+#[derive(Clone, Copy, Default)]
+pub struct EncSym {
+    /// Flush a word first when the state is at least this.
+    pub x_max: u64,
+    /// `floor(2^44 / freq) + 1`: for every state x < 2^32, `(x * m) >> 44 == x / freq`
+    /// (the error term stays below 2^-12 <= 1 / freq).
+    pub m: u64,
+    pub start: u32,
+    /// `PROB_TOTAL - freq`: `C(x) = x + start + (x / freq) * cmpl`.
+    pub cmpl: u32,
+}
+
+impl EncSym {
+    fn new(start: u32, freq: u32) -> Self {
+        if freq == 0 {
+            // Never used: the table was built from the same counts the encoder codes.
+            return EncSym::default();
+        }
+        EncSym {
+            x_max: (freq as u64) << (32 - PROB_BITS),
+            m: (1u64 << 44) / freq as u64 + 1,
+            start,
+            cmpl: PROB_TOTAL - freq,
+        }
+    }
+}
+
+/// A symbol of probability 1: encoding it leaves the state unchanged and flushes nothing.
+/// Elements absent from a stage use it, so the lane loops need no branch on presence.
+pub const IDENTITY: EncSym = EncSym {
+    x_max: u64::MAX,
+    m: (1 << 32) + 1,
+    start: 0,
+    cmpl: 0,
+};
+
+/// One (step, stage) of rANS encoding over lanes `LANES-1..=0`, identical in effect to
+/// `entropy::rans::enc_put` per lane. The flush decisions read the tables for every lane at
+/// once; then the only serial chain, the word cursor `pos`, runs on values already loaded:
+/// every lane stores its low word at `out[*pos]` and keeps it only if its state flushed.
+#[inline(always)]
+pub fn put_lanes(states: &mut [u64], syms: &[&EncSym], out: &mut [u16], pos: &mut usize) {
+    let mut flush = [false; 32];
+    for ((f, x), e) in flush.iter_mut().zip(states.iter()).zip(syms) {
+        *f = *x >= e.x_max;
+    }
+    for (x, &f) in states.iter().zip(&flush).rev() {
+        out[*pos] = *x as u16;
+        *pos += f as usize;
+    }
+    for ((x, e), &f) in states.iter_mut().zip(syms).zip(&flush) {
+        let y = if f { *x >> 16 } else { *x };
+        let q = ((y as u128 * e.m as u128) >> 44) as u64;
+        *x = y + e.start as u64 + q * e.cmpl as u64;
+    }
+}
+
+/// One stage's table for the encoder: context -> row, row -> symbols.
+pub struct EncStage<'a> {
+    pub map: &'a [u32],
+    /// The stage uses its neighbor context form (B, S).
+    pub neighbor: bool,
+    pub alphabet: usize,
+    pub syms: Vec<EncSym>,
+    /// Index of the identity row (absent elements).
+    identity_row: usize,
+}
+
+impl<'a> EncStage<'a> {
+    pub fn new(t: &'a StageTable) -> Self {
+        let a = t.space.alphabet();
+        let n_rows = t.explicit.len() + t.backoff.len();
+        let mut syms = Vec::with_capacity(n_rows * a);
+        for ri in 0..n_rows {
+            let row = t.row(ri as u32);
+            syms.extend((0..a).map(|s| EncSym::new(row.start[s], row.freq[s])));
+        }
+        // Row `n_rows`: absent elements.
+        syms.extend((0..a).map(|_| IDENTITY));
+        EncStage {
+            map: &t.map,
+            neighbor: t.space.neighbor,
+            alphabet: a,
+            syms,
+            identity_row: n_rows,
+        }
+    }
+    /// The symbol to code: `sym` under context `ctx`'s row, or the identity when the
+    /// element is absent from this stage (or, never for tables built from the same counts,
+    /// when the context has no row).
+    #[inline(always)]
+    pub fn get(&self, present: bool, ctx: usize, sym: usize) -> &EncSym {
+        let ri = if present {
+            self.map[ctx] as usize
+        } else {
+            self.identity_row
+        };
+        self.syms.get(ri * self.alphabet + sym).unwrap_or(&IDENTITY)
+    }
+}
+
+/// One stage's table for the decoder.
+pub struct DecStage<'a> {
+    pub map: &'a [u32],
+    /// The stage uses its neighbor context form (B, S).
+    pub neighbor: bool,
+    /// Binary stages: frequency of symbol 0 per row.
+    pub f0: Vec<u32>,
+    /// B stage: `(freq, start)` per row and symbol, and the symbol of every slot per row.
+    pub fs: Vec<(u32, u32)>,
+    pub slot: Vec<u8>,
+    pub alphabet: usize,
+}
+
+impl<'a> DecStage<'a> {
+    pub fn new(t: &'a StageTable) -> Self {
+        let a = t.space.alphabet();
+        let n_rows = t.explicit.len() + t.backoff.len();
+        let mut d = DecStage {
+            map: &t.map,
+            neighbor: t.space.neighbor,
+            f0: Vec::new(),
+            fs: Vec::new(),
+            slot: Vec::new(),
+            alphabet: a,
+        };
+        for ri in 0..n_rows {
+            let row = t.row(ri as u32);
+            if a == 2 {
+                d.f0.push(row.freq[0]);
+            } else {
+                for s in 0..a {
+                    d.fs.push((row.freq[s], row.start[s]));
+                    let (lo, hi) = (row.start[s], row.start[s] + row.freq[s]);
+                    d.slot.extend((lo..hi).map(|_| s as u8));
+                }
+            }
+        }
+        // Row `n_rows` of a binary stage: absent elements decode symbol 0 at probability 1,
+        // which leaves the state unchanged.
+        if a == 2 {
+            d.f0.push(PROB_TOTAL);
+        }
+        d
+    }
+
+    /// Row of a binary stage for an element: the identity row when absent; `None` when a
+    /// present element's context has no row (a format error).
+    #[inline(always)]
+    pub fn f0(&self, present: bool, ctx: usize) -> Option<u32> {
+        let ri = if present {
+            self.map[ctx] as usize
+        } else {
+            self.f0.len() - 1
+        };
+        self.f0.get(ri).copied()
+    }
+}

@@ -1,0 +1,149 @@
+//! Stage-by-stage outputs of a backend on one tensor pair, for parity checks: the tests
+//! compare them byte for byte, `lockstep parity` prints their hashes per backend.
+
+use super::{Backend, EncodeJob};
+use crate::delta::blob::neighbor_distance;
+use crate::delta::chunk::EncodedChunk;
+use crate::delta::model::{StageTable, Tables};
+use crate::delta::symbols::Layout;
+use crate::delta::{decode_tensor_with, encode_tensor_with, EncodeOptions, TensorPair};
+use crate::Result;
+
+/// Names of the stages, in pipeline order.
+pub const STAGE_NAMES: [&str; 6] = [
+    "residuals",
+    "histograms",
+    "lanes",
+    "tail",
+    "blob",
+    "decoded",
+];
+
+/// Everything one backend produced for one tensor pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stages {
+    pub residuals: Vec<u8>,
+    /// Counts of every stage of both layouts (Signed with B and S in their neighbor forms).
+    pub histograms: Vec<Vec<u64>>,
+    /// Signed layout under tables selected from the histograms: B and S in their neighbor
+    /// forms, then B folded to its plain form, then S folded (three runs, concatenated).
+    pub chunks: Vec<EncodedChunk>,
+    /// The verified blob (default options).
+    pub blob: Vec<u8>,
+    /// This backend's decode of its own blob.
+    pub decoded: Vec<u8>,
+    /// The blob's B and S stages use their neighbor context forms (`Report::b_neighbor`,
+    /// `Report::neighbor`); implied by the blob, kept so tests can see what was covered.
+    pub b_neighbor: bool,
+    pub s_neighbor: bool,
+}
+
+impl Stages {
+    /// One BLAKE3 hash per entry of [`STAGE_NAMES`], fed into `hashers`.
+    pub fn hash_into(&self, hashers: &mut [blake3::Hasher; 6]) {
+        hashers[0].update(&self.residuals);
+        for h in &self.histograms {
+            for c in h {
+                hashers[1].update(&c.to_le_bytes());
+            }
+        }
+        for c in &self.chunks {
+            hashers[2].update(&(c.words.len() as u64).to_le_bytes());
+            for w in &c.words {
+                hashers[2].update(&w.to_le_bytes());
+            }
+            for s in &c.states {
+                hashers[2].update(&s.to_le_bytes());
+            }
+            hashers[3].update(&c.tail_bits.to_le_bytes());
+            hashers[3].update(&c.tail);
+        }
+        hashers[4].update(&(self.blob.len() as u64).to_le_bytes());
+        hashers[4].update(&self.blob);
+        hashers[5].update(&self.decoded);
+    }
+}
+
+/// Run every stage of `backend` on a float tensor pair (`None` for other dtypes, which no
+/// backend touches).
+pub fn stages(
+    backend: &dyn Backend,
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+) -> Result<Option<Stages>> {
+    let Some(fl) = pair.dtype.float_layout() else {
+        return Ok(None);
+    };
+    let resident = backend.residuals(&EncodeJob {
+        fl,
+        reference: pair.reference,
+        target: pair.target,
+        condition: opts.condition_on_exponent,
+    })?;
+    let residuals = resident.residual_bytes()?;
+    let d = neighbor_distance(pair.shape);
+    let paper = resident.histograms(Layout::Paper, None)?;
+    let signed = resident.histograms(Layout::Signed, Some(d))?;
+    // Every mix of context forms: B and S both in their neighbor forms, then each folded.
+    let mut chunks = Vec::new();
+    for fold in [[false, false], [true, false], [false, true]] {
+        let stages = signed
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let folded = match i {
+                    0 => fold[0],
+                    3 => fold[1],
+                    _ => false,
+                };
+                if folded {
+                    StageTable::select(&h.without_neighbor(), true)
+                } else {
+                    StageTable::select(h, true)
+                }
+            })
+            .collect();
+        chunks.extend(resident.encode(Layout::Signed, &Tables { stages }, Some(d))?);
+    }
+    drop(resident);
+    let (blob, report) = encode_tensor_with(pair, opts, backend)?;
+    let decoded = decode_tensor_with(&blob, pair.reference, backend)?;
+    Ok(Some(Stages {
+        residuals,
+        histograms: paper.into_iter().chain(signed).map(|h| h.counts).collect(),
+        chunks,
+        blob,
+        decoded,
+        b_neighbor: report.b_neighbor,
+        s_neighbor: report.neighbor,
+    }))
+}
+
+/// The first stage where two backends' outputs differ, if any.
+pub fn first_difference(a: &Stages, b: &Stages) -> Option<&'static str> {
+    if a.residuals != b.residuals {
+        Some("residuals")
+    } else if a.histograms != b.histograms {
+        Some("histograms")
+    } else if a
+        .chunks
+        .iter()
+        .map(|c| (&c.words, c.states))
+        .ne(b.chunks.iter().map(|c| (&c.words, c.states)))
+    {
+        Some("lanes")
+    } else if a
+        .chunks
+        .iter()
+        .map(|c| (&c.tail, c.tail_bits))
+        .ne(b.chunks.iter().map(|c| (&c.tail, c.tail_bits)))
+    {
+        Some("tail")
+    } else if a.blob != b.blob {
+        Some("blob")
+    } else if a.decoded != b.decoded {
+        Some("decoded")
+    } else {
+        None
+    }
+}

@@ -1,0 +1,199 @@
+//! The reference backend: the readable codec of `delta::symbols` and `delta::chunk`, one
+//! `Sym` per element, exactly as docs/FORMAT.md describes it. It is the oracle every other
+//! backend is checked against, stage by stage; it is not meant to be fast.
+
+use rayon::prelude::*;
+
+use super::{layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
+use crate::delta::chunk::{chunk_ranges, decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS};
+use crate::delta::model::{Hist, Space, Stage, Tables, STAGES};
+use crate::delta::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
+use crate::dtype::FloatLayout;
+use crate::float;
+use crate::Result;
+
+pub struct ReferenceBackend;
+
+/// Little-endian elements of `size` bytes, widened to u64.
+pub fn elements(bytes: &[u8], size: usize) -> Vec<u64> {
+    bytes
+        .chunks_exact(size)
+        .map(|c| {
+            let mut v = [0u8; 8];
+            v[..size].copy_from_slice(c);
+            u64::from_le_bytes(v)
+        })
+        .collect()
+}
+
+fn store_elements(values: &[u64], size: usize, out: &mut [u8]) {
+    for (dst, v) in out.chunks_exact_mut(size).zip(values) {
+        dst.copy_from_slice(&v.to_le_bytes()[..size]);
+    }
+}
+
+/// Reference facts per element; the exponent class is zeroed when conditioning is off.
+fn reference_info(refs: &[u64], fl: FloatLayout, condition: bool) -> Vec<RefInfo> {
+    refs.par_iter()
+        .map(|&r| {
+            let mut i = ref_info(r, fl);
+            if !condition {
+                i.er = 0;
+            }
+            i
+        })
+        .collect()
+}
+
+/// Histograms of the given stage spaces; chunk-local like the coder (the neighbor context
+/// never reaches into the previous chunk).
+pub fn histograms(
+    syms: &[Sym],
+    info: &[RefInfo],
+    spaces: &[Space],
+    distance: Option<usize>,
+) -> Vec<Hist> {
+    let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
+    chunk_ranges(syms.len())
+        .into_par_iter()
+        .map(|range| {
+            let mut hists = fresh();
+            let (syms, info) = (&syms[range.clone()], &info[range]);
+            for (j, s) in syms.iter().enumerate() {
+                let nb = symbols::neighbor(syms, j, distance);
+                for h in hists.iter_mut() {
+                    let sp = h.space;
+                    if sp.present(s) {
+                        let a = sp.alphabet();
+                        h.counts[sp.context(s, info[j], nb) * a + sp.symbol(s)] += 1;
+                    }
+                }
+            }
+            hists
+        })
+        .reduce(fresh, |mut a, b| {
+            for (x, y) in a.iter_mut().zip(&b) {
+                x.add(y);
+            }
+            a
+        })
+}
+
+/// The stages a layout codes, in decoding order.
+pub fn layout_stages(layout: Layout) -> &'static [Stage] {
+    match layout {
+        Layout::Paper => &STAGES[..3],
+        Layout::Signed => &STAGES,
+    }
+}
+
+struct RefResident {
+    fl: FloatLayout,
+    refs: Vec<u64>,
+    tgts: Vec<u64>,
+    info: Vec<RefInfo>,
+}
+
+impl RefResident {
+    fn syms(&self, layout: Layout) -> Vec<Sym> {
+        let w = self.fl.width;
+        self.refs
+            .par_iter()
+            .zip(self.tgts.par_iter())
+            .map(|(&r, &x)| encode_element(r, x, w, layout))
+            .collect()
+    }
+}
+
+impl Resident for RefResident {
+    fn residual_bytes(&self) -> Result<Vec<u8>> {
+        let w = self.fl.width;
+        let d: Vec<u64> = self
+            .refs
+            .iter()
+            .zip(&self.tgts)
+            .map(|(&r, &x)| float::displacement(r, x, w) as u64 & float::mask(w))
+            .collect();
+        let size = (w / 8) as usize;
+        let mut out = vec![0u8; d.len() * size];
+        store_elements(&d, size, &mut out);
+        Ok(out)
+    }
+
+    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
+        let syms = self.syms(layout);
+        let distance = distance.filter(|_| layout == Layout::Signed);
+        let spaces = layout_spaces(layout, self.fl.width, distance);
+        Ok(histograms(&syms, &self.info, &spaces, distance))
+    }
+
+    fn encode(
+        &self,
+        layout: Layout,
+        tables: &Tables,
+        distance: Option<usize>,
+    ) -> Result<Vec<EncodedChunk>> {
+        let syms = self.syms(layout);
+        Ok(chunk_ranges(syms.len())
+            .into_par_iter()
+            .map(|r| encode_chunk(&syms[r.clone()], &self.info[r], tables, distance))
+            .collect())
+    }
+}
+
+impl Backend for ReferenceBackend {
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn device(&self) -> String {
+        format!(
+            "CPU, readable reference codec, {} threads",
+            rayon::current_num_threads()
+        )
+    }
+
+    fn residuals<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
+        let size = (job.fl.width / 8) as usize;
+        let refs = elements(job.reference, size);
+        let info = reference_info(&refs, job.fl, job.condition);
+        Ok(Box::new(RefResident {
+            fl: job.fl,
+            tgts: elements(job.target, size),
+            refs,
+            info,
+        }))
+    }
+
+    fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
+        let fl = job.fl;
+        let size = (fl.width / 8) as usize;
+        let refs = elements(job.reference, size);
+        let n = refs.len();
+        let info = reference_info(&refs, fl, job.condition);
+        let ranges = chunk_ranges(n);
+        if ranges.len() != job.chunks.len() {
+            return Err(crate::Error::format(
+                "tensor blob",
+                format!("{} chunks for {} elements", job.chunks.len(), n),
+            ));
+        }
+        let decoded: Vec<Vec<u64>> = ranges
+            .into_par_iter()
+            .zip(job.chunks.par_iter())
+            .map(|(range, chunk)| {
+                let syms = decode_chunk(&info[range.clone()], job.tables, job.distance, chunk)?;
+                Ok(refs[range]
+                    .iter()
+                    .zip(&syms)
+                    .map(|(&rv, s)| decode_element(rv, s, fl.width, job.layout))
+                    .collect())
+            })
+            .collect::<Result<_>>()?;
+        let mut out = vec![0u8; n * size];
+        for (values, dst) in decoded.iter().zip(out.chunks_mut(CHUNK_ELEMS * size)) {
+            store_elements(values, size, dst);
+        }
+        Ok(out)
+    }
+}

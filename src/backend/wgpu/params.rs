@@ -1,0 +1,139 @@
+//! The uniform parameter block and the tables as the shaders read them.
+
+use super::super::reference::layout_stages;
+use crate::delta::chunk::CHUNK_ELEMS;
+use crate::delta::model::{Space, Tables};
+use crate::delta::symbols::Layout;
+use crate::dtype::FloatLayout;
+use crate::entropy::freq::PROB_TOTAL;
+use crate::{Error, Result};
+
+/// The uniform parameter block (struct Params in shaders/prelude.wgsl).
+#[derive(Clone, Copy, Default)]
+pub struct Params {
+    pub n: u32,
+    pub fl_width: u32,
+    pub mant: u32,
+    pub ebits: u32,
+    pub condition: bool,
+    pub signed: bool,
+    pub neighbor: u32,
+    pub n_stages: u32,
+    pub n_chunks: u32,
+    pub pass: u32,
+    pub pad: u32,
+    pub map_off: [u32; 4],
+    pub rows_off: [u32; 4],
+    pub alpha: [u32; 4],
+    pub hist_off: [u32; 4],
+    /// Per stage: uses its neighbor context form (B, S).
+    pub nb_form: [u32; 4],
+}
+
+impl Params {
+    pub fn new(fl: FloatLayout, n: usize, condition: bool) -> Params {
+        Params {
+            n: n as u32,
+            fl_width: fl.width,
+            mant: fl.mantissa_bits,
+            ebits: fl.exponent_bits,
+            condition,
+            n_chunks: n.div_ceil(CHUNK_ELEMS) as u32,
+            ..Default::default()
+        }
+    }
+    pub fn words(&self) -> [u32; 32] {
+        let mut w = [0u32; 32];
+        w[..12].copy_from_slice(&[
+            self.n,
+            self.fl_width,
+            self.mant,
+            self.ebits,
+            self.condition as u32,
+            self.signed as u32,
+            self.neighbor,
+            self.n_stages,
+            self.n_chunks,
+            self.fl_width + 1,
+            self.pass,
+            self.pad,
+        ]);
+        for (k, v) in [
+            self.map_off,
+            self.rows_off,
+            self.alpha,
+            self.hist_off,
+            self.nb_form,
+        ]
+        .iter()
+        .enumerate()
+        {
+            w[12 + 4 * k..16 + 4 * k].copy_from_slice(v);
+        }
+        w
+    }
+    /// Layout and neighbor distance; the stages' context forms are set by [`Params::forms`].
+    pub fn layout(mut self, layout: Layout, distance: Option<usize>) -> Result<Params> {
+        self.signed = layout == Layout::Signed;
+        self.n_stages = layout_stages(layout).len() as u32;
+        self.neighbor = match distance {
+            Some(d) if self.signed => u32::try_from(d)
+                .map_err(|_| Error::Unsupported(format!("neighbor distance {d}")))?,
+            _ => 0,
+        };
+        Ok(self)
+    }
+}
+
+impl Params {
+    /// Which stages use their neighbor context form.
+    pub fn forms(mut self, spaces: impl IntoIterator<Item = Space>) -> Params {
+        self.nb_form = [0; 4];
+        for (s, sp) in spaces.into_iter().enumerate() {
+            self.nb_form[s] = sp.neighbor as u32;
+        }
+        self
+    }
+}
+
+/// Tables flattened for the shaders: per stage the context -> row map, then `(freq, start)`
+/// per row and symbol; for stages with more than two symbols also, at `hist_off`, the symbol
+/// of every slot of every row (four per u32), so the decoder needs no search loop (only with
+/// `slots`: the encoder does not read them). Also sets the stages' context forms.
+pub fn flatten_tables(tables: &Tables, p: &mut Params, slots: bool) -> Vec<u32> {
+    *p = p.forms(tables.stages.iter().map(|t| t.space));
+    let mut out = Vec::new();
+    for (s, t) in tables.stages.iter().enumerate() {
+        let a = t.space.alphabet();
+        let n_rows = t.explicit.len() + t.backoff.len();
+        p.map_off[s] = out.len() as u32;
+        out.extend_from_slice(&t.map);
+        p.rows_off[s] = out.len() as u32;
+        p.alpha[s] = a as u32;
+        for ri in 0..n_rows {
+            let row = t.row(ri as u32);
+            for sym in 0..a {
+                out.push(row.freq[sym]);
+                out.push(row.start[sym]);
+            }
+        }
+        p.hist_off[s] = out.len() as u32;
+        if a > 2 && slots {
+            let mut row_slots = Vec::with_capacity(PROB_TOTAL as usize);
+            for ri in 0..n_rows {
+                let row = t.row(ri as u32);
+                row_slots.clear();
+                for (sym, &f) in row.freq.iter().enumerate() {
+                    row_slots.extend(std::iter::repeat_n(sym as u8, f as usize));
+                }
+                debug_assert_eq!(row_slots.len(), PROB_TOTAL as usize);
+                out.extend(
+                    row_slots
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes(c.try_into().unwrap())),
+                );
+            }
+        }
+    }
+    out
+}

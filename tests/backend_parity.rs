@@ -1,0 +1,557 @@
+//! Parity of every backend with the reference, stage by stage and end to end. Each check is
+//! written once as `fn check(backend)` and instantiated per backend by `parity_tests!` (after
+//! candle's `test_device!`). Exact means exact: bytes are compared, never tolerances.
+
+mod common;
+
+use std::sync::Arc;
+
+use lockstep::backend::cpu::CpuBackend;
+use lockstep::backend::parity::{first_difference, stages};
+use lockstep::backend::reference::ReferenceBackend;
+use lockstep::backend::wgpu::WgpuBackend;
+use lockstep::backend::Backend;
+use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::blob::encode_modeled_only_on;
+use lockstep::delta::{
+    decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, LayoutChoice,
+    TensorPair, CHUNK_ELEMS, LANES,
+};
+use lockstep::dtype::DType;
+
+const DATA: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/data/trajectory-gpt2"
+);
+const FLOATS: [DType; 6] = [
+    DType::F64,
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::F8E4M3,
+    DType::F8E5M2,
+];
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// A reference tensor of plausible weights and a target that mostly moved by a few ULPs with
+/// a sign and a magnitude that follow the column, plus some wild and special values.
+fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let size = dtype.size();
+    let w = size as u32 * 8;
+    let fl = dtype.float_layout().unwrap();
+    let mut rng = Rng(seed | 1);
+    let (mut r, mut x) = (Vec::with_capacity(n * size), Vec::with_capacity(n * size));
+    let mask = if w == 64 { u64::MAX } else { (1u64 << w) - 1 };
+    let bias = (1u64 << (fl.exponent_bits - 1)) - 1;
+    for j in 0..n {
+        let k = rng.next();
+        let exp = (bias - 1 - (k % 6)) << fl.mantissa_bits;
+        let mant = rng.next() & ((1u64 << fl.mantissa_bits) - 1);
+        let rv = ((k >> 63) << (w - 1)) | exp | mant;
+        let kind = rng.next() % 100;
+        let col = j % cols.max(1);
+        let col_sign = col.is_multiple_of(3);
+        // Update magnitudes that follow the column, so an element's bit length is predicted by
+        // the one a row up (the B stage's neighbor form pays).
+        let col_scale = 1u64 << (2 + 3 * (col % 4));
+        let xv = match kind {
+            0..=9 => rv,
+            10..=93 => {
+                let step = rng.next() % (1 + (rng.next() % col_scale));
+                // Negative floats move the other way in key order: follow the column there too.
+                if col_sign ^ kind.is_multiple_of(5) ^ (k >> 63 == 1) {
+                    rv.wrapping_add(step)
+                } else {
+                    rv.wrapping_sub(step)
+                }
+            }
+            94..=96 => rng.next(),
+            97 => 0,
+            98 => 1u64 << (w - 1),
+            _ => mask ^ (rng.next() & 3),
+        } & mask;
+        r.extend_from_slice(&rv.to_le_bytes()[..size]);
+        x.extend_from_slice(&xv.to_le_bytes()[..size]);
+    }
+    (r, x)
+}
+
+fn shape_for(n: usize) -> Vec<u64> {
+    // Rows of 48 when that divides n, so the sign stage's one-row-up context is exercised.
+    if n.is_multiple_of(48) && n > 0 {
+        vec![(n / 48) as u64, 48]
+    } else {
+        vec![n as u64]
+    }
+}
+
+/// Which neighbor context forms the checked blobs used: (B, S).
+#[derive(Default)]
+struct Forms(bool, bool);
+
+fn assert_same_stages(
+    backend: &dyn Backend,
+    pair: &TensorPair,
+    opts: &EncodeOptions,
+    what: &str,
+) -> Forms {
+    let want = stages(&ReferenceBackend, pair, opts).unwrap().unwrap();
+    let got = stages(backend, pair, opts)
+        .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()))
+        .unwrap();
+    assert_eq!(want.decoded, pair.target, "{what}: reference decode");
+    if let Some(stage) = first_difference(&want, &got) {
+        panic!(
+            "{what}: {} differs from the reference at stage {stage}",
+            backend.name()
+        );
+    }
+    Forms(want.b_neighbor, want.s_neighbor)
+}
+
+/// Every float dtype, odd lengths around the lane count and the chunk size; rows of 48
+/// where the length allows, so both neighbor context forms are chosen somewhere (checked).
+pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
+    let lens = [
+        0,
+        1,
+        LANES - 1,
+        LANES,
+        LANES + 1,
+        48 * 40,
+        CHUNK_ELEMS - 1,
+        CHUNK_ELEMS + 1,
+        // Two chunks, the second shorter than a row: no element there has a neighbor.
+        48 * (CHUNK_ELEMS / 48 + 1),
+    ];
+    let mut seen = Forms::default();
+    for (i, dtype) in FLOATS.into_iter().enumerate() {
+        for (k, &n) in lens.iter().enumerate() {
+            if n > max_len {
+                continue;
+            }
+            let (r, x) = pair_bytes(dtype, n, 48, (i * 100 + k) as u64 + 7);
+            let shape = shape_for(n);
+            let pair = TensorPair {
+                dtype,
+                shape: &shape,
+                reference: &r,
+                target: &x,
+            };
+            for opts in options() {
+                let what = format!("{dtype} n={n} {opts:?}");
+                let f = assert_same_stages(backend, &pair, &opts, &what);
+                seen = Forms(seen.0 | f.0, seen.1 | f.1);
+            }
+        }
+    }
+    assert!(
+        seen.0 && seen.1,
+        "the matrix never chose B's ({}) or S's ({}) neighbor form",
+        seen.0,
+        seen.1
+    );
+}
+
+fn options() -> [EncodeOptions; 3] {
+    [
+        EncodeOptions::default(),
+        EncodeOptions {
+            layout: LayoutChoice::Paper,
+            condition_on_exponent: true,
+        },
+        EncodeOptions {
+            layout: LayoutChoice::Signed,
+            condition_on_exponent: false,
+        },
+    ]
+}
+
+/// Encode on one backend, decode on the other, both ways.
+pub fn cross_decode(backend: &dyn Backend) {
+    for (i, dtype) in FLOATS.into_iter().enumerate() {
+        // Rows of 48: the neighbor context forms are in play.
+        let n = 48 * (100 + i);
+        let (r, x) = pair_bytes(dtype, n, 48, 99 + i as u64);
+        let shape = [(n / 48) as u64, 48];
+        let pair = TensorPair {
+            dtype,
+            shape: &shape,
+            reference: &r,
+            target: &x,
+        };
+        let opts = EncodeOptions::default();
+        let (ours, _) = encode_tensor_with(&pair, &opts, backend).unwrap();
+        let (theirs, _) = encode_tensor_with(&pair, &opts, &ReferenceBackend).unwrap();
+        assert_eq!(ours, theirs, "{dtype}");
+        assert_eq!(decode_tensor_with(&ours, &r, &ReferenceBackend).unwrap(), x);
+        assert_eq!(decode_tensor_with(&theirs, &r, backend).unwrap(), x);
+    }
+}
+
+/// The entropy coder over every 16-bit target pattern (bf16, f16) and every 8-bit pair (fp8),
+/// in the Modeled mode even where raw would win: the reference's blob, and its decode.
+pub fn every_pattern_modeled(backend: &dyn Backend) {
+    let mut cases: Vec<(DType, Vec<u8>, Vec<u8>)> = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        let t: Vec<u8> = (0..65536u32)
+            .flat_map(|i| (i as u16).to_le_bytes())
+            .collect();
+        let r: Vec<u8> = (0..65536u32)
+            .flat_map(|i| ((i * 40503) as u16).to_le_bytes())
+            .collect();
+        cases.push((dtype, r, t));
+    }
+    for dtype in [DType::F8E4M3, DType::F8E5M2] {
+        let r: Vec<u8> = (0..65536u32).map(|i| (i >> 8) as u8).collect();
+        let t: Vec<u8> = (0..65536u32).map(|i| i as u8).collect();
+        cases.push((dtype, r, t));
+    }
+    let shape = [256u64, 256];
+    for (dtype, r, t) in &cases {
+        let pair = TensorPair {
+            dtype: *dtype,
+            shape: &shape,
+            reference: r,
+            target: t,
+        };
+        for opts in options() {
+            let (want, _) = encode_modeled_only_on(&pair, &opts, &ReferenceBackend).unwrap();
+            let (got, _) = encode_modeled_only_on(&pair, &opts, backend).unwrap();
+            assert!(
+                want == got,
+                "{dtype} {opts:?}: {} blob differs",
+                backend.name()
+            );
+            assert_eq!(
+                &decode_tensor_with(&got, r, backend).unwrap(),
+                t,
+                "{dtype} {opts:?}"
+            );
+        }
+    }
+}
+
+/// A corrupted stream (valid checksum, wrong content) is an error on every backend.
+pub fn corrupt_streams_error(backend: &dyn Backend) {
+    let (r, x) = pair_bytes(DType::BF16, 3000, 48, 5);
+    let shape = [3000u64];
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &shape,
+        reference: &r,
+        target: &x,
+    };
+    let (blob, _) = encode_tensor_with(&pair, &EncodeOptions::default(), backend).unwrap();
+    let mut rng = Rng(77);
+    for _ in 0..40 {
+        let mut bad = blob.clone();
+        let body = bad.len() - 4;
+        let at = 20 + (rng.next() as usize % (body - 20));
+        bad[at] ^= 1 << (rng.next() % 8);
+        let crc = crc32fast::hash(&bad[..body]);
+        bad[body..].copy_from_slice(&crc.to_le_bytes());
+        let want = decode_tensor_with(&bad, &r, &ReferenceBackend);
+        let got = decode_tensor_with(&bad, &r, backend);
+        assert_eq!(want.is_ok(), got.is_ok(), "byte {at}: {want:?} vs {got:?}");
+        if let (Ok(a), Ok(b)) = (want, got) {
+            assert_eq!(a, b);
+        }
+    }
+}
+
+/// The golden blobs of tests/golden.rs (main's bytes): every backend encodes exactly them
+/// and decodes them. The inputs mirror `cases()` there (tests/golden.rs itself is unchanged;
+/// a drift shows up here as a mismatch, never as a silent pass).
+mod golden {
+    use super::common::{self, Rng};
+    use lockstep::delta::{EncodeOptions, LayoutChoice};
+    use lockstep::dtype::DType;
+
+    pub struct Case {
+        pub name: &'static str,
+        pub dtype: DType,
+        pub shape: Vec<u64>,
+        pub reference: Vec<u8>,
+        pub target: Vec<u8>,
+        pub opts: EncodeOptions,
+    }
+
+    fn near(dtype: DType, n: usize, seed: u64, spread: i64) -> (Vec<u8>, Vec<u8>) {
+        let mut rng = Rng(seed);
+        let size = dtype.size();
+        let w = dtype.float_layout().unwrap().width;
+        let (mut r, mut t) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let rv = rng.next() & if w == 64 { u64::MAX } else { (1 << w) - 1 };
+            let d = (rng.below(2 * spread as u64 + 1) as i64 - spread) / (1 + rng.below(4) as i64);
+            let tv = lockstep::float::apply_displacement(rv, d, w);
+            r.extend_from_slice(&rv.to_le_bytes()[..size]);
+            t.extend_from_slice(&tv.to_le_bytes()[..size]);
+        }
+        (r, t)
+    }
+
+    pub fn cases() -> Vec<Case> {
+        let signed = EncodeOptions {
+            layout: LayoutChoice::Signed,
+            ..EncodeOptions::default()
+        };
+        let paper = EncodeOptions {
+            layout: LayoutChoice::Paper,
+            ..EncodeOptions::default()
+        };
+        let no_er = EncodeOptions {
+            condition_on_exponent: false,
+            ..signed
+        };
+        let (r, t) = common::bf16_pair(64 * 64, 100);
+        let mut v = Vec::new();
+        for (name, target, opts) in [
+            ("bf16_signed", &t, signed),
+            ("bf16_paper", &t, paper),
+            ("bf16_no_er", &t, no_er),
+            ("bf16_identical", &r, signed),
+        ] {
+            v.push(Case {
+                name,
+                dtype: DType::BF16,
+                shape: vec![64, 64],
+                reference: r.clone(),
+                target: target.clone(),
+                opts,
+            });
+        }
+        for (name, dtype, spread) in [
+            ("f32", DType::F32, 5000),
+            ("f16", DType::F16, 50),
+            ("f64", DType::F64, 1 << 30),
+            ("f8e4m3", DType::F8E4M3, 3),
+            ("f8e5m2", DType::F8E5M2, 3),
+        ] {
+            let (r, t) = near(dtype, 2000, dtype.code() as u64, spread);
+            v.push(Case {
+                name,
+                dtype,
+                shape: vec![40, 50],
+                reference: r,
+                target: t,
+                opts: EncodeOptions::default(),
+            });
+        }
+        let mut rng = Rng(5);
+        let (r, t) = (rng.bytes(200), rng.bytes(200));
+        v.push(Case {
+            name: "bf16_raw",
+            dtype: DType::BF16,
+            shape: vec![100],
+            reference: r,
+            target: t,
+            opts: signed,
+        });
+        v
+    }
+}
+
+/// Encode every golden case on `backend`: exactly the golden bytes; decode every golden blob
+/// on `backend`: exactly the target.
+pub fn golden_blobs(backend: &dyn Backend) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden");
+    for c in golden::cases() {
+        let blob = std::fs::read(format!("{dir}/{}.lsdb", c.name)).unwrap();
+        let pair = TensorPair {
+            dtype: c.dtype,
+            shape: &c.shape,
+            reference: &c.reference,
+            target: &c.target,
+        };
+        let (ours, _) = encode_tensor_with(&pair, &c.opts, backend).unwrap();
+        assert!(
+            ours == blob,
+            "{}: {} does not emit the golden bytes",
+            c.name,
+            backend.name()
+        );
+        assert_eq!(
+            decode_tensor_with(&blob, &c.reference, backend).unwrap(),
+            c.target,
+            "{}: {} decode of the golden blob",
+            c.name,
+            backend.name()
+        );
+    }
+}
+
+fn open(name: &str) -> Option<Checkpoint> {
+    let path = format!("{DATA}/{name}");
+    if !std::path::Path::new(&path).exists() {
+        eprintln!("SKIP: {path} is absent (the shared trajectory is not checked out here)");
+        return None;
+    }
+    Some(Checkpoint::open(&path).unwrap())
+}
+
+fn real_pairs<'a>(
+    r: &'a Checkpoint,
+    t: &'a Checkpoint,
+    max_elems: usize,
+) -> Vec<(String, TensorPair<'a>)> {
+    t.tensors
+        .iter()
+        .filter(|e| e.shape.iter().product::<u64>() as usize <= max_elems)
+        .map(|e| {
+            (
+                e.name.clone(),
+                TensorPair {
+                    dtype: e.dtype,
+                    shape: &e.shape,
+                    reference: r.data(r.get(&e.name).unwrap()),
+                    target: t.data(e),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The real trajectory, bf16 and fp32, every tensor up to `max_elems`, stage by stage.
+pub fn real_trajectory(backend: &dyn Backend, max_elems: usize) {
+    for (a, b) in [
+        (
+            "gpt2_step000200_bf16.safetensors",
+            "gpt2_step000400_bf16.safetensors",
+        ),
+        (
+            "gpt2_step000600_fp32.safetensors",
+            "gpt2_step000800_fp32.safetensors",
+        ),
+    ] {
+        let (Some(r), Some(t)) = (open(a), open(b)) else {
+            return;
+        };
+        for (name, pair) in real_pairs(&r, &t, max_elems) {
+            if pair.dtype.is_float() {
+                let _ = assert_same_stages(backend, &pair, &EncodeOptions::default(), &name);
+            }
+        }
+    }
+}
+
+/// Thread counts 1, 2, 7 and several batch budgets give the same blobs.
+pub fn threads_and_budgets(backend: &dyn Backend, max_elems: usize) {
+    let Some(r) = open("gpt2_step000600_bf16.safetensors") else {
+        return;
+    };
+    let Some(t) = open("gpt2_step000800_bf16.safetensors") else {
+        return;
+    };
+    let pairs: Vec<TensorPair> = real_pairs(&r, &t, max_elems)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let opts = EncodeOptions::default();
+    let want = encode_batched_with(&pairs, &opts, usize::MAX, &ReferenceBackend).unwrap();
+    for threads in [1, 2, 7] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for budget in [1 << 16, 1 << 20, 64 << 20] {
+            let got = pool.install(|| encode_batched_with(&pairs, &opts, budget, backend).unwrap());
+            assert!(
+                got.iter().map(|g| &g.0).eq(want.iter().map(|w| &w.0)),
+                "threads={threads} budget={budget}"
+            );
+        }
+    }
+}
+
+macro_rules! parity_tests {
+    ($name:ident, $backend:expr, $max_len:expr, $batch_elems:expr) => {
+        mod $name {
+            use super::*;
+
+            fn backend() -> Option<Arc<dyn Backend>> {
+                $backend
+            }
+
+            #[test]
+            fn random_tensors_every_dtype_and_odd_length() {
+                if let Some(b) = backend() {
+                    random_every_dtype(b.as_ref(), $max_len);
+                }
+            }
+
+            #[test]
+            fn golden_blobs_encode_and_decode() {
+                if let Some(b) = backend() {
+                    golden_blobs(b.as_ref());
+                }
+            }
+
+            #[test]
+            fn every_bit_pattern_in_modeled_mode() {
+                if let Some(b) = backend() {
+                    every_pattern_modeled(b.as_ref());
+                }
+            }
+
+            #[test]
+            fn cross_backend_decode() {
+                if let Some(b) = backend() {
+                    cross_decode(b.as_ref());
+                }
+            }
+
+            #[test]
+            fn corrupt_streams_are_errors() {
+                if let Some(b) = backend() {
+                    corrupt_streams_error(b.as_ref());
+                }
+            }
+
+            #[test]
+            fn real_trajectory_stage_by_stage() {
+                if let Some(b) = backend() {
+                    real_trajectory(b.as_ref(), usize::MAX);
+                }
+            }
+
+            #[test]
+            fn thread_counts_and_batch_budgets() {
+                if let Some(b) = backend() {
+                    threads_and_budgets(b.as_ref(), $batch_elems);
+                }
+            }
+        }
+    };
+}
+
+/// The wgpu backend, or `None` with a printed reason; in CI (`CI=true`) a missing adapter is
+/// a failure, not a skip.
+fn wgpu_or_skip() -> Option<Arc<dyn Backend>> {
+    match WgpuBackend::new(false) {
+        Ok(b) => Some(Arc::new(b)),
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but the wgpu backend is unavailable: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIP: wgpu backend unavailable: {e}");
+            None
+        }
+    }
+}
+
+parity_tests!(cpu, Some(Arc::new(CpuBackend)), usize::MAX, usize::MAX);
+// lavapipe is slow: the batch matrix runs on the tensors up to 1M elements (all but the
+// embeddings); the stage-by-stage test above covers the whole checkpoint once.
+parity_tests!(wgpu, wgpu_or_skip(), usize::MAX, 1 << 20);

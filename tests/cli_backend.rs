@@ -1,0 +1,50 @@
+//! The backend-facing commands as a user runs them: `backends`, `parity`, `--backend`.
+
+use std::process::Command;
+
+const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/demo");
+
+fn lockstep(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn backends_lists_cpu_and_says_cuda_is_not_built() {
+    let (ok, out, _) = lockstep(&["backends"]);
+    assert!(ok);
+    assert!(out.contains("cpu ") && out.contains("auto picks:"), "{out}");
+    assert!(out.contains("CUDA is not built"), "{out}");
+}
+
+#[test]
+fn asking_for_cuda_is_a_clear_error_not_a_fallback() {
+    let (ok, _, err) = lockstep(&["--backend", "cuda", "demo"]);
+    assert!(!ok);
+    assert!(err.contains("CUDA is not built"), "{err}");
+}
+
+#[test]
+fn parity_agrees_on_the_demo_trajectory() {
+    let a = format!("{DEMO}/step0600_blocks_bf16.safetensors");
+    let b = format!("{DEMO}/step0800_blocks_bf16.safetensors");
+    let (ok, out, err) = lockstep(&["parity", &a, &b]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("all backends agree on every stage"), "{out}");
+    assert!(out.contains("reference") && out.contains("cpu"), "{out}");
+}
+
+#[test]
+fn parity_needs_two_checkpoints() {
+    let a = format!("{DEMO}/step0600_blocks_bf16.safetensors");
+    let (ok, _, _) = lockstep(&["parity", &a]);
+    assert!(!ok);
+}
