@@ -1,6 +1,8 @@
 //! Helpers and small safetensors fixtures shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod golden_cases;
+
 use std::path::PathBuf;
 
 /// `../shared/data/<rel>` if it exists; otherwise prints why the caller skips and returns None.
