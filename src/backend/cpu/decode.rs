@@ -57,6 +57,7 @@ fn binary(x: &mut u32, f0: u32) -> u32 {
 }
 
 /// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size).
+#[inline(always)]
 pub fn chunk<T: Word>(
     c: &EncodedChunk,
     reference: &[u8],
