@@ -14,20 +14,28 @@ use crate::entropy::rans::RANS_L;
 #[inline(always)]
 pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&mut BitWriter>) {
     out.clear();
-    out.reserve(d.len());
     match tail {
-        None => out.extend(d.iter().map(|&d| {
-            let (v, neg) = word::value::<T>(d.get(), signed);
-            word::code(v, neg)
-        })),
-        Some(t) => out.extend(d.iter().map(|&d| {
-            let (v, neg) = word::value::<T>(d.get(), signed);
-            let c = word::code(v, neg);
-            // b < 4 puts nothing (zero bits), without a branch.
-            let len = (c & 127).saturating_sub(3);
-            t.put(v & ((1u64 << len) - 1), len);
-            c
-        })),
+        None => {
+            // A plain loop rather than `extend(map)`: the iterator's `fold` is a separate
+            // function, not inlined into the AVX2 copy of the histogram pass (`super::fast`).
+            // (With the tail the `extend` form measured faster, so it stays.)
+            out.resize(d.len(), 0);
+            for (o, &d) in out.iter_mut().zip(d) {
+                let (v, neg) = word::value::<T>(d.get(), signed);
+                *o = word::code(v, neg);
+            }
+        }
+        Some(t) => {
+            out.reserve(d.len());
+            out.extend(d.iter().map(|&d| {
+                let (v, neg) = word::value::<T>(d.get(), signed);
+                let c = word::code(v, neg);
+                // b < 4 puts nothing (zero bits), without a branch.
+                let len = (c & 127).saturating_sub(3);
+                t.put(v & ((1u64 << len) - 1), len);
+                c
+            }))
+        }
     }
 }
 
