@@ -57,6 +57,7 @@ fn binary(x: &mut u32, f0: u32) -> u32 {
 }
 
 /// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size).
+#[inline(always)]
 pub fn chunk<T: Word>(
     c: &EncodedChunk,
     reference: &[u8],
@@ -118,7 +119,14 @@ pub fn chunk<T: Word>(
             }
             let x = &mut xs[lane];
             let slot = *x & SLOT_MASK;
-            let sym = bt.slot[ri as usize * PROB_TOTAL as usize + slot as usize] as usize;
+            // Starts are nondecreasing, so the count is the last symbol starting at or
+            // below `slot`: the one whose range holds it (`bt.starts`). Its length is the
+            // constant `T::BITS`, so the count compiles to a few vector compares.
+            let row = &bt.starts[ri as usize * T::BITS as usize..][..T::BITS as usize];
+            let sym = row
+                .iter()
+                .map(|&s| (s as u32 <= slot) as usize)
+                .sum::<usize>();
             let (f, s) = bt.fs[ri as usize * bt.alphabet + sym];
             *x = f * (*x >> PROB_BITS) + slot - s;
             code[lane] = sym as u32;

@@ -11,27 +11,37 @@ use crate::delta::model::Hist;
 use crate::entropy::rans::RANS_L;
 
 /// Symbol codes of a chunk's elements; with `tail`, also pack their raw tails.
+#[inline(always)]
 pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&mut BitWriter>) {
     out.clear();
-    out.reserve(d.len());
     match tail {
-        None => out.extend(d.iter().map(|&d| {
-            let (v, neg) = word::value::<T>(d.get(), signed);
-            word::code(v, neg)
-        })),
-        Some(t) => out.extend(d.iter().map(|&d| {
-            let (v, neg) = word::value::<T>(d.get(), signed);
-            let c = word::code(v, neg);
-            // b < 4 puts nothing (zero bits), without a branch.
-            let len = (c & 127).saturating_sub(3);
-            t.put(v & ((1u64 << len) - 1), len);
-            c
-        })),
+        None => {
+            // A plain loop rather than `extend(map)`: the iterator's `fold` is a separate
+            // function, not inlined into the AVX2 copy of the histogram pass (`super::fast`).
+            // (With the tail the `extend` form measured faster, so it stays.)
+            out.resize(d.len(), 0);
+            for (o, &d) in out.iter_mut().zip(d) {
+                let (v, neg) = word::value::<T>(d.get(), signed);
+                *o = word::code(v, neg);
+            }
+        }
+        Some(t) => {
+            out.reserve(d.len());
+            out.extend(d.iter().map(|&d| {
+                let (v, neg) = word::value::<T>(d.get(), signed);
+                let c = word::code(v, neg);
+                // b < 4 puts nothing (zero bits), without a branch.
+                let len = (c & 127).saturating_sub(3);
+                t.put(v & ((1u64 << len) - 1), len);
+                c
+            }))
+        }
     }
 }
 
 /// Add one chunk to the histograms (B, Q1, Q2 and, if `hists.len() == 4`, S), each in the
 /// context form its `space` names.
+#[inline(always)]
 pub fn count(codes: &[u32], info: &[u16], w1: usize, distance: Option<usize>, hists: &mut [Hist]) {
     let d = distance.unwrap_or(usize::MAX);
     let (b_h, rest) = hists.split_first_mut().unwrap();
@@ -73,6 +83,7 @@ pub fn count(codes: &[u32], info: &[u16], w1: usize, distance: Option<usize>, hi
 /// The interleaved lanes of one chunk: the exact mirror of the decoding order of
 /// `delta::chunk` (steps, stages and lanes reversed), words reversed at the end. Elements
 /// absent from a stage code the identity symbol, so the inner loops are branch-free.
+#[inline(always)]
 pub fn lanes(
     codes: &[u32],
     info: &[u16],
@@ -147,6 +158,7 @@ pub struct Scratch {
 }
 
 /// Code one chunk of displacements.
+#[inline(always)]
 pub fn chunk<T: Word>(
     d: &[T],
     info: &[u16],

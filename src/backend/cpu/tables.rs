@@ -113,9 +113,12 @@ pub struct DecStage<'a> {
     pub neighbor: bool,
     /// Binary stages: frequency of symbol 0 per row.
     pub f0: Vec<u32>,
-    /// B stage: `(freq, start)` per row and symbol, and the symbol of every slot per row.
+    /// B stage: `(freq, start)` per row and symbol.
     pub fs: Vec<(u32, u32)>,
-    pub slot: Vec<u8>,
+    /// B stage: the starts of symbols `1..alphabet` per row (`alphabet - 1` values, in
+    /// order). A slot's symbol is how many of them are `<= slot`: 32 bytes a row for bf16
+    /// where a slot->symbol table takes 4 KiB and, with hundreds of rows, misses the cache.
+    pub starts: Vec<u16>,
     pub alphabet: usize,
 }
 
@@ -128,7 +131,7 @@ impl<'a> DecStage<'a> {
             neighbor: t.space.neighbor,
             f0: Vec::new(),
             fs: Vec::new(),
-            slot: Vec::new(),
+            starts: Vec::new(),
             alphabet: a,
         };
         for ri in 0..n_rows {
@@ -138,9 +141,11 @@ impl<'a> DecStage<'a> {
             } else {
                 for s in 0..a {
                     d.fs.push((row.freq[s], row.start[s]));
-                    let (lo, hi) = (row.start[s], row.start[s] + row.freq[s]);
-                    d.slot.extend((lo..hi).map(|_| s as u8));
                 }
+                // Starts never exceed PROB_TOTAL; absent trailing symbols start at
+                // PROB_TOTAL, above every slot, so they are never counted.
+                d.starts
+                    .extend((1..a).map(|s| row.start[s].min(PROB_TOTAL) as u16));
             }
         }
         // Row `n_rows` of a binary stage: absent elements decode symbol 0 at probability 1,
