@@ -67,6 +67,10 @@ impl<'a> ByteReader<'a> {
     pub fn pos(&self) -> usize {
         self.pos
     }
+    /// The bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        &self.buf[self.pos..]
+    }
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
@@ -130,6 +134,35 @@ impl<'a> ByteReader<'a> {
         }
         Ok(())
     }
+}
+
+/// Open a blob framed as `magic (4 bytes) | body | CRC-32 of magic and body (u32)`: check the
+/// magic and the checksum, and return a reader positioned after the magic. `what` names the
+/// structure (e.g. "tensor blob") in errors.
+pub fn open_checked<'a>(
+    bytes: &'a [u8],
+    magic: &[u8; 4],
+    what: &'static str,
+) -> Result<ByteReader<'a>> {
+    if bytes.len() < 8 || &bytes[..4] != magic {
+        return Err(Error::format(
+            what,
+            format!("not a lockstep {what} (bad magic)"),
+        ));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    let stored = u32::from_le_bytes(crc.try_into().unwrap());
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        return Err(Error::Checksum {
+            what: what.into(),
+            stored: stored as u64,
+            computed: computed as u64,
+        });
+    }
+    let mut r = ByteReader::new(body, what);
+    r.take(4)?;
+    Ok(r)
 }
 
 #[cfg(test)]

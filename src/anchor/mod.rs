@@ -146,24 +146,7 @@ pub fn encode(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(Vec<u8>, Anc
 
 /// Check the checksum and parse the header; returns the header and the payload.
 pub fn read_header(bytes: &[u8]) -> Result<(AnchorHeader, &[u8])> {
-    if bytes.len() < 8 || &bytes[..4] != MAGIC {
-        return Err(Error::format(
-            "anchor blob",
-            "not a lockstep anchor blob (bad magic)",
-        ));
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    let stored = u32::from_le_bytes(crc.try_into().unwrap());
-    let computed = crc32fast::hash(body);
-    if stored != computed {
-        return Err(Error::Checksum {
-            what: "anchor blob".into(),
-            stored: stored as u64,
-            computed: computed as u64,
-        });
-    }
-    let mut r = ByteReader::new(body, "anchor blob");
-    r.take(4)?;
+    let mut r = crate::bytes::open_checked(bytes, MAGIC, "anchor blob")?;
     let version = r.u8()?;
     if version != VERSION {
         return Err(Error::Unsupported(format!(
@@ -184,7 +167,7 @@ pub fn read_header(bytes: &[u8]) -> Result<(AnchorHeader, &[u8])> {
     let shape = (0..ndim).map(|_| r.varint()).collect::<Result<Vec<_>>>()?;
     let n_elements = element_count(&shape)?;
     let crc = r.u32()?;
-    let pos = r.pos();
+
     Ok((
         AnchorHeader {
             mode,
@@ -193,7 +176,7 @@ pub fn read_header(bytes: &[u8]) -> Result<(AnchorHeader, &[u8])> {
             n_elements,
             crc,
         },
-        &body[pos..],
+        r.rest(),
     ))
 }
 

@@ -83,24 +83,7 @@ fn write_header(w: &mut ByteWriter, h: &BlobHeader) {
 
 /// Check the trailing checksum and parse the header; returns the header and the payload.
 pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
-    if bytes.len() < 8 || &bytes[..4] != MAGIC {
-        return Err(Error::format(
-            "tensor blob",
-            "not a lockstep tensor blob (bad magic)",
-        ));
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    let stored = u32::from_le_bytes(crc.try_into().unwrap());
-    let computed = crc32fast::hash(body);
-    if stored != computed {
-        return Err(Error::Checksum {
-            what: "tensor blob".into(),
-            stored: stored as u64,
-            computed: computed as u64,
-        });
-    }
-    let mut r = ByteReader::new(body, "tensor blob");
-    r.take(4)?;
+    let mut r = crate::bytes::open_checked(bytes, MAGIC, "tensor blob")?;
     let version = r.u8()?;
     if version != VERSION {
         return Err(Error::Unsupported(format!(
@@ -123,8 +106,7 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
         reference_crc: if mode.uses_reference() { r.u32()? } else { 0 },
         target_crc: r.u32()?,
     };
-    let pos = r.pos();
-    Ok((header, &body[pos..]))
+    Ok((header, r.rest()))
 }
 
 /// The neighbor whose update sign is a context for the sign stage: one row up when rows are at
