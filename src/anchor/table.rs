@@ -67,32 +67,7 @@ impl Hist {
     }
 }
 
-/// A normalized row with cumulative starts and the slot → symbol map decoders use.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Row {
-    pub freq: Vec<u32>,
-    pub start: Vec<u32>,
-}
-
-impl Row {
-    pub fn new(freq: Vec<u32>) -> Row {
-        let mut start = Vec::with_capacity(freq.len());
-        let mut acc = 0;
-        for &f in &freq {
-            start.push(acc);
-            acc += f;
-        }
-        Row { freq, start }
-    }
-    /// `PROB_TOTAL` entries: the symbol owning each slot.
-    pub fn slots(&self) -> Vec<u16> {
-        let mut s = Vec::with_capacity(PROB_TOTAL as usize);
-        for (sym, &f) in self.freq.iter().enumerate() {
-            s.extend(std::iter::repeat_n(sym as u16, f as usize));
-        }
-        s
-    }
-}
+pub use crate::delta::model::Row;
 
 /// The transmitted table of one stage.
 #[derive(Clone, Debug)]
@@ -145,7 +120,7 @@ impl Table {
             let mine = normalize(counts);
             if cost(counts, &mine) + row_cost_bits(&mine) < cost(counts, &shared) {
                 own.push(ctx as u32);
-                rows.push(Row::new(mine));
+                rows.push(Row::from_freqs(mine));
             } else {
                 for (a, &c) in rest.iter_mut().zip(counts) {
                     *a += c;
@@ -154,7 +129,7 @@ impl Table {
         }
         let has_shared = rest.iter().any(|&c| c > 0);
         if has_shared {
-            rows.insert(0, Row::new(normalize(&rest)));
+            rows.insert(0, Row::from_freqs(normalize(&rest)));
         }
         Table::build(h.n_ctx, h.alphabet, rows, own, has_shared, Some(h))
     }
@@ -228,7 +203,7 @@ impl Table {
         };
         let mut rows = Vec::new();
         if has_shared {
-            rows.push(Row::new(read_row(r, alphabet)?));
+            rows.push(Row::from_freqs(read_row(r, alphabet)?));
         }
         let n = r.varint_max(n_ctx as u64, "own row count")? as usize;
         let mut own = Vec::with_capacity(n);
@@ -240,7 +215,7 @@ impl Table {
             }
             next = ctx + 1;
             own.push(ctx as u32);
-            rows.push(Row::new(read_row(r, alphabet)?));
+            rows.push(Row::from_freqs(read_row(r, alphabet)?));
         }
         Ok(Table::build(n_ctx, alphabet, rows, own, has_shared, None))
     }

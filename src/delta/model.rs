@@ -203,6 +203,14 @@ impl Row {
         }
         Row { freq, start }
     }
+    /// `PROB_TOTAL` entries: the symbol owning each slot (a decoder's lookup table).
+    pub fn slots(&self) -> Vec<u16> {
+        let mut s = Vec::with_capacity(PROB_TOTAL as usize);
+        for (sym, &f) in self.freq.iter().enumerate() {
+            s.extend(std::iter::repeat_n(sym as u16, f as usize));
+        }
+        s
+    }
     /// The symbol whose interval holds `slot`.
     #[inline]
     pub fn lookup(&self, slot: u32) -> usize {
