@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use lockstep::backend::cpu::CpuBackend;
+use lockstep::backend::cpu::{CpuAt, CpuBackend, Isa};
 use lockstep::backend::parity::{first_difference, stages};
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
@@ -460,7 +460,21 @@ fn wgpu_or_skip() -> Option<Arc<dyn Backend>> {
     }
 }
 
+/// The fast CPU backend pinned to `isa`, or `None` with a printed reason when this CPU lacks it.
+fn cpu_at(isa: Isa) -> Option<Arc<dyn Backend>> {
+    match CpuAt::new(isa) {
+        Some(b) => Some(Arc::new(b)),
+        None => {
+            eprintln!("SKIP: this CPU has no {}", isa.name());
+            None
+        }
+    }
+}
+
 parity_tests!(cpu, Some(Arc::new(CpuBackend)), usize::MAX, usize::MAX);
+parity_tests!(cpu_portable, cpu_at(Isa::Portable), usize::MAX, usize::MAX);
+parity_tests!(cpu_avx2, cpu_at(Isa::Avx2), usize::MAX, usize::MAX);
+parity_tests!(cpu_avx512, cpu_at(Isa::Avx512), usize::MAX, usize::MAX);
 // lavapipe is slow: the batch matrix runs on the tensors up to 1M elements (all but the
 // embeddings); the stage-by-stage test above covers the whole checkpoint once.
 parity_tests!(wgpu, wgpu_or_skip(), usize::MAX, 1 << 20);

@@ -3,6 +3,7 @@
 //! across tensors). Its output is checked byte for byte against the reference in
 //! tests/backend_parity.rs.
 
+mod avx512;
 mod bits;
 mod decode;
 mod encode;
@@ -21,37 +22,111 @@ use crate::{Error, Result};
 use tables::{DecStage, EncStage};
 use word::{InfoFn, Word};
 
+/// The fast CPU backend at the best instruction set this CPU has ([`Isa::detect`]).
 pub struct CpuBackend;
+
+/// The fast CPU backend pinned to one instruction set, so tests can run every path this
+/// CPU supports (each must give the reference's bytes) and benches can compare them.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuAt(Isa);
+
+impl CpuAt {
+    /// The backend at `isa`, if this CPU runs it.
+    pub fn new(isa: Isa) -> Option<CpuAt> {
+        isa.available().then_some(CpuAt(isa))
+    }
+    pub fn isa(&self) -> Isa {
+        self.0
+    }
+}
+
+/// Instruction-set level of the fast CPU paths. Every level gives the same bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain Rust, as built for the target.
+    Portable,
+    /// The same loops compiled with AVX2 (auto-vectorized, no intrinsics).
+    Avx2,
+    /// Explicit AVX-512 (F, BW, VL, VBMI2) rANS lanes: 16 lanes per vector.
+    Avx512,
+}
+
+impl Isa {
+    /// The best level this CPU runs (cached).
+    pub fn detect() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            Isa::ALL
+                .iter()
+                .rev()
+                .copied()
+                .find(|i| i.available())
+                .unwrap_or(Isa::Portable)
+        })
+    }
+
+    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+
+    /// Whether this CPU can run the level.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 =
+                has!("avx2") && has!("bmi1") && has!("bmi2") && has!("lzcnt") && has!("popcnt");
+            match self {
+                Isa::Portable => true,
+                Isa::Avx2 => avx2,
+                Isa::Avx512 => {
+                    avx2 && has!("avx512f")
+                        && has!("avx512bw")
+                        && has!("avx512vl")
+                        && has!("avx512vbmi2")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Portable
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "AVX2",
+            Isa::Avx512 => "AVX-512",
+        }
+    }
+}
 
 /// Residuals of one tensor: the w-bit displacement per element, and the reference facts
 /// (exponent class, sign, top two mantissa bits) the contexts need, two bytes per element.
 struct CpuResident<T: Word> {
+    isa: Isa,
     fl: FloatLayout,
     d: Vec<T>,
     info: Vec<u16>,
 }
 
-/// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) where the CPU has it, else as built.
+/// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) when `isa` allows it, else as built.
 /// No intrinsics: the same operations, so the same bytes; the compiler just vectorizes more
 /// of the lane and counting loops (32-bit multiplies, gathers) than baseline x86-64 allows.
 /// `f` and what it calls must be `#[inline(always)]` to be compiled inside the AVX2 copy.
 #[inline(always)]
-fn fast<R>(f: impl FnOnce() -> R) -> R {
+fn fast<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if isa >= Isa::Avx2 {
         #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
         fn avx2<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
-        // SAFETY: the CPU has AVX2 (checked just above; the others come with it on every
-        // CPU that has it, and are checked too).
-        if std::arch::is_x86_feature_detected!("bmi2")
-            && std::arch::is_x86_feature_detected!("lzcnt")
-            && std::arch::is_x86_feature_detected!("popcnt")
-        {
-            return unsafe { avx2(f) };
-        }
+        debug_assert!(isa.available());
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU
+        // (`CpuAt` checks it on construction).
+        return unsafe { avx2(f) };
     }
+    let _ = isa;
     f()
 }
 
@@ -67,7 +142,7 @@ fn check_tables(layout: Layout, tables: &Tables) -> Result<()> {
 }
 
 impl<T: Word> CpuResident<T> {
-    fn new(job: &EncodeJob) -> Self {
+    fn new(isa: Isa, job: &EncodeJob) -> Self {
         let info_fn = InfoFn::new(job.fl, job.condition);
         let size = T::SIZE;
         let n = job.reference.len() / size;
@@ -86,6 +161,7 @@ impl<T: Word> CpuResident<T> {
                 }
             });
         CpuResident {
+            isa,
             fl: job.fl,
             d,
             info,
@@ -117,6 +193,7 @@ impl<T: Word> Resident for CpuResident<T> {
                 || (fresh(), Vec::new()),
                 |(mut hists, mut codes), r| {
                     fast(
+                        self.isa,
                         #[inline(always)]
                         || {
                             encode::codes(&self.d[r.clone()], signed, &mut codes, None);
@@ -151,6 +228,7 @@ impl<T: Word> Resident for CpuResident<T> {
             .map_init(encode::Scratch::default, |scratch, r| {
                 let (d, info) = (&self.d[r.clone()], &self.info[r]);
                 fast(
+                    self.isa,
                     #[inline(always)]
                     || encode::chunk(d, info, signed, self.w1(), &stages, distance, scratch),
                 )
@@ -159,11 +237,21 @@ impl<T: Word> Resident for CpuResident<T> {
     }
 }
 
-fn residuals_of<'a, T: Word>(job: &EncodeJob) -> Box<dyn Resident + 'a> {
-    Box::new(CpuResident::<T>::new(job))
+fn residuals_of<'a, T: Word>(isa: Isa, job: &EncodeJob) -> Box<dyn Resident + 'a> {
+    Box::new(CpuResident::<T>::new(isa, job))
 }
 
-fn decode_as<T: Word>(job: &DecodeJob) -> Result<Vec<u8>> {
+fn resident<'a>(isa: Isa, job: &EncodeJob) -> Result<Box<dyn Resident + 'a>> {
+    Ok(match job.fl.width {
+        8 => residuals_of::<u8>(isa, job),
+        16 => residuals_of::<u16>(isa, job),
+        32 => residuals_of::<u32>(isa, job),
+        64 => residuals_of::<u64>(isa, job),
+        w => return Err(Error::Unsupported(format!("{w}-bit floats"))),
+    })
+}
+
+fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
     check_tables(job.layout, job.tables)?;
     let n = job.reference.len() / T::SIZE;
     if chunk_ranges(n).len() != job.chunks.len() {
@@ -184,6 +272,7 @@ fn decode_as<T: Word>(job: &DecodeJob) -> Result<Vec<u8>> {
             || (Vec::new(), Vec::new(), Vec::new()),
             |scratch, ((o, r), c)| {
                 fast(
+                    isa,
                     #[inline(always)]
                     || {
                         decode::chunk::<T>(
@@ -204,32 +293,55 @@ fn decode_as<T: Word>(job: &DecodeJob) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+impl Backend for CpuAt {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn device(&self) -> String {
+        format!(
+            "CPU, {} threads, {}",
+            rayon::current_num_threads(),
+            self.0.name()
+        )
+    }
+
+    fn residuals<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
+        resident(self.0, job)
+    }
+
+    fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
+        let isa = self.0;
+        match job.fl.width {
+            8 => decode_as::<u8>(isa, job),
+            16 => decode_as::<u16>(isa, job),
+            32 => decode_as::<u32>(isa, job),
+            64 => decode_as::<u64>(isa, job),
+            w => Err(Error::Unsupported(format!("{w}-bit floats"))),
+        }
+    }
+}
+
+impl CpuBackend {
+    fn at(&self) -> CpuAt {
+        CpuAt(Isa::detect())
+    }
+}
+
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
     }
 
     fn device(&self) -> String {
-        format!("CPU, {} threads", rayon::current_num_threads())
+        self.at().device()
     }
 
     fn residuals<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
-        Ok(match job.fl.width {
-            8 => residuals_of::<u8>(job),
-            16 => residuals_of::<u16>(job),
-            32 => residuals_of::<u32>(job),
-            64 => residuals_of::<u64>(job),
-            w => return Err(Error::Unsupported(format!("{w}-bit floats"))),
-        })
+        resident(Isa::detect(), job)
     }
 
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
-        match job.fl.width {
-            8 => decode_as::<u8>(job),
-            16 => decode_as::<u16>(job),
-            32 => decode_as::<u32>(job),
-            64 => decode_as::<u64>(job),
-            w => Err(Error::Unsupported(format!("{w}-bit floats"))),
-        }
+        self.at().decode(job)
     }
 }

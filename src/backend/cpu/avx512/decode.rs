@@ -1,0 +1,1 @@
+//! AVX-512 rANS lane decoding (see the module above).

@@ -1,0 +1,1 @@
+//! AVX-512 rANS lane encoding (see the module above).
