@@ -40,36 +40,33 @@ impl BitWriter {
     }
 }
 
-/// Reads what [`BitWriter`] wrote; every read is checked against the declared bit count.
+/// Reads what [`BitWriter`] wrote. Callers check the total length first (the bit lengths
+/// say how long the tail must be), so single reads are unchecked: past the end they give
+/// zeros from the padding or panic, never undefined behavior.
 pub struct BitReader {
-    /// The tail, padded with 16 zero bytes so every read is one unaligned 16-byte load.
+    /// The tail, padded with 16 zero bytes so every read is one unaligned load.
     buf: Vec<u8>,
-    limit: u64,
     pub consumed: u64,
 }
 
 impl BitReader {
-    pub fn new(tail: &[u8], limit: u64) -> Self {
+    pub fn new(tail: &[u8]) -> Self {
         let mut buf = Vec::with_capacity(tail.len() + 16);
         buf.extend_from_slice(tail);
         buf.resize(tail.len() + 16, 0);
-        BitReader {
-            buf,
-            limit: limit.min(tail.len() as u64 * 8),
-            consumed: 0,
-        }
+        BitReader { buf, consumed: 0 }
     }
-    /// The next `nbits` (at most 61) bits, or `None` past the end.
+    /// The next `nbits` bits: at most 57, or 61 with `WIDE` (a 16-byte load).
     #[inline(always)]
-    pub fn get(&mut self, nbits: u32) -> Option<u64> {
-        let end = self.consumed + nbits as u64;
-        if end > self.limit {
-            return None;
-        }
+    pub fn take<const WIDE: bool>(&mut self, nbits: u32) -> u64 {
         let at = (self.consumed / 8) as usize;
-        let word = u128::from_le_bytes(self.buf[at..at + 16].try_into().unwrap());
-        let v = (word >> (self.consumed % 8)) as u64 & ((1u64 << nbits) - 1);
-        self.consumed = end;
-        Some(v)
+        let shift = self.consumed % 8;
+        let v = if WIDE {
+            (u128::from_le_bytes(self.buf[at..at + 16].try_into().unwrap()) >> shift) as u64
+        } else {
+            u64::from_le_bytes(self.buf[at..at + 8].try_into().unwrap()) >> shift
+        };
+        self.consumed += nbits as u64;
+        v & ((1u64 << nbits) - 1)
     }
 }

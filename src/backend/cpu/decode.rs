@@ -4,6 +4,7 @@
 use super::bits::BitReader;
 use super::tables::DecStage;
 use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
+use super::Isa;
 use crate::delta::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
@@ -17,10 +18,10 @@ const SLOT_MASK: u32 = PROB_TOTAL - 1;
 
 /// The stream every lane of a chunk reads from, in decoding order, padded with `LANES` zero
 /// words so a refill never needs a bounds check; overruns are detected after each stage.
-struct Stream<'a> {
-    words: &'a [u16],
-    len: usize,
-    pos: usize,
+pub struct Stream<'a> {
+    pub words: &'a [u16],
+    pub len: usize,
+    pub pos: usize,
 }
 
 impl Stream<'_> {
@@ -56,48 +57,34 @@ fn binary(x: &mut u32, f0: u32) -> u32 {
     sym
 }
 
-/// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size).
-#[inline(always)]
-pub fn chunk<T: Word>(
-    c: &EncodedChunk,
-    reference: &[u8],
-    out: &mut [u8],
-    info_fn: InfoFn,
-    signed: bool,
+pub fn no_row() -> Error {
+    bad("a symbol's context has no frequency row")
+}
+
+/// One chunk's decoding context for the portable step.
+struct Lanes<'a> {
+    info: &'a [u16],
+    stages: &'a [DecStage<'a>],
     w1: usize,
-    stages: &[DecStage],
-    distance: Option<usize>,
-    scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
-) -> Result<()> {
-    let n = reference.len() / T::SIZE;
-    let (info, codes) = (&mut scratch.0, &mut scratch.1);
-    info.clear();
-    info.extend(
-        reference
-            .chunks_exact(T::SIZE)
-            .map(|r| info_fn.info::<T>(T::read(r)) as u16),
-    );
-    codes.clear();
-    codes.resize(n, 0);
-    let mut states = c.states;
-    let padded = &mut scratch.2;
-    padded.clear();
-    padded.extend_from_slice(&c.words);
-    padded.resize(c.words.len() + LANES, 0);
-    let mut st = Stream {
-        words: padded,
-        len: c.words.len(),
-        pos: 0,
-    };
-    let no_row = || bad("a symbol's context has no frequency row");
-    let d = distance.unwrap_or(usize::MAX);
-    let (bt, q1t, q2t) = (&stages[0], &stages[1], &stages[2]);
-    let d_s = match stages.get(3) {
-        Some(t) if t.neighbor => d,
-        _ => usize::MAX,
-    };
-    let mut b_ctx = [0usize; LANES];
-    for step in 0..n.div_ceil(LANES) {
+    /// Neighbor distance of the B stage and of the S stage (`usize::MAX`: none).
+    d: usize,
+    d_s: usize,
+}
+
+impl Lanes<'_> {
+    /// Decode step `step` (its up to `LANES` elements, every stage) into `codes`.
+    #[inline(always)]
+    fn step<T: Word>(
+        &self,
+        step: usize,
+        codes: &mut [u32],
+        states: &mut [u32; LANES],
+        st: &mut Stream,
+    ) -> Result<()> {
+        let (info, stages, w1, d, d_s) = (self.info, self.stages, self.w1, self.d, self.d_s);
+        let n = codes.len();
+        let (bt, q1t, q2t) = (&stages[0], &stages[1], &stages[2]);
+        let mut b_ctx = [0usize; LANES];
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let inf = &info[base..base + lanes];
@@ -158,23 +145,100 @@ pub fn chunk<T: Word>(
             }
             st.refill(&mut states[..lanes])?;
         }
+        Ok(())
+    }
+}
+
+/// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size).
+#[inline(always)]
+pub fn chunk<T: Word>(
+    c: &EncodedChunk,
+    reference: &[u8],
+    out: &mut [u8],
+    isa: Isa,
+    info_fn: InfoFn,
+    signed: bool,
+    w1: usize,
+    stages: &[DecStage],
+    distance: Option<usize>,
+    scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
+) -> Result<()> {
+    let n = reference.len() / T::SIZE;
+    let (info, codes) = (&mut scratch.0, &mut scratch.1);
+    info.clear();
+    info.extend(
+        reference
+            .chunks_exact(T::SIZE)
+            .map(|r| info_fn.info::<T>(T::read(r)) as u16),
+    );
+    codes.clear();
+    codes.resize(n, 0);
+    let mut states = c.states;
+    let padded = &mut scratch.2;
+    padded.clear();
+    padded.extend_from_slice(&c.words);
+    padded.resize(c.words.len() + LANES, 0);
+    let mut st = Stream {
+        words: padded,
+        len: c.words.len(),
+        pos: 0,
+    };
+    let d = distance.unwrap_or(usize::MAX);
+    let d_s = match stages.get(3) {
+        Some(t) if t.neighbor => d,
+        _ => usize::MAX,
+    };
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::Avx512` is only used where `Isa::available` confirmed it.
+        done = unsafe {
+            super::avx512::decode::full_steps::<T>(
+                info,
+                codes,
+                &mut states,
+                &mut st,
+                stages,
+                w1,
+                d,
+                d_s,
+            )?
+        };
+    }
+    let _ = isa;
+    let lanes = Lanes {
+        info,
+        stages,
+        w1,
+        d,
+        d_s,
+    };
+    for step in done / LANES..n.div_ceil(LANES) {
+        lanes.step::<T>(step, codes, &mut states, &mut st)?;
     }
     if st.pos != st.len || states.iter().any(|&s| s != RANS_L) {
         return Err(bad("rANS lanes did not end in their initial state"));
     }
 
-    let mut tail = BitReader::new(&c.tail, c.tail_bits);
+    // The bit lengths say how long the tail is: check that once, then read it unchecked.
+    let need: u64 = codes
+        .iter()
+        .map(|&c| (c & 127).saturating_sub(3) as u64)
+        .sum();
+    if need > c.tail_bits.min(c.tail.len() as u64 * 8) {
+        return Err(bad("raw tail shorter than the bit lengths require"));
+    }
+    let mut tail = BitReader::new(&c.tail);
     for ((&code, r), o) in codes
         .iter()
         .zip(reference.chunks_exact(T::SIZE))
         .zip(out.chunks_exact_mut(T::SIZE))
     {
-        let b = code & 127;
-        let t = if b >= 4 {
-            tail.get(b - 3)
-                .ok_or_else(|| bad("raw tail shorter than the bit lengths require"))?
+        let len = (code & 127).saturating_sub(3);
+        let t = if T::BITS > 32 {
+            tail.take::<true>(len)
         } else {
-            0
+            tail.take::<false>(len)
         };
         let v = word::compose(code, t);
         let delta = word::displacement::<T>(v, (code >> 9) & 1 != 0, signed);
@@ -182,7 +246,7 @@ pub fn chunk<T: Word>(
             word::from_key::<T>(word::key::<T>(T::read(r)).wrapping_add(delta) & word::mask::<T>());
         T::write(x, o);
     }
-    if tail.consumed != c.tail_bits {
+    if need != c.tail_bits {
         return Err(bad("raw tail longer than the bit lengths require"));
     }
     Ok(())

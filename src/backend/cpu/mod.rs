@@ -279,6 +279,7 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
                             c,
                             r,
                             o,
+                            isa,
                             info_fn,
                             signed,
                             w1,

@@ -119,8 +119,16 @@ pub struct DecStage<'a> {
     /// order). A slot's symbol is how many of them are `<= slot`: 32 bytes a row for bf16
     /// where a slot->symbol table takes 4 KiB and, with hundreds of rows, misses the cache.
     pub starts: Vec<u16>,
+    /// B stage: `freq | start << 16` per row and symbol (one gather in the AVX-512 path).
+    pub fs_packed: Vec<u32>,
+    /// Binary stages: `f0` per primary context, [`NO_ROW`] where the context has no row (the
+    /// AVX-512 path's one gather instead of map, then row).
+    pub f0_by_ctx: Vec<u32>,
     pub alphabet: usize,
 }
+
+/// `f0_by_ctx` entry of a context without a row (above every real `f0`).
+pub const NO_ROW: u32 = u32::MAX;
 
 impl<'a> DecStage<'a> {
     pub fn new(t: &'a StageTable) -> Self {
@@ -132,6 +140,8 @@ impl<'a> DecStage<'a> {
             f0: Vec::new(),
             fs: Vec::new(),
             starts: Vec::new(),
+            fs_packed: Vec::new(),
+            f0_by_ctx: Vec::new(),
             alphabet: a,
         };
         for ri in 0..n_rows {
@@ -141,6 +151,8 @@ impl<'a> DecStage<'a> {
             } else {
                 for s in 0..a {
                     d.fs.push((row.freq[s], row.start[s]));
+                    d.fs_packed
+                        .push(row.freq[s] | row.start[s].min(PROB_TOTAL) << 16);
                 }
                 // Starts never exceed PROB_TOTAL; absent trailing symbols start at
                 // PROB_TOTAL, above every slot, so they are never counted.
@@ -151,6 +163,11 @@ impl<'a> DecStage<'a> {
         // Row `n_rows` of a binary stage: absent elements decode symbol 0 at probability 1,
         // which leaves the state unchanged.
         if a == 2 {
+            d.f0_by_ctx = t
+                .map
+                .iter()
+                .map(|&ri| d.f0.get(ri as usize).copied().unwrap_or(NO_ROW))
+                .collect();
             d.f0.push(PROB_TOTAL);
         }
         d

@@ -106,13 +106,16 @@ pub fn code(v: u64, neg: u32) -> u32 {
 /// Rebuild the coded value from b, q1, q2 and the raw tail.
 #[inline(always)]
 pub fn compose(c: u32, tail: u64) -> u64 {
+    // The leading one and q1, q2 as three bits `1 q1 q2`, moved to the top of a b-bit value
+    // (b = 0, 1, 2 shift them down and out; their absent q bits decoded as 0).
     let b = c & 127;
-    if b < 3 {
-        // 0 -> 0, 1 -> 1, 2 -> 2 | q1
-        return ((b as u64) & 3) | if b == 2 { ((c >> 7) & 1) as u64 } else { 0 };
-    }
-    let top = 4 | ((c >> 7) & 1) << 1 | ((c >> 8) & 1);
-    (top as u64) << (b - 3) | tail
+    let top = (4 | ((c >> 7) & 1) << 1 | ((c >> 8) & 1)) as u64;
+    let v = if b >= 3 {
+        top << (b - 3)
+    } else {
+        top >> (3 - b)
+    };
+    v | tail
 }
 
 /// Decoder-side facts of a reference element: exponent class (bits 0..8), sign (bit 8), the

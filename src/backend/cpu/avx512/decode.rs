@@ -1,1 +1,323 @@
-//! AVX-512 rANS lane decoding (see the module above).
+//! AVX-512 rANS lane decoding: the portable step of `cpu::decode` on two 16-lane vectors.
+//!
+//! Per stage, every lane's symbol is decoded from its state first (they are independent);
+//! then the lanes whose state fell below `RANS_L` take the next words of the shared stream in
+//! lane order, which is one expanding load per vector (`vpexpandd`): the k-th refilling lane
+//! of a vector gets the k-th word after the cursor. That is exactly the portable refill loop.
+
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+
+use super::super::decode::{no_row, Stream};
+use super::super::tables::{DecStage, NO_ROW};
+use super::super::word::Word;
+use crate::delta::chunk::LANES;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::entropy::rans::RANS_L;
+use crate::{Error, Result};
+
+const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;
+
+fn overrun() -> Error {
+    Error::format(
+        "tensor blob chunk",
+        "rANS word stream ended early".to_string(),
+    )
+}
+
+/// The tables' sizes are what the contexts computed below can index: checked once per
+/// chunk, so the gathers need no per-lane bounds checks.
+fn tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
+    let e = 256;
+    let b_ctx = if stages[0].neighbor {
+        4 * (w1 + 1) * e
+    } else {
+        e
+    };
+    let rows_b = stages[0].fs_packed.len() / w1.max(1);
+    stages[0].map.len() >= b_ctx
+        && stages[0].alphabet == w1
+        && stages[0].starts.len() == rows_b * n_bits
+        && stages[0].map[..b_ctx]
+            .iter()
+            .all(|&r| r == u32::MAX || (r as usize) < rows_b)
+        && stages[1].f0_by_ctx.len() >= e * w1
+        && stages[2].f0_by_ctx.len() >= e * w1 * 2
+        && stages
+            .get(3)
+            .is_none_or(|s| s.f0_by_ctx.len() >= e * w1 * 6)
+}
+
+/// How many of `row`'s `N` starts are `<= slot`: the B symbol whose range holds `slot`.
+#[inline(always)]
+unsafe fn count_le<const N: usize>(row: *const u16, slot: u32) -> u32 {
+    let s = slot as i16;
+    match N {
+        8 => _mm_cmple_epu16_mask(_mm_loadu_si128(row.cast()), _mm_set1_epi16(s)).count_ones(),
+        16 => _mm256_cmple_epu16_mask(_mm256_loadu_si256(row.cast()), _mm256_set1_epi16(s))
+            .count_ones(),
+        32 => _mm512_cmple_epu16_mask(_mm512_loadu_si512(row.cast()), _mm512_set1_epi16(s))
+            .count_ones(),
+        _ => {
+            let mut c = 0;
+            for k in (0..N).step_by(32) {
+                c += _mm512_cmple_epu16_mask(
+                    _mm512_loadu_si512(row.add(k).cast()),
+                    _mm512_set1_epi16(s),
+                )
+                .count_ones();
+            }
+            c
+        }
+    }
+}
+
+/// Refill the lanes of `x` below `RANS_L` from the stream, in lane order.
+#[inline(always)]
+unsafe fn refill(x: __m512i, words: *const u16, pos: &mut usize) -> __m512i {
+    let need = _mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(RANS_L as i32));
+    // The stream is padded with LANES words, and `pos <= len` held after the last stage, so
+    // these 16 words are in bounds; the caller checks `pos` against `len` after the stage.
+    let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(words.add(*pos).cast()));
+    let w = _mm512_maskz_expand_epi32(need, w);
+    *pos += need.count_ones() as usize;
+    _mm512_mask_or_epi32(x, need, _mm512_slli_epi32::<16>(x), w)
+}
+
+/// Decode a binary symbol under `f0` (`PROB_TOTAL`: absent, state unchanged).
+#[inline(always)]
+unsafe fn binary(x: &mut __m512i, f0: __m512i) -> __mmask16 {
+    let slot = _mm512_and_si512(*x, _mm512_set1_epi32(SLOT_MASK));
+    let one = _mm512_cmpge_epu32_mask(slot, f0);
+    let f = _mm512_mask_sub_epi32(f0, one, _mm512_set1_epi32(PROB_TOTAL as i32), f0);
+    let s = _mm512_maskz_mov_epi32(one, f0);
+    *x = _mm512_sub_epi32(
+        _mm512_add_epi32(
+            _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(*x)),
+            slot,
+        ),
+        s,
+    );
+    one
+}
+
+/// `f0` of each lane's context `ctx` in a binary stage, `PROB_TOTAL` where `present` is
+/// clear; `None` if a present lane's context has no row.
+#[inline(always)]
+unsafe fn f0_of(t: &DecStage, present: __mmask16, ctx: __m512i) -> Option<__m512i> {
+    let f0 = _mm512_mask_i32gather_epi32::<4>(
+        _mm512_set1_epi32(PROB_TOTAL as i32),
+        present,
+        ctx,
+        t.f0_by_ctx.as_ptr().cast(),
+    );
+    if _mm512_mask_cmpeq_epi32_mask(present, f0, _mm512_set1_epi32(NO_ROW as i32)) != 0 {
+        return None;
+    }
+    Some(f0)
+}
+
+/// Decode every full step of the chunk (all but a last partial one), exactly as the
+/// portable step would; returns the number of elements done. Returns 0 (leaving the work to
+/// the portable step) when the tables do not have the shapes the contexts assume.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL and VBMI2, and `st.words` must hold `LANES` padding
+/// words past `st.len`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn full_steps<T: Word>(
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    stages: &[DecStage],
+    w1: usize,
+    d: usize,
+    d_s: usize,
+) -> Result<usize> {
+    let n = codes.len().min(info.len());
+    let full = n / LANES * LANES;
+    if full == 0 || !tables_fit(stages, w1, T::BITS as usize) || d < LANES || d_s < LANES {
+        return Ok(0);
+    }
+    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    let (bt, q1t, q2t) = (&stages[0], &stages[1], &stages[2]);
+    let s_t = stages.get(3);
+    let words = st.words.as_ptr();
+    let mut pos = st.pos;
+    let mut x = [
+        _mm512_loadu_si512(states.as_ptr().cast()),
+        _mm512_loadu_si512(states.as_ptr().add(16).cast()),
+    ];
+    let w1v = _mm512_set1_epi32(w1 as i32);
+    let ff = _mm512_set1_epi32(255);
+    let lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let mut ri_a = [0u32; 16];
+    let mut slot_a = [0u32; 16];
+    let mut sym_a = [0u32; 16];
+    let cp = codes.as_mut_ptr();
+    let ip = info.as_ptr();
+
+    for base in (0..full).step_by(LANES) {
+        let mut inf = [_mm512_setzero_si512(); 2];
+        let mut code = [_mm512_setzero_si512(); 2];
+        let mut eb = [_mm512_setzero_si512(); 2];
+        // B: one symbol of alphabet w1 per lane.
+        for h in 0..2 {
+            let j0 = base + 16 * h;
+            inf[h] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(j0).cast()));
+            let er = _mm512_and_si512(inf[h], ff);
+            let ctx = if bt.neighbor {
+                // The neighbor is d >= LANES elements back: decoded in an earlier step.
+                // Lanes before the chunk's first row see W1 ("none").
+                let have = _mm512_cmpge_epu32_mask(
+                    _mm512_add_epi32(_mm512_set1_epi32(j0 as i32), lane_ids),
+                    _mm512_set1_epi32(d.min(i32::MAX as usize) as i32),
+                );
+                let nb = if have == 0xFFFF {
+                    _mm512_and_si512(
+                        _mm512_loadu_si512(cp.add(j0 - d).cast()),
+                        _mm512_set1_epi32(127),
+                    )
+                } else if have == 0 {
+                    w1v
+                } else {
+                    // Straddling the first row: only the lanes past it have a neighbor, and
+                    // their addresses are in bounds (`j >= d`).
+                    let first = (d - j0) as isize;
+                    let mut a = [w1 as u32; 16];
+                    for (l, v) in a.iter_mut().enumerate().skip(first as usize) {
+                        *v = *cp.add(j0 + l - d) & 127;
+                    }
+                    _mm512_loadu_si512(a.as_ptr().cast())
+                };
+                let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(inf[h]), _mm512_set1_epi32(3));
+                let row =
+                    _mm512_add_epi32(_mm512_mullo_epi32(m2, _mm512_set1_epi32(w1 as i32 + 1)), nb);
+                _mm512_add_epi32(_mm512_slli_epi32::<8>(row), er)
+            } else {
+                er
+            };
+            let ri = _mm512_i32gather_epi32::<4>(ctx, bt.map.as_ptr().cast());
+            if _mm512_cmpeq_epi32_mask(ri, _mm512_set1_epi32(-1)) != 0 {
+                return Err(no_row());
+            }
+            let slot = _mm512_and_si512(x[h], _mm512_set1_epi32(SLOT_MASK));
+            _mm512_storeu_si512(ri_a.as_mut_ptr().cast(), ri);
+            _mm512_storeu_si512(slot_a.as_mut_ptr().cast(), slot);
+            for l in 0..16 {
+                // Row indices were checked against the table size in `tables_fit`.
+                let row = bt.starts.as_ptr().add(ri_a[l] as usize * T::BITS as usize);
+                sym_a[l] = match T::BITS {
+                    8 => count_le::<8>(row, slot_a[l]),
+                    16 => count_le::<16>(row, slot_a[l]),
+                    32 => count_le::<32>(row, slot_a[l]),
+                    _ => count_le::<64>(row, slot_a[l]),
+                };
+            }
+            let sym = _mm512_loadu_si512(sym_a.as_ptr().cast());
+            let fs = _mm512_i32gather_epi32::<4>(
+                _mm512_add_epi32(_mm512_mullo_epi32(ri, w1v), sym),
+                bt.fs_packed.as_ptr().cast(),
+            );
+            let f = _mm512_and_si512(fs, _mm512_set1_epi32(0xFFFF));
+            let s = _mm512_srli_epi32::<16>(fs);
+            x[h] = _mm512_sub_epi32(
+                _mm512_add_epi32(
+                    _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[h])),
+                    slot,
+                ),
+                s,
+            );
+            code[h] = sym;
+            eb[h] = _mm512_add_epi32(_mm512_mullo_epi32(er, w1v), sym);
+        }
+        x[0] = refill(x[0], words, &mut pos);
+        x[1] = refill(x[1], words, &mut pos);
+        if pos > st.len {
+            return Err(overrun());
+        }
+        // Q1: present when b >= 2, context er·W1 + b.
+        for h in 0..2 {
+            let present = _mm512_cmpge_epu32_mask(code[h], _mm512_set1_epi32(2));
+            let f0 = f0_of(q1t, present, eb[h]).ok_or_else(no_row)?;
+            let one = binary(&mut x[h], f0);
+            code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 7));
+        }
+        x[0] = refill(x[0], words, &mut pos);
+        x[1] = refill(x[1], words, &mut pos);
+        if pos > st.len {
+            return Err(overrun());
+        }
+        // Q2: present when b >= 3, context (er·W1 + b)·2 + q1.
+        for h in 0..2 {
+            let b = _mm512_and_si512(code[h], _mm512_set1_epi32(127));
+            let present = _mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(3));
+            let q1 = _mm512_and_si512(_mm512_srli_epi32::<7>(code[h]), _mm512_set1_epi32(1));
+            let ctx = _mm512_add_epi32(_mm512_slli_epi32::<1>(eb[h]), q1);
+            let f0 = f0_of(q2t, present, ctx).ok_or_else(no_row)?;
+            let one = binary(&mut x[h], f0);
+            code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 8));
+        }
+        x[0] = refill(x[0], words, &mut pos);
+        x[1] = refill(x[1], words, &mut pos);
+        if pos > st.len {
+            return Err(overrun());
+        }
+        // S: present when b >= 1, context ((er·W1 + b)·3 + up)·2 + rs.
+        if let Some(s_t) = s_t {
+            for h in 0..2 {
+                let j0 = base + 16 * h;
+                let b = _mm512_and_si512(code[h], _mm512_set1_epi32(127));
+                let present = _mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(1));
+                let up = if d_s == usize::MAX {
+                    _mm512_setzero_si512()
+                } else {
+                    let have = _mm512_cmpge_epu32_mask(
+                        _mm512_add_epi32(_mm512_set1_epi32(j0 as i32), lane_ids),
+                        _mm512_set1_epi32(d_s.min(i32::MAX as usize) as i32),
+                    );
+                    let c = if have == 0xFFFF {
+                        _mm512_loadu_si512(cp.add(j0 - d_s).cast())
+                    } else if have == 0 {
+                        _mm512_setzero_si512()
+                    } else {
+                        let mut a = [0u32; 16];
+                        for (l, v) in a.iter_mut().enumerate().skip(d_s - j0) {
+                            *v = *cp.add(j0 + l - d_s);
+                        }
+                        _mm512_loadu_si512(a.as_ptr().cast())
+                    };
+                    // sign state: 0 no update, 1 up, 2 down.
+                    let nz = _mm512_mask_test_epi32_mask(have, c, _mm512_set1_epi32(127));
+                    let neg = _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1));
+                    _mm512_maskz_add_epi32(nz, neg, _mm512_set1_epi32(1))
+                };
+                let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(inf[h]), _mm512_set1_epi32(1));
+                let ctx = _mm512_add_epi32(
+                    _mm512_slli_epi32::<1>(_mm512_add_epi32(
+                        _mm512_mullo_epi32(eb[h], _mm512_set1_epi32(3)),
+                        up,
+                    )),
+                    rs,
+                );
+                let f0 = f0_of(s_t, present, ctx).ok_or_else(no_row)?;
+                let one = binary(&mut x[h], f0);
+                code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 9));
+            }
+            x[0] = refill(x[0], words, &mut pos);
+            x[1] = refill(x[1], words, &mut pos);
+            if pos > st.len {
+                return Err(overrun());
+            }
+        }
+        _mm512_storeu_si512(cp.add(base).cast(), code[0]);
+        _mm512_storeu_si512(cp.add(base + 16).cast(), code[1]);
+    }
+    _mm512_storeu_si512(states.as_mut_ptr().cast(), x[0]);
+    _mm512_storeu_si512(states.as_mut_ptr().add(16).cast(), x[1]);
+    st.pos = pos;
+    Ok(full)
+}
