@@ -56,6 +56,10 @@ impl BitReader {
         buf.resize(tail.len() + 16, 0);
         BitReader { buf, consumed: 0 }
     }
+    /// The tail followed by its 16 zero bytes of padding.
+    pub fn padded(&self) -> &[u8] {
+        &self.buf
+    }
     /// The next `nbits` bits: at most 57, or 61 with `WIDE` (a 16-byte load).
     #[inline(always)]
     pub fn take<const WIDE: bool>(&mut self, nbits: u32) -> u64 {

@@ -189,6 +189,8 @@ pub fn chunk<T: Word>(
         _ => usize::MAX,
     };
     let mut done = 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: `Isa::Avx512` is only used where `Isa::available` confirmed it.
@@ -205,7 +207,6 @@ pub fn chunk<T: Word>(
             )?
         };
     }
-    let _ = isa;
     let lanes = Lanes {
         info,
         stages,
@@ -229,10 +230,20 @@ pub fn chunk<T: Word>(
         return Err(bad("raw tail shorter than the bit lengths require"));
     }
     let mut tail = BitReader::new(&c.tail);
-    for ((&code, r), o) in codes
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && T::BITS == 16 {
+        // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
+        let (elems, bits) = unsafe {
+            super::avx512::decode::finish_u16(codes, reference, out, tail.padded(), signed)
+        };
+        done = elems;
+        tail.consumed = bits;
+    }
+    for ((&code, r), o) in codes[done..]
         .iter()
-        .zip(reference.chunks_exact(T::SIZE))
-        .zip(out.chunks_exact_mut(T::SIZE))
+        .zip(reference.chunks_exact(T::SIZE).skip(done))
+        .zip(out.chunks_exact_mut(T::SIZE).skip(done))
     {
         let len = (code & 127).saturating_sub(3);
         let t = if T::BITS > 32 {

@@ -321,3 +321,88 @@ pub unsafe fn full_steps<T: Word>(
     st.pos = pos;
     Ok(full)
 }
+
+/// Raw tails and the inverse transform for 16-bit elements, 16 at a time: each element's
+/// tail offset is a prefix sum of the tail lengths, its bits one gathered 32-bit load at the
+/// offset's byte (a 16-bit element's tail has at most 13 bits, so 7 + 13 bits fit), then
+/// the value is rebuilt from b, q1, q2 and the tail, turned back into a displacement and
+/// added to the reference's ordered key. Does every whole group of 16 and returns how many
+/// elements and tail bits it used; the caller finishes the rest.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL; `tail` must be padded with at least 4 bytes past the
+/// `need` bits the codes' lengths sum to (checked by the caller).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn finish_u16(
+    codes: &[u32],
+    reference: &[u8],
+    out: &mut [u8],
+    tail: &[u8],
+    signed: bool,
+) -> (usize, u64) {
+    let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
+    let full = n / 16 * 16;
+    let zero = _mm512_setzero_si512();
+    let one = _mm512_set1_epi32(1);
+    let three = _mm512_set1_epi32(3);
+    let mut bits = 0u64;
+    for j in (0..full).step_by(16) {
+        let c = _mm512_loadu_si512(codes.as_ptr().add(j).cast());
+        let b = _mm512_and_si512(c, _mm512_set1_epi32(127));
+        let len = _mm512_subs_epu16(b, three); // b <= 16: max(b - 3, 0)
+        // Inclusive prefix sum of the lengths across the 16 lanes.
+        let mut p = len;
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<15>(p, zero));
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<14>(p, zero));
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<12>(p, zero));
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<8>(p, zero));
+        // Bit offset of each tail relative to the group's first (exclusive sum).
+        let off = _mm512_sub_epi32(p, len);
+        let total = _mm512_extract_last(p);
+        let base = tail.as_ptr().add((bits / 8) as usize);
+        let off = _mm512_add_epi32(off, _mm512_set1_epi32((bits % 8) as i32));
+        let raw = _mm512_i32gather_epi32::<1>(_mm512_srli_epi32::<3>(off), base.cast());
+        let raw = _mm512_srlv_epi32(raw, _mm512_and_si512(off, _mm512_set1_epi32(7)));
+        let t = _mm512_and_si512(raw, _mm512_sub_epi32(_mm512_sllv_epi32(one, len), one));
+        bits += total as u64;
+        // v = `1 q1 q2` moved to the top of a b-bit value, then the tail below it.
+        let top = _mm512_or_si512(
+            _mm512_set1_epi32(4),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32::<6>(c), _mm512_set1_epi32(2)),
+                _mm512_and_si512(_mm512_srli_epi32::<8>(c), one),
+            ),
+        );
+        let ge3 = _mm512_cmpge_epu32_mask(b, three);
+        let up = _mm512_sllv_epi32(top, _mm512_sub_epi32(b, three));
+        let down = _mm512_srlv_epi32(top, _mm512_sub_epi32(three, b));
+        let v = _mm512_or_si512(_mm512_mask_blend_epi32(ge3, down, up), t);
+        let delta = if signed {
+            let neg = _mm512_test_epi32_mask(c, _mm512_set1_epi32(1 << 9));
+            _mm512_mask_sub_epi32(v, neg, zero, v)
+        } else {
+            // ZigZag: (v >> 1) ^ -(v & 1)
+            _mm512_xor_si512(
+                _mm512_srli_epi32::<1>(v),
+                _mm512_sub_epi32(zero, _mm512_and_si512(v, one)),
+            )
+        };
+        let r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reference.as_ptr().add(2 * j).cast()));
+        // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
+        let h = _mm512_set1_epi32(0x8000);
+        let ffff = _mm512_set1_epi32(0xFFFF);
+        let r_neg = _mm512_test_epi32_mask(r, h);
+        let key = _mm512_xor_si512(r, _mm512_mask_blend_epi32(r_neg, h, ffff));
+        let k = _mm512_and_si512(_mm512_add_epi32(key, delta), ffff);
+        let k_pos = _mm512_test_epi32_mask(k, h);
+        let x = _mm512_xor_si512(k, _mm512_mask_blend_epi32(k_pos, ffff, h));
+        _mm256_storeu_si256(out.as_mut_ptr().add(2 * j).cast(), _mm512_cvtepi32_epi16(x));
+    }
+    (full, bits)
+}
+
+/// The last lane of `v`.
+#[inline(always)]
+unsafe fn _mm512_extract_last(v: __m512i) -> u32 {
+    _mm_extract_epi32::<3>(_mm512_extracti32x4_epi32::<3>(v)) as u32
+}

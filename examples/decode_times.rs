@@ -1,0 +1,68 @@
+//! Decode-only timing (CPU backend, one thread) on one checkpoint pair, for profiling the
+//! decoder without the encoder's phases: `cargo run --release --example decode_times [ISA]`.
+use std::time::Instant;
+
+use lockstep::backend::cpu::{CpuAt, Isa};
+use lockstep::backend::{Backend, DecodeJob, EncodeJob};
+use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::blob::neighbor_distance;
+use lockstep::delta::model::{StageTable, Tables};
+use lockstep::delta::Layout;
+
+fn main() {
+    let isa = match std::env::args().nth(1).as_deref() {
+        Some("portable") => Isa::Portable,
+        Some("avx2") => Isa::Avx2,
+        _ => Isa::detect(),
+    };
+    let cpu = CpuAt::new(isa).expect("ISA not available");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/trajectory-gpt2"
+    );
+    let r = Checkpoint::open(format!("{dir}/gpt2_step000600_bf16.safetensors")).unwrap();
+    let t = Checkpoint::open(format!("{dir}/gpt2_step000800_bf16.safetensors")).unwrap();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build_global()
+        .unwrap();
+    let mut coded = Vec::new();
+    for e in t.tensors.iter().filter(|e| e.dtype.is_float()) {
+        let fl = e.dtype.float_layout().unwrap();
+        let rd = r.data(r.get(&e.name).unwrap());
+        let job = EncodeJob {
+            fl,
+            reference: rd,
+            target: t.data(e),
+            condition: true,
+        };
+        let res = cpu.residuals(&job).unwrap();
+        let d = neighbor_distance(&e.shape);
+        let hs = res.histograms(Layout::Signed, Some(d)).unwrap();
+        let tables = Tables {
+            stages: hs.iter().map(|h| StageTable::select(h, true)).collect(),
+        };
+        let chunks = res.encode(Layout::Signed, &tables, Some(d)).unwrap();
+        coded.push((fl, rd, d, tables, chunks, t.data(e)));
+    }
+    let reps = 10;
+    let clock = Instant::now();
+    for _ in 0..reps {
+        for (fl, rd, d, tables, chunks, want) in &coded {
+            let job = DecodeJob {
+                fl: *fl,
+                layout: Layout::Signed,
+                condition: true,
+                distance: Some(*d),
+                tables,
+                chunks,
+                reference: rd,
+            };
+            let got = cpu.decode(&job).unwrap();
+            assert!(got == *want);
+        }
+    }
+    let s = clock.elapsed().as_secs_f64();
+    let mb = reps as f64 * coded.iter().map(|c| c.5.len()).sum::<usize>() as f64 / 1e6;
+    println!("decode ({}) {s:.3} s {:.1} MB/s", isa.name(), mb / s);
+}
