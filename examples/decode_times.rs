@@ -46,6 +46,7 @@ fn main() {
         coded.push((fl, rd, d, tables, chunks, t.data(e)));
     }
     let reps = 10;
+    let cpu0 = cpu_seconds();
     let clock = Instant::now();
     for _ in 0..reps {
         for (fl, rd, d, tables, chunks, want) in &coded {
@@ -63,6 +64,25 @@ fn main() {
         }
     }
     let s = clock.elapsed().as_secs_f64();
+    let c = cpu_seconds() - cpu0;
     let mb = reps as f64 * coded.iter().map(|c| c.5.len()).sum::<usize>() as f64 / 1e6;
-    println!("decode ({}) {s:.3} s {:.1} MB/s", isa.name(), mb / s);
+    println!(
+        "decode ({}) wall {s:.3} s {:.1} MB/s; cpu {c:.2} s {:.1} MB/s",
+        isa.name(),
+        mb / s,
+        mb / c
+    );
+}
+
+/// User + system CPU time of this process (Linux, 100 Hz ticks), so a loaded machine's
+/// waiting is not counted; 0 elsewhere.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<f64> = after
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // Fields 14 and 15 of stat (utime, stime) are 12 and 13 after the command name.
+    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
 }

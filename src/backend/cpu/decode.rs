@@ -165,12 +165,7 @@ pub fn chunk<T: Word>(
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
     let (info, codes) = (&mut scratch.0, &mut scratch.1);
-    info.clear();
-    info.extend(
-        reference
-            .chunks_exact(T::SIZE)
-            .map(|r| info_fn.info::<T>(T::read(r)) as u16),
-    );
+    info_fn.fill::<T>(reference, info);
     codes.clear();
     codes.resize(n, 0);
     let mut states = c.states;

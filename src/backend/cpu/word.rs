@@ -137,6 +137,25 @@ impl InfoFn {
             condition,
         }
     }
+    /// `info` of every element of `reference` into `out` (16-bit elements in 32-bit
+    /// arithmetic with the exponent mask zeroed when not conditioning, so it vectorizes).
+    #[inline(always)]
+    pub fn fill<T: Word>(&self, reference: &[u8], out: &mut Vec<u16>) {
+        out.clear();
+        out.resize(reference.len() / T::SIZE, 0);
+        if T::BITS == 16 && !self.wide {
+            let (mant, emask) = (self.mant, self.emask as u32 * self.condition as u32);
+            for (o, b) in out.iter_mut().zip(reference.chunks_exact(2)) {
+                let r = u16::from_le_bytes([b[0], b[1]]) as u32;
+                *o = ((r >> mant) & emask | (r >> 15) << 8 | ((r >> (mant - 2)) & 3) << 9) as u16;
+            }
+        } else {
+            for (o, r) in out.iter_mut().zip(reference.chunks_exact(T::SIZE)) {
+                *o = self.info::<T>(T::read(r)) as u16;
+            }
+        }
+    }
+
     #[inline(always)]
     pub fn info<T: Word>(&self, r: u64) -> u32 {
         let e = (r >> self.mant) & self.emask;

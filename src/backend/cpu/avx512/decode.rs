@@ -350,7 +350,7 @@ pub unsafe fn finish_u16(
         let c = _mm512_loadu_si512(codes.as_ptr().add(j).cast());
         let b = _mm512_and_si512(c, _mm512_set1_epi32(127));
         let len = _mm512_subs_epu16(b, three); // b <= 16: max(b - 3, 0)
-        // Inclusive prefix sum of the lengths across the 16 lanes.
+                                               // Inclusive prefix sum of the lengths across the 16 lanes.
         let mut p = len;
         p = _mm512_add_epi32(p, _mm512_alignr_epi32::<15>(p, zero));
         p = _mm512_add_epi32(p, _mm512_alignr_epi32::<14>(p, zero));
