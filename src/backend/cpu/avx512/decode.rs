@@ -85,6 +85,47 @@ unsafe fn refill(x: __m512i, words: *const u16, pos: &mut usize) -> __m512i {
     _mm512_mask_or_epi32(x, need, _mm512_slli_epi32::<16>(x), w)
 }
 
+/// Refill both vectors (lanes 0..16, then 16..32) and check the stream did not run dry.
+#[inline(always)]
+unsafe fn refill2(x: &mut [__m512i; 2], words: *const u16, pos: &mut usize, len: usize) -> Result<()> {
+    x[0] = refill(x[0], words, pos);
+    x[1] = refill(x[1], words, pos);
+    if *pos > len {
+        return Err(overrun());
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn j0_of(base: usize, h: usize) -> usize {
+    base + 16 * h
+}
+
+/// The codes `d` elements before lanes `j0..j0 + 16` (decoded in an earlier step, as
+/// `d >= LANES`), masked by `mask`; `none` for lanes before the chunk's first row.
+#[inline(always)]
+unsafe fn neighbor(cp: *const u32, j0: usize, d: usize, none: __m512i, lane_ids: __m512i, mask: i32) -> __m512i {
+    let have = _mm512_cmpge_epu32_mask(
+        _mm512_add_epi32(_mm512_set1_epi32(j0 as i32), lane_ids),
+        _mm512_set1_epi32(d.min(i32::MAX as usize) as i32),
+    );
+    let m = _mm512_set1_epi32(mask);
+    if have == 0xFFFF {
+        _mm512_and_si512(_mm512_loadu_si512(cp.add(j0 - d).cast()), m)
+    } else if have == 0 {
+        none
+    } else {
+        // Straddling the first row: only the lanes past it have a neighbor, and their
+        // addresses are in bounds (`j >= d`).
+        let mut a = [0u32; 16];
+        _mm512_storeu_si512(a.as_mut_ptr().cast(), none);
+        for (l, v) in a.iter_mut().enumerate().skip(d - j0) {
+            *v = *cp.add(j0 + l - d) & mask as u32;
+        }
+        _mm512_loadu_si512(a.as_ptr().cast())
+    }
+}
+
 /// Decode a binary symbol under `f0` (`PROB_TOTAL`: absent, state unchanged).
 #[inline(always)]
 unsafe fn binary(x: &mut __m512i, f0: __m512i) -> __mmask16 {
@@ -102,16 +143,22 @@ unsafe fn binary(x: &mut __m512i, f0: __m512i) -> __mmask16 {
     one
 }
 
-/// `f0` of each lane's context `ctx` in a binary stage, `PROB_TOTAL` where `present` is
-/// clear; `None` if a present lane's context has no row.
+/// `f0_by_ctx[ctx]` for the `present` lanes, `PROB_TOTAL` (the identity) for the others.
 #[inline(always)]
-unsafe fn f0_of(t: &DecStage, present: __mmask16, ctx: __m512i) -> Option<__m512i> {
-    let f0 = _mm512_mask_i32gather_epi32::<4>(
+unsafe fn gather_f0(t: &DecStage, present: __mmask16, ctx: __m512i) -> __m512i {
+    _mm512_mask_i32gather_epi32::<4>(
         _mm512_set1_epi32(PROB_TOTAL as i32),
         present,
         ctx,
         t.f0_by_ctx.as_ptr().cast(),
-    );
+    )
+}
+
+/// `f0` of each lane's context `ctx` in a binary stage, `PROB_TOTAL` where `present` is
+/// clear; `None` if a present lane's context has no row.
+#[inline(always)]
+unsafe fn f0_of(t: &DecStage, present: __mmask16, ctx: __m512i) -> Option<__m512i> {
+    let f0 = gather_f0(t, present, ctx);
     if _mm512_mask_cmpeq_epi32_mask(present, f0, _mm512_set1_epi32(NO_ROW as i32)) != 0 {
         return None;
     }
@@ -154,17 +201,19 @@ pub unsafe fn full_steps<T: Word>(
     let w1v = _mm512_set1_epi32(w1 as i32);
     let ff = _mm512_set1_epi32(255);
     let lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let mut ri_a = [0u32; 16];
-    let mut slot_a = [0u32; 16];
-    let mut sym_a = [0u32; 16];
+    let mut ri_a = [0u32; LANES];
+    let mut slot_a = [0u32; LANES];
+    let mut sym_a = [0u32; LANES];
     let cp = codes.as_mut_ptr();
     let ip = info.as_ptr();
 
     for base in (0..full).step_by(LANES) {
+        // Everything a step's lookups need is known once B's symbols are: Q1's and S's
+        // contexts, and Q2's for either value of q1. So all gathers are issued before the
+        // first state update and stay off the chain of state updates and refills.
         let mut inf = [_mm512_setzero_si512(); 2];
-        let mut code = [_mm512_setzero_si512(); 2];
-        let mut eb = [_mm512_setzero_si512(); 2];
-        // B: one symbol of alphabet w1 per lane.
+        let mut ri = [_mm512_setzero_si512(); 2];
+        let mut slot = [_mm512_setzero_si512(); 2];
         for h in 0..2 {
             let j0 = base + 16 * h;
             inf[h] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(j0).cast()));
@@ -172,126 +221,68 @@ pub unsafe fn full_steps<T: Word>(
             let ctx = if bt.neighbor {
                 // The neighbor is d >= LANES elements back: decoded in an earlier step.
                 // Lanes before the chunk's first row see W1 ("none").
-                let have = _mm512_cmpge_epu32_mask(
-                    _mm512_add_epi32(_mm512_set1_epi32(j0 as i32), lane_ids),
-                    _mm512_set1_epi32(d.min(i32::MAX as usize) as i32),
-                );
-                let nb = if have == 0xFFFF {
-                    _mm512_and_si512(
-                        _mm512_loadu_si512(cp.add(j0 - d).cast()),
-                        _mm512_set1_epi32(127),
-                    )
-                } else if have == 0 {
-                    w1v
-                } else {
-                    // Straddling the first row: only the lanes past it have a neighbor, and
-                    // their addresses are in bounds (`j >= d`).
-                    let first = (d - j0) as isize;
-                    let mut a = [w1 as u32; 16];
-                    for (l, v) in a.iter_mut().enumerate().skip(first as usize) {
-                        *v = *cp.add(j0 + l - d) & 127;
-                    }
-                    _mm512_loadu_si512(a.as_ptr().cast())
-                };
+                let nb = neighbor(cp, j0, d, w1v, lane_ids, 127);
                 let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(inf[h]), _mm512_set1_epi32(3));
-                let row =
-                    _mm512_add_epi32(_mm512_mullo_epi32(m2, _mm512_set1_epi32(w1 as i32 + 1)), nb);
+                let row = _mm512_add_epi32(
+                    _mm512_mullo_epi32(m2, _mm512_set1_epi32(w1 as i32 + 1)),
+                    nb,
+                );
                 _mm512_add_epi32(_mm512_slli_epi32::<8>(row), er)
             } else {
                 er
             };
-            let ri = _mm512_i32gather_epi32::<4>(ctx, bt.map.as_ptr().cast());
-            if _mm512_cmpeq_epi32_mask(ri, _mm512_set1_epi32(-1)) != 0 {
+            ri[h] = _mm512_i32gather_epi32::<4>(ctx, bt.map.as_ptr().cast());
+            if _mm512_cmpeq_epi32_mask(ri[h], _mm512_set1_epi32(-1)) != 0 {
                 return Err(no_row());
             }
-            let slot = _mm512_and_si512(x[h], _mm512_set1_epi32(SLOT_MASK));
-            _mm512_storeu_si512(ri_a.as_mut_ptr().cast(), ri);
-            _mm512_storeu_si512(slot_a.as_mut_ptr().cast(), slot);
-            for l in 0..16 {
-                // Row indices were checked against the table size in `tables_fit`.
-                let row = bt.starts.as_ptr().add(ri_a[l] as usize * T::BITS as usize);
-                sym_a[l] = match T::BITS {
-                    8 => count_le::<8>(row, slot_a[l]),
-                    16 => count_le::<16>(row, slot_a[l]),
-                    32 => count_le::<32>(row, slot_a[l]),
-                    _ => count_le::<64>(row, slot_a[l]),
-                };
-            }
-            let sym = _mm512_loadu_si512(sym_a.as_ptr().cast());
-            let fs = _mm512_i32gather_epi32::<4>(
-                _mm512_add_epi32(_mm512_mullo_epi32(ri, w1v), sym),
+            slot[h] = _mm512_and_si512(x[h], _mm512_set1_epi32(SLOT_MASK));
+            _mm512_storeu_si512(ri_a.as_mut_ptr().add(16 * h).cast(), ri[h]);
+            _mm512_storeu_si512(slot_a.as_mut_ptr().add(16 * h).cast(), slot[h]);
+        }
+        for l in 0..LANES {
+            // Row indices were checked against the table size in `tables_fit`.
+            let row = bt.starts.as_ptr().add(ri_a[l] as usize * T::BITS as usize);
+            sym_a[l] = match T::BITS {
+                8 => count_le::<8>(row, slot_a[l]),
+                16 => count_le::<16>(row, slot_a[l]),
+                32 => count_le::<32>(row, slot_a[l]),
+                _ => count_le::<64>(row, slot_a[l]),
+            };
+        }
+        let mut code = [_mm512_setzero_si512(); 2];
+        let mut eb = [_mm512_setzero_si512(); 2];
+        let mut fs = [_mm512_setzero_si512(); 2];
+        let mut f0_q1 = [_mm512_setzero_si512(); 2];
+        let mut f0_q2 = [[_mm512_setzero_si512(); 2]; 2];
+        let mut f0_s = [_mm512_setzero_si512(); 2];
+        let mut present = [[0 as __mmask16; 3]; 2];
+        for h in 0..2 {
+            let sym = _mm512_loadu_si512(sym_a.as_ptr().add(16 * h).cast());
+            fs[h] = _mm512_i32gather_epi32::<4>(
+                _mm512_add_epi32(_mm512_mullo_epi32(ri[h], w1v), sym),
                 bt.fs_packed.as_ptr().cast(),
             );
-            let f = _mm512_and_si512(fs, _mm512_set1_epi32(0xFFFF));
-            let s = _mm512_srli_epi32::<16>(fs);
-            x[h] = _mm512_sub_epi32(
-                _mm512_add_epi32(
-                    _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[h])),
-                    slot,
-                ),
-                s,
-            );
             code[h] = sym;
+            let er = _mm512_and_si512(inf[h], ff);
             eb[h] = _mm512_add_epi32(_mm512_mullo_epi32(er, w1v), sym);
-        }
-        x[0] = refill(x[0], words, &mut pos);
-        x[1] = refill(x[1], words, &mut pos);
-        if pos > st.len {
-            return Err(overrun());
-        }
-        // Q1: present when b >= 2, context er·W1 + b.
-        for h in 0..2 {
-            let present = _mm512_cmpge_epu32_mask(code[h], _mm512_set1_epi32(2));
-            let f0 = f0_of(q1t, present, eb[h]).ok_or_else(no_row)?;
-            let one = binary(&mut x[h], f0);
-            code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 7));
-        }
-        x[0] = refill(x[0], words, &mut pos);
-        x[1] = refill(x[1], words, &mut pos);
-        if pos > st.len {
-            return Err(overrun());
-        }
-        // Q2: present when b >= 3, context (er·W1 + b)·2 + q1.
-        for h in 0..2 {
-            let b = _mm512_and_si512(code[h], _mm512_set1_epi32(127));
-            let present = _mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(3));
-            let q1 = _mm512_and_si512(_mm512_srli_epi32::<7>(code[h]), _mm512_set1_epi32(1));
-            let ctx = _mm512_add_epi32(_mm512_slli_epi32::<1>(eb[h]), q1);
-            let f0 = f0_of(q2t, present, ctx).ok_or_else(no_row)?;
-            let one = binary(&mut x[h], f0);
-            code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 8));
-        }
-        x[0] = refill(x[0], words, &mut pos);
-        x[1] = refill(x[1], words, &mut pos);
-        if pos > st.len {
-            return Err(overrun());
-        }
-        // S: present when b >= 1, context ((er·W1 + b)·3 + up)·2 + rs.
-        if let Some(s_t) = s_t {
-            for h in 0..2 {
-                let j0 = base + 16 * h;
-                let b = _mm512_and_si512(code[h], _mm512_set1_epi32(127));
-                let present = _mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(1));
+            // Q1: present when b >= 2, context er·W1 + b.
+            present[h][0] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(2));
+            f0_q1[h] = f0_of(q1t, present[h][0], eb[h]).ok_or_else(no_row)?;
+            // Q2: present when b >= 3, context (er·W1 + b)·2 + q1: both candidates; a
+            // missing row matters only for the one q1 selects.
+            present[h][1] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(3));
+            let e2 = _mm512_slli_epi32::<1>(eb[h]);
+            f0_q2[h][0] = gather_f0(q2t, present[h][1], e2);
+            f0_q2[h][1] = gather_f0(q2t, present[h][1], _mm512_add_epi32(e2, _mm512_set1_epi32(1)));
+            // S: present when b >= 1, context ((er·W1 + b)·3 + up)·2 + rs.
+            if let Some(s_t) = s_t {
+                present[h][2] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(1));
                 let up = if d_s == usize::MAX {
                     _mm512_setzero_si512()
                 } else {
-                    let have = _mm512_cmpge_epu32_mask(
-                        _mm512_add_epi32(_mm512_set1_epi32(j0 as i32), lane_ids),
-                        _mm512_set1_epi32(d_s.min(i32::MAX as usize) as i32),
-                    );
-                    let c = if have == 0xFFFF {
-                        _mm512_loadu_si512(cp.add(j0 - d_s).cast())
-                    } else if have == 0 {
-                        _mm512_setzero_si512()
-                    } else {
-                        let mut a = [0u32; 16];
-                        for (l, v) in a.iter_mut().enumerate().skip(d_s - j0) {
-                            *v = *cp.add(j0 + l - d_s);
-                        }
-                        _mm512_loadu_si512(a.as_ptr().cast())
-                    };
-                    // sign state: 0 no update, 1 up, 2 down.
-                    let nz = _mm512_mask_test_epi32_mask(have, c, _mm512_set1_epi32(127));
+                    // Sign state of the neighbor: 0 no update, 1 up, 2 down.
+                    let c = neighbor(cp, j0_of(base, h), d_s, _mm512_setzero_si512(), lane_ids, -1);
+                    let nz = _mm512_test_epi32_mask(c, _mm512_set1_epi32(127));
                     let neg = _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1));
                     _mm512_maskz_add_epi32(nz, neg, _mm512_set1_epi32(1))
                 };
@@ -303,15 +294,45 @@ pub unsafe fn full_steps<T: Word>(
                     )),
                     rs,
                 );
-                let f0 = f0_of(s_t, present, ctx).ok_or_else(no_row)?;
-                let one = binary(&mut x[h], f0);
+                f0_s[h] = f0_of(s_t, present[h][2], ctx).ok_or_else(no_row)?;
+            }
+        }
+        // B: the state updates.
+        for h in 0..2 {
+            let f = _mm512_and_si512(fs[h], _mm512_set1_epi32(0xFFFF));
+            let s = _mm512_srli_epi32::<16>(fs[h]);
+            x[h] = _mm512_sub_epi32(
+                _mm512_add_epi32(
+                    _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[h])),
+                    slot[h],
+                ),
+                s,
+            );
+        }
+        refill2(&mut x, words, &mut pos, st.len)?;
+        for h in 0..2 {
+            let one = binary(&mut x[h], f0_q1[h]);
+            code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 7));
+        }
+        refill2(&mut x, words, &mut pos, st.len)?;
+        for h in 0..2 {
+            let q1 = _mm512_test_epi32_mask(code[h], _mm512_set1_epi32(1 << 7));
+            let f0 = _mm512_mask_blend_epi32(q1, f0_q2[h][0], f0_q2[h][1]);
+            if _mm512_mask_cmpeq_epi32_mask(present[h][1], f0, _mm512_set1_epi32(NO_ROW as i32))
+                != 0
+            {
+                return Err(no_row());
+            }
+            let one = binary(&mut x[h], f0);
+            code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 8));
+        }
+        refill2(&mut x, words, &mut pos, st.len)?;
+        if s_t.is_some() {
+            for h in 0..2 {
+                let one = binary(&mut x[h], f0_s[h]);
                 code[h] = _mm512_mask_or_epi32(code[h], one, code[h], _mm512_set1_epi32(1 << 9));
             }
-            x[0] = refill(x[0], words, &mut pos);
-            x[1] = refill(x[1], words, &mut pos);
-            if pos > st.len {
-                return Err(overrun());
-            }
+            refill2(&mut x, words, &mut pos, st.len)?;
         }
         _mm512_storeu_si512(cp.add(base).cast(), code[0]);
         _mm512_storeu_si512(cp.add(base + 16).cast(), code[1]);
