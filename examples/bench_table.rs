@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use lockstep::backend::cpu::CpuBackend;
+use lockstep::backend::cpu::{CpuAt, CpuBackend, Isa};
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
 use lockstep::backend::Backend;
@@ -42,15 +42,17 @@ fn best<T>(reps: usize, mut f: impl FnMut() -> T) -> (f64, T) {
     (best, out.unwrap())
 }
 
+/// One table row; `dec_s` also gives the verified-encode speed (lockstep's encoders always
+/// decode what they wrote and compare: encode time plus decode time).
 fn row(name: &str, raw: usize, packed: usize, enc_s: f64, dec_s: Option<f64>) {
     let mbs = |s: f64| raw as f64 / s / 1e6;
+    let fmt = |s: Option<f64>| s.map(|s| format!("{:.1}", mbs(s))).unwrap_or("—".into());
     println!(
-        "| {name:<28} | {:>6.4} | {:>9.1} | {:>9} |",
+        "| {name:<33} | {:>6.4} | {:>9.1} | {:>9} | {:>9} |",
         packed as f64 / raw as f64,
         mbs(enc_s),
-        dec_s
-            .map(|s| format!("{:.1}", mbs(s)))
-            .unwrap_or("—".into())
+        fmt(dec_s),
+        fmt(dec_s.map(|d| d + enc_s)),
     );
 }
 
@@ -122,10 +124,38 @@ fn main() {
             pairs.len(),
             raw as f64 / 1e6
         );
-        println!("| coder                        | ratio  | enc MB/s  | dec MB/s  |");
-        println!("|------------------------------|--------|-----------|-----------|");
-        lockstep_row("lockstep cpu, 1 thread", &CpuBackend, 1, &pairs, reps);
-        lockstep_row("lockstep cpu, 2 threads", &CpuBackend, 2, &pairs, reps);
+        println!(
+            "| coder                             | ratio  | enc MB/s  | dec MB/s  | enc+verify |"
+        );
+        println!(
+            "|-----------------------------------|--------|-----------|-----------|------------|"
+        );
+        let best_isa = Isa::detect();
+        lockstep_row(
+            &format!("lockstep cpu {}, 1 thread", best_isa.name()),
+            &CpuBackend,
+            1,
+            &pairs,
+            reps,
+        );
+        lockstep_row(
+            &format!("lockstep cpu {}, 2 threads", best_isa.name()),
+            &CpuBackend,
+            2,
+            &pairs,
+            reps,
+        );
+        // The slower instruction-set levels this CPU also runs (same bytes).
+        for isa in Isa::ALL.into_iter().filter(|&i| i < best_isa) {
+            let b = CpuAt::new(isa).unwrap();
+            lockstep_row(
+                &format!("lockstep cpu {}, 1 thread", isa.name()),
+                &b,
+                1,
+                &pairs,
+                1,
+            );
+        }
         lockstep_row(
             "lockstep reference, 1 thread",
             &ReferenceBackend,

@@ -43,6 +43,14 @@ fn main() {
             stages: hs.iter().map(|h| StageTable::select(h, true)).collect(),
         };
         let chunks = res.encode(Layout::Signed, &tables, Some(d)).unwrap();
+        if std::env::var("ROWS").is_ok() {
+            let rows: Vec<usize> = tables
+                .stages
+                .iter()
+                .map(|t| t.explicit.len() + t.backoff.len())
+                .collect();
+            println!("{} {:?} rows {rows:?}", e.name, e.shape);
+        }
         coded.push((fl, rd, d, tables, chunks, t.data(e)));
     }
     let reps = 10;

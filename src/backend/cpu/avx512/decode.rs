@@ -87,7 +87,12 @@ unsafe fn refill(x: __m512i, words: *const u16, pos: &mut usize) -> __m512i {
 
 /// Refill both vectors (lanes 0..16, then 16..32) and check the stream did not run dry.
 #[inline(always)]
-unsafe fn refill2(x: &mut [__m512i; 2], words: *const u16, pos: &mut usize, len: usize) -> Result<()> {
+unsafe fn refill2(
+    x: &mut [__m512i; 2],
+    words: *const u16,
+    pos: &mut usize,
+    len: usize,
+) -> Result<()> {
     x[0] = refill(x[0], words, pos);
     x[1] = refill(x[1], words, pos);
     if *pos > len {
@@ -104,7 +109,14 @@ fn j0_of(base: usize, h: usize) -> usize {
 /// The codes `d` elements before lanes `j0..j0 + 16` (decoded in an earlier step, as
 /// `d >= LANES`), masked by `mask`; `none` for lanes before the chunk's first row.
 #[inline(always)]
-unsafe fn neighbor(cp: *const u32, j0: usize, d: usize, none: __m512i, lane_ids: __m512i, mask: i32) -> __m512i {
+unsafe fn neighbor(
+    cp: *const u32,
+    j0: usize,
+    d: usize,
+    none: __m512i,
+    lane_ids: __m512i,
+    mask: i32,
+) -> __m512i {
     let have = _mm512_cmpge_epu32_mask(
         _mm512_add_epi32(_mm512_set1_epi32(j0 as i32), lane_ids),
         _mm512_set1_epi32(d.min(i32::MAX as usize) as i32),
@@ -223,10 +235,8 @@ pub unsafe fn full_steps<T: Word>(
                 // Lanes before the chunk's first row see W1 ("none").
                 let nb = neighbor(cp, j0, d, w1v, lane_ids, 127);
                 let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(inf[h]), _mm512_set1_epi32(3));
-                let row = _mm512_add_epi32(
-                    _mm512_mullo_epi32(m2, _mm512_set1_epi32(w1 as i32 + 1)),
-                    nb,
-                );
+                let row =
+                    _mm512_add_epi32(_mm512_mullo_epi32(m2, _mm512_set1_epi32(w1 as i32 + 1)), nb);
                 _mm512_add_epi32(_mm512_slli_epi32::<8>(row), er)
             } else {
                 er
@@ -273,7 +283,11 @@ pub unsafe fn full_steps<T: Word>(
             present[h][1] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(3));
             let e2 = _mm512_slli_epi32::<1>(eb[h]);
             f0_q2[h][0] = gather_f0(q2t, present[h][1], e2);
-            f0_q2[h][1] = gather_f0(q2t, present[h][1], _mm512_add_epi32(e2, _mm512_set1_epi32(1)));
+            f0_q2[h][1] = gather_f0(
+                q2t,
+                present[h][1],
+                _mm512_add_epi32(e2, _mm512_set1_epi32(1)),
+            );
             // S: present when b >= 1, context ((er·W1 + b)·3 + up)·2 + rs.
             if let Some(s_t) = s_t {
                 present[h][2] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(1));
@@ -281,7 +295,14 @@ pub unsafe fn full_steps<T: Word>(
                     _mm512_setzero_si512()
                 } else {
                     // Sign state of the neighbor: 0 no update, 1 up, 2 down.
-                    let c = neighbor(cp, j0_of(base, h), d_s, _mm512_setzero_si512(), lane_ids, -1);
+                    let c = neighbor(
+                        cp,
+                        j0_of(base, h),
+                        d_s,
+                        _mm512_setzero_si512(),
+                        lane_ids,
+                        -1,
+                    );
                     let nz = _mm512_test_epi32_mask(c, _mm512_set1_epi32(127));
                     let neg = _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1));
                     _mm512_maskz_add_epi32(nz, neg, _mm512_set1_epi32(1))
