@@ -3,7 +3,7 @@
 //! The side-by-side table with zstd is `cargo xtask bench delta` (docs/BENCHMARKS.md).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use lockstep::backend::cpu::CpuBackend;
+use lockstep::backend::cpu::{CpuAt, CpuBackend, Isa};
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
 use lockstep::backend::Backend;
@@ -27,7 +27,7 @@ fn checkpoints() -> (Checkpoint, Checkpoint) {
     )
 }
 
-fn bench_backend(c: &mut Criterion, b: &dyn Backend, threads: usize) {
+fn bench_backend(c: &mut Criterion, b: &dyn Backend, label: &str, threads: usize) {
     let (r, t) = checkpoints();
     let pairs: Vec<TensorPair> = t
         .tensors
@@ -50,7 +50,7 @@ fn bench_backend(c: &mut Criterion, b: &dyn Backend, threads: usize) {
         .iter()
         .map(|p| encode_unverified(p, &opts, b).unwrap().0)
         .collect();
-    let mut g = c.benchmark_group(format!("delta-bf16/{}-{threads}t", b.name()));
+    let mut g = c.benchmark_group(format!("delta-bf16/{label}-{threads}t"));
     g.throughput(Throughput::Bytes(raw as u64));
     g.sample_size(10);
     g.bench_function("encode", |bench| {
@@ -75,11 +75,16 @@ fn bench_backend(c: &mut Criterion, b: &dyn Backend, threads: usize) {
 }
 
 fn backends(c: &mut Criterion) {
-    bench_backend(c, &CpuBackend, 1);
-    bench_backend(c, &CpuBackend, 2);
-    bench_backend(c, &ReferenceBackend, 1);
+    bench_backend(c, &CpuBackend, "cpu", 1);
+    bench_backend(c, &CpuBackend, "cpu", 2);
+    // Every instruction-set level this CPU runs, one thread (same bytes, different speed).
+    for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+        let label = format!("cpu-{}", isa.name().to_lowercase().replace('-', ""));
+        bench_backend(c, &CpuAt::new(isa).unwrap(), &label, 1);
+    }
+    bench_backend(c, &ReferenceBackend, "reference", 1);
     match WgpuBackend::new(false) {
-        Ok(w) => bench_backend(c, &w, 1),
+        Ok(w) => bench_backend(c, &w, "wgpu", 1),
         Err(e) => eprintln!("wgpu bench skipped: {e}"),
     }
 }

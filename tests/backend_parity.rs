@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use lockstep::backend::cpu::{CpuAt, CpuBackend, Isa};
+use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::parity::{first_difference, stages};
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
@@ -471,7 +471,7 @@ fn cpu_at(isa: Isa) -> Option<Arc<dyn Backend>> {
     }
 }
 
-parity_tests!(cpu, Some(Arc::new(CpuBackend)), usize::MAX, usize::MAX);
+// The auto-selected CPU backend is one of these levels (the best this CPU runs).
 parity_tests!(cpu_portable, cpu_at(Isa::Portable), usize::MAX, usize::MAX);
 parity_tests!(cpu_avx2, cpu_at(Isa::Avx2), usize::MAX, usize::MAX);
 parity_tests!(cpu_avx512, cpu_at(Isa::Avx512), usize::MAX, usize::MAX);
