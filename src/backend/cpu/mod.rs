@@ -227,6 +227,16 @@ impl<T: Word> Resident for CpuResident<T> {
             .into_par_iter()
             .map_init(encode::Scratch::default, |scratch, r| {
                 let (d, info) = (&self.d[r.clone()], &self.info[r]);
+                #[cfg(target_arch = "x86_64")]
+                if self.isa == Isa::Avx512 {
+                    let w1 = self.w1();
+                    // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this
+                    // CPU (`CpuAt` checks it on construction), and `Avx512` requires the
+                    // features `avx512::encode::chunk` is compiled for.
+                    return unsafe {
+                        avx512::encode::chunk(d, info, signed, w1, &stages, distance, scratch)
+                    };
+                }
                 fast(
                     self.isa,
                     #[inline(always)]
