@@ -34,13 +34,14 @@ pub unsafe fn chunk<T: Word>(
     signed: bool,
     w1: usize,
     stages: &[EncStage],
+    flat: &Flat,
     distance: Option<usize>,
     s: &mut Scratch,
 ) -> EncodedChunk {
     s.tail.clear();
     codes(d, signed, &mut s.codes, Some(&mut s.tail));
     // SAFETY: the caller guarantees the features.
-    let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, distance, &mut s.words) };
+    let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, flat, distance, &mut s.words) };
     EncodedChunk {
         words: s.words[at..s.codes.len() * stages.len()].to_vec(),
         states,
@@ -49,17 +50,79 @@ pub unsafe fn chunk<T: Word>(
     }
 }
 
-/// Per-half facts of one step, shared by the stages.
-#[derive(Clone, Copy)]
-struct Half {
-    valid: __mmask16,
-    c: __m512i,
-    i: __m512i,
-    b: __m512i,
-    eb: __m512i,
-    /// Codes of the neighbors `d` elements back, and which lanes have one.
-    nc: __m512i,
-    knb: __mmask16,
+/// Bit `s` of each lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bit(v: __m512i, s: u32) -> __m512i {
+    _mm512_and_si512(
+        _mm512_srlv_epi32(v, _mm512_set1_epi32(s as i32)),
+        _mm512_set1_epi32(1),
+    )
+}
+
+/// Per-tensor tables of packed symbols (`freq | start << 16`) indexed directly by what the
+/// lanes know, presence folded in (the identity where a stage has no symbol), so each lane
+/// needs one lookup per stage (two for B in its neighbor form).
+pub struct Flat {
+    /// Q1 (low half) and Q2 (high half) by `(er·w1 + b)·4 + q2·2 + q1` (code bits 7, 8).
+    q12: Vec<u64>,
+    /// S by `ctx·2 + neg`, `ctx` its primary context (empty without an S stage).
+    s: Vec<u32>,
+    /// B by `er·w1 + b`, for the plain (non-neighbor) B context (else empty).
+    b: Vec<u32>,
+}
+
+impl Flat {
+    pub fn new(stages: &[EncStage], w1: usize) -> Flat {
+        let sym = |t: &EncStage, ctx: usize, s: usize| -> u32 {
+            match t.map[ctx] {
+                u32::MAX => PACKED_IDENTITY,
+                r => t.packed[r as usize * t.alphabet + s],
+            }
+        };
+        let id = PACKED_IDENTITY;
+        let n_eb = stages[1].map.len();
+        let mut q12 = Vec::with_capacity(n_eb * 4);
+        for eb in 0..n_eb {
+            let b = eb % w1;
+            for q in 0..4 {
+                let (q1, q2) = (q & 1, q >> 1);
+                let lo = if b >= 2 { sym(&stages[1], eb, q1) } else { id };
+                let hi = if b >= 3 {
+                    sym(&stages[2], eb * 2 + q1, q2)
+                } else {
+                    id
+                };
+                q12.push(lo as u64 | (hi as u64) << 32);
+            }
+        }
+        let mut s = Vec::new();
+        if let Some(t) = stages.get(3) {
+            s.reserve(t.map.len() * 2);
+            for ctx in 0..t.map.len() {
+                let b = (ctx / 6) % w1;
+                for neg in 0..2 {
+                    s.push(if b >= 1 { sym(t, ctx, neg) } else { id });
+                }
+            }
+        }
+        let mut bt = Vec::new();
+        if !stages[0].neighbor {
+            for ctx in 0..stages[0].map.len() {
+                bt.extend((0..w1).map(|b| sym(&stages[0], ctx, b)));
+            }
+        }
+        Flat { q12, s, b: bt }
+    }
+}
+
+/// The packed symbols of the four stages (B, Q1, Q2, S) of one step, per half.
+type StepSyms = [[__m512i; 2]; 4];
+
+/// `f` itself: lets a closure carry `#[inline(always)]`.
+#[inline(always)]
+fn inlined<F: Fn(usize) -> StepSyms>(f: F) -> F {
+    f
 }
 
 /// The interleaved lanes of one chunk (as `super::super::encode::lanes`); the words are left
@@ -69,11 +132,13 @@ struct Half {
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL, VBMI2.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn lanes(
     codes: &[u32],
     info: &[u16],
     w1: usize,
     stages: &[EncStage],
+    flat: &Flat,
     distance: Option<usize>,
     words: &mut Vec<u16>,
 ) -> ([u32; LANES], usize) {
@@ -93,114 +158,142 @@ pub unsafe fn lanes(
         Some(d) if b_nb || s_nb => d,
         _ => usize::MAX,
     };
-    let w1v = _mm512_set1_epi32(w1 as i32);
-    let m127 = _mm512_set1_epi32(127);
-    let one = _mm512_set1_epi32(1);
-    let mut x = [_mm512_set1_epi32(RANS_L as i32); 2];
-    for step in (0..n.div_ceil(LANES)).rev() {
-        let base = step * LANES;
-        let lanes = LANES.min(n - base);
-        let mut h = [None::<Half>; 2];
-        for (k, slot) in h.iter_mut().enumerate() {
-            // Lanes of the upper half past the chunk's end have `cnt == 0`, `at == n`.
-            let at = (base + 16 * k).min(n);
-            let cnt = lanes.saturating_sub(16 * k).min(16);
-            let valid: __mmask16 = ((1u32 << cnt) - 1) as __mmask16;
-            // SAFETY: lanes `< cnt` are elements `at..at + cnt <= n` of `codes` and `info`;
-            // the masked-off lanes are not accessed (and `at <= n` keeps the pointers inside
-            // or one past the end of the slices).
-            let (c, i) = unsafe {
-                (
-                    _mm512_maskz_loadu_epi32(valid, codes.as_ptr().add(at) as *const _),
-                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
-                        valid,
-                        info.as_ptr().add(at) as *const _,
-                    )),
-                )
-            };
-            let (nc, knb) = if at >= d {
-                // SAFETY: as above, `at - d + cnt <= n`.
-                let nc = unsafe {
-                    _mm512_maskz_loadu_epi32(valid, codes.as_ptr().add(at - d) as *const _)
+    // Every stage's symbols for the lanes of step `step` (a closure: inlined here, with this
+    // function's features).
+    let step_syms = inlined(
+        #[inline(always)]
+        |step: usize| -> StepSyms {
+            let n = codes.len();
+            let base = step * LANES;
+            let lanes = LANES.min(n - base);
+            let w1v = _mm512_set1_epi32(w1 as i32);
+            let m127 = _mm512_set1_epi32(127);
+            let one = _mm512_set1_epi32(1);
+            let ident = _mm512_set1_epi32(PACKED_IDENTITY as i32);
+            let mut out = [[ident; 2]; 4];
+            for k in 0..2 {
+                // Lanes of the upper half past the chunk's end have `cnt == 0`, `at == n`.
+                let at = (base + 16 * k).min(n);
+                let cnt = lanes.saturating_sub(16 * k).min(16);
+                let valid: __mmask16 = ((1u32 << cnt) - 1) as __mmask16;
+                // SAFETY: lanes `< cnt` are elements `at..at + cnt <= n` of `codes` and `info`;
+                // the masked-off lanes are not accessed (and `at <= n` keeps the pointers inside
+                // or one past the end of the slices).
+                let (c, i) = unsafe {
+                    (
+                        _mm512_maskz_loadu_epi32(valid, codes.as_ptr().add(at) as *const _),
+                        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                            valid,
+                            info.as_ptr().add(at) as *const _,
+                        )),
+                    )
                 };
-                (nc, valid)
-            } else if at + 16 <= d {
-                (_mm512_setzero_si512(), 0)
-            } else {
-                let mut tmp = [0u32; 16];
-                let mut knb = 0u16;
-                for (l, t) in tmp.iter_mut().enumerate().take(cnt) {
-                    if at + l >= d {
-                        *t = codes[at + l - d];
-                        knb |= 1 << l;
+                // Codes of the neighbors `d` elements back, and which lanes have one.
+                let (nc, knb) = if at >= d {
+                    // SAFETY: as above, `at - d + cnt <= n`.
+                    let nc = unsafe {
+                        _mm512_maskz_loadu_epi32(valid, codes.as_ptr().add(at - d) as *const _)
+                    };
+                    (nc, valid)
+                } else if at + 16 <= d {
+                    (_mm512_setzero_si512(), 0)
+                } else {
+                    let mut tmp = [0u32; 16];
+                    let mut knb = 0u16;
+                    for (l, t) in tmp.iter_mut().enumerate().take(cnt) {
+                        if at + l >= d {
+                            *t = codes[at + l - d];
+                            knb |= 1 << l;
+                        }
                     }
+                    // SAFETY: reads the 16 `u32` of `tmp`.
+                    (unsafe { _mm512_loadu_si512(tmp.as_ptr() as *const _) }, knb)
+                };
+                let b = _mm512_and_si512(c, m127);
+                let er = _mm512_and_si512(i, _mm512_set1_epi32(255));
+                let eb = _mm512_add_epi32(_mm512_mullo_epi32(er, w1v), b);
+
+                // B.
+                out[0][k] = if stages[0].neighbor {
+                    let nb = _mm512_mask_and_epi32(w1v, knb, nc, m127);
+                    let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+                    let row =
+                        _mm512_add_epi32(_mm512_mullo_epi32(m2, _mm512_add_epi32(w1v, one)), nb);
+                    let ctx = _mm512_add_epi32(_mm512_slli_epi32::<8>(row), er);
+                    // SAFETY: features as this function's.
+                    unsafe { gather(&stages[0], valid, ctx, b) }
+                } else {
+                    // SAFETY: features as this function's.
+                    unsafe { gather_flat(&flat.b, valid, eb) }
+                };
+
+                // Q1, Q2: one 64-bit lookup.
+                let idx = _mm512_add_epi32(
+                    _mm512_slli_epi32::<2>(eb),
+                    _mm512_and_si512(_mm512_srli_epi32::<7>(c), _mm512_set1_epi32(3)),
+                );
+                let idx = _mm512_min_epu32(idx, _mm512_set1_epi32(flat.q12.len() as i32 - 1));
+                let ident64 = _mm512_set1_epi64(
+                    (PACKED_IDENTITY as u64 | (PACKED_IDENTITY as u64) << 32) as i64,
+                );
+                // SAFETY: the lanes in the masks read `q12[idx]` with `idx < q12.len()`.
+                let (g0, g1) = unsafe {
+                    (
+                        _mm512_mask_i32gather_epi64::<8>(
+                            ident64,
+                            valid as u8,
+                            _mm512_castsi512_si256(idx),
+                            flat.q12.as_ptr() as *const _,
+                        ),
+                        _mm512_mask_i32gather_epi64::<8>(
+                            ident64,
+                            (valid >> 8) as u8,
+                            _mm512_extracti64x4_epi64::<1>(idx),
+                            flat.q12.as_ptr() as *const _,
+                        ),
+                    )
+                };
+                let even =
+                    _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+                out[1][k] = _mm512_permutex2var_epi32(g0, even, g1);
+                out[2][k] = _mm512_permutex2var_epi32(g0, _mm512_add_epi32(even, one), g1);
+
+                // S.
+                if stages.len() == 4 {
+                    // up: the neighbor's sign state (0 none / no update, 1 up, 2 down).
+                    let nz =
+                        _mm512_mask_test_epi32_mask(knb & (s_nb as u16).wrapping_neg(), nc, m127);
+                    let up = _mm512_maskz_add_epi32(nz, one, bit(nc, 9));
+                    let three = _mm512_add_epi32(_mm512_slli_epi32::<1>(eb), eb);
+                    let ctx = _mm512_add_epi32(
+                        _mm512_slli_epi32::<1>(_mm512_add_epi32(three, up)),
+                        bit(i, 8),
+                    );
+                    let idx = _mm512_add_epi32(_mm512_slli_epi32::<1>(ctx), bit(c, 9));
+                    // SAFETY: features as this function's.
+                    out[3][k] = unsafe { gather_flat(&flat.s, valid, idx) };
                 }
-                // SAFETY: reads the 16 `u32` of `tmp`.
-                (unsafe { _mm512_loadu_si512(tmp.as_ptr() as *const _) }, knb)
-            };
-            let b = _mm512_and_si512(c, m127);
-            let er = _mm512_and_si512(i, _mm512_set1_epi32(255));
-            let eb = _mm512_add_epi32(_mm512_mullo_epi32(er, w1v), b);
-            *slot = Some(Half {
-                valid,
-                c,
-                i,
-                b,
-                eb,
-                nc,
-                knb,
-            });
+            }
+            out
+        },
+    );
+    let mut x = [_mm512_set1_epi32(RANS_L as i32); 2];
+    let steps = n.div_ceil(LANES);
+    if steps == 0 {
+        return ([RANS_L; LANES], end);
+    }
+    let mut next = step_syms(steps - 1);
+    for step in (0..steps).rev() {
+        // The next step's lookups are issued before this step's state chain, so they run
+        // under it.
+        let cur = next;
+        if step > 0 {
+            next = step_syms(step - 1);
         }
-        let h = h.map(|h| h.unwrap());
-        let bit = |v: __m512i, s: u32| -> __m512i {
-            _mm512_and_si512(_mm512_srlv_epi32(v, _mm512_set1_epi32(s as i32)), one)
-        };
-        let present = |hf: &Half, min_b: i32| -> __mmask16 {
-            _mm512_mask_cmpge_epu32_mask(hf.valid, hf.b, _mm512_set1_epi32(min_b))
-        };
-        if let Some(t) = stages.get(3) {
-            let p = h.map(|hf| {
-                // up: the neighbor's sign state (0 none / no update, 1 up, 2 down).
-                let nz =
-                    _mm512_mask_test_epi32_mask(hf.knb & (s_nb as u16).wrapping_neg(), hf.nc, m127);
-                let up = _mm512_maskz_add_epi32(nz, one, bit(hf.nc, 9));
-                let rs = bit(hf.i, 8);
-                let three = _mm512_add_epi32(_mm512_slli_epi32::<1>(hf.eb), hf.eb);
-                let ctx = _mm512_add_epi32(_mm512_slli_epi32::<1>(_mm512_add_epi32(three, up)), rs);
-                // SAFETY: features as this function's.
-                unsafe { gather(t, present(&hf, 1), ctx, bit(hf.c, 9)) }
-            });
+        for p in cur[..stages.len()].iter().rev() {
             // SAFETY: `pos` never drops below 0: one word at most per coded symbol.
-            unsafe { put2(&mut x, p, out, &mut pos) };
+            unsafe { put2(&mut x, *p, out, &mut pos) };
         }
-        let p = h.map(|hf| {
-            let ctx = _mm512_add_epi32(_mm512_slli_epi32::<1>(hf.eb), bit(hf.c, 7));
-            // SAFETY: features as this function's.
-            unsafe { gather(&stages[2], present(&hf, 3), ctx, bit(hf.c, 8)) }
-        });
-        // SAFETY: as above.
-        unsafe { put2(&mut x, p, out, &mut pos) };
-        let p = h.map(|hf| {
-            // SAFETY: features as this function's.
-            unsafe { gather(&stages[1], present(&hf, 2), hf.eb, bit(hf.c, 7)) }
-        });
-        // SAFETY: as above.
-        unsafe { put2(&mut x, p, out, &mut pos) };
-        let p = h.map(|hf| {
-            let er = _mm512_and_si512(hf.i, _mm512_set1_epi32(255));
-            let ctx = if b_nb {
-                let nb = _mm512_mask_and_epi32(w1v, hf.knb, hf.nc, m127);
-                let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(hf.i), _mm512_set1_epi32(3));
-                let row = _mm512_add_epi32(_mm512_mullo_epi32(m2, _mm512_add_epi32(w1v, one)), nb);
-                _mm512_add_epi32(_mm512_slli_epi32::<8>(row), er)
-            } else {
-                er
-            };
-            // SAFETY: features as this function's.
-            unsafe { gather(&stages[0], hf.valid, ctx, hf.b) }
-        });
-        // SAFETY: as above.
-        unsafe { put2(&mut x, p, out, &mut pos) };
     }
     let mut states = [0u32; LANES];
     // SAFETY: 2 × 16 `u32` into the 32 of `states`.
@@ -209,6 +302,22 @@ pub unsafe fn lanes(
         _mm512_storeu_si512(states.as_mut_ptr().add(16) as *mut _, x[1]);
     }
     (states, pos)
+}
+
+/// `table[idx]` for the lanes in `k` (indices clamped to the table), the identity elsewhere.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather_flat(table: &[u32], k: __mmask16, idx: __m512i) -> __m512i {
+    let idx = _mm512_min_epu32(idx, _mm512_set1_epi32(table.len() as i32 - 1));
+    // SAFETY: the lanes in `k` read `table[idx]` with `idx < table.len()`.
+    unsafe {
+        _mm512_mask_i32gather_epi32::<4>(
+            _mm512_set1_epi32(PACKED_IDENTITY as i32),
+            k,
+            idx,
+            table.as_ptr() as *const _,
+        )
+    }
 }
 
 /// The packed symbols (`freq | start << 16`) of 16 lanes: `sym` under context `ctx`'s row for
@@ -251,9 +360,12 @@ unsafe fn gather(t: &EncStage, k: __mmask16, ctx: __m512i, sym: __m512i) -> __m5
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2")]
 unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut usize) {
     let m16 = _mm512_set1_epi32(0xFFFF);
-    let f = p.map(|p| _mm512_and_si512(p, m16));
+    let f = [_mm512_and_si512(p[0], m16), _mm512_and_si512(p[1], m16)];
     // x >= freq << 20, as x >> 20 >= freq: the identity's freq 2^12 never flushes.
-    let k = [0, 1].map(|h| _mm512_cmpge_epu32_mask(_mm512_srli_epi32::<20>(x[h]), f[h]));
+    let k = [
+        _mm512_cmpge_epu32_mask(_mm512_srli_epi32::<20>(x[0]), f[0]),
+        _mm512_cmpge_epu32_mask(_mm512_srli_epi32::<20>(x[1]), f[1]),
+    ];
     for h in [1, 0] {
         *pos -= k[h].count_ones() as usize;
         // SAFETY: `out[*pos..]` has room for the `popcount(k)` words stored (caller).
