@@ -131,7 +131,7 @@ fn inlined<F: Fn(usize) -> StepSyms>(f: F) -> F {
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL, VBMI2.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2")]
+#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl,avx512vbmi2")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn lanes(
     codes: &[u32],
@@ -357,7 +357,7 @@ unsafe fn gather(t: &EncStage, k: __mmask16, ctx: __m512i, sym: __m512i) -> __m5
 /// # Safety
 /// `out[..*pos]` must have room for every word this call flushes (at most 32).
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2")]
+#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl,avx512vbmi2")]
 unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut usize) {
     let m16 = _mm512_set1_epi32(0xFFFF);
     let f = [_mm512_and_si512(p[0], m16), _mm512_and_si512(p[1], m16)];
@@ -367,15 +367,14 @@ unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut u
         _mm512_cmpge_epu32_mask(_mm512_srli_epi32::<20>(x[1]), f[1]),
     ];
     for h in [1, 0] {
-        *pos -= k[h].count_ones() as usize;
-        // SAFETY: `out[*pos..]` has room for the `popcount(k)` words stored (caller).
-        unsafe {
-            _mm256_mask_compressstoreu_epi16(
-                out.add(*pos) as *mut _,
-                k[h],
-                _mm512_cvtepi32_epi16(x[h]),
-            )
-        };
+        let cnt = k[h].count_ones();
+        *pos -= cnt as usize;
+        // Compress in a register and store under a mask: a compressing store to memory is
+        // microcoded and slow on some CPUs (AMD Zen 4).
+        let w = _mm256_maskz_compress_epi16(k[h], _mm512_cvtepi32_epi16(x[h]));
+        // SAFETY: `out[*pos..*pos + cnt]` is inside the buffer (caller); only those `cnt`
+        // words are written.
+        unsafe { _mm256_mask_storeu_epi16(out.add(*pos) as *mut _, ((1u32 << cnt) - 1) as u16, w) };
     }
     let total = _mm512_set1_epi32(PROB_TOTAL as i32);
     let two = _mm512_set1_ps(2.0);
