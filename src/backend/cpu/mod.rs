@@ -47,7 +47,7 @@ pub enum Isa {
     Portable,
     /// The same loops compiled with AVX2 (auto-vectorized, no intrinsics).
     Avx2,
-    /// Explicit AVX-512 (F, BW, VL, VBMI2) rANS lanes: 16 lanes per vector.
+    /// Explicit AVX-512 (F, BW, VL, VBMI2, CD) rANS lanes: 16 lanes per vector.
     Avx512,
 }
 
@@ -82,6 +82,7 @@ impl Isa {
                         && has!("avx512bw")
                         && has!("avx512vl")
                         && has!("avx512vbmi2")
+                        && has!("avx512cd")
                 }
             }
         }
