@@ -225,7 +225,8 @@ impl<T: Word> Resident for CpuResident<T> {
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
         #[cfg(target_arch = "x86_64")]
-        let flat = (self.isa == Isa::Avx512).then(|| avx512::encode::Flat::new(&stages, self.w1()));
+        let flat = (self.isa == Isa::Avx512)
+            .then(|| avx512::encode::Flat::new(&stages, self.w1(), &self.info));
         Ok(chunk_ranges(self.d.len())
             .into_par_iter()
             .map_init(encode::Scratch::default, |scratch, r| {

@@ -145,6 +145,8 @@ fn bit(v: __m512i, s: u32) -> __m512i {
 /// lanes know, presence folded in (the identity where a stage has no symbol), so each lane
 /// needs one lookup per stage (two for B in its neighbor form).
 pub struct Flat {
+    /// The lowest exponent class covered; `er` below stands for `er - lo`.
+    lo: u32,
     /// Q1 (low half) and Q2 (high half) by `(er·w1 + b)·4 + q2·2 + q1` (code bits 7, 8).
     q12: Vec<u64>,
     /// S by `ctx·2 + neg`, `ctx` its primary context (empty without an S stage).
@@ -154,7 +156,16 @@ pub struct Flat {
 }
 
 impl Flat {
-    pub fn new(stages: &[EncStage], w1: usize) -> Flat {
+    /// The tables for the exponent classes present in `info` (a tensor's elements).
+    pub fn new(stages: &[EncStage], w1: usize, info: &[u16]) -> Flat {
+        let (lo, hi) = info.iter().fold((255u16, 0u16), |(l, h), &i| {
+            (l.min(i & 255), h.max(i & 255))
+        });
+        let (lo, hi) = if lo > hi {
+            (0, 0)
+        } else {
+            (lo as usize, hi as usize)
+        };
         let sym = |t: &EncStage, ctx: usize, s: usize| -> u32 {
             match t.map[ctx] {
                 u32::MAX => PACKED_IDENTITY,
@@ -162,38 +173,41 @@ impl Flat {
             }
         };
         let id = PACKED_IDENTITY;
-        let n_eb = stages[1].map.len();
+        let n_eb = (hi - lo + 1) * w1;
         let mut q12 = Vec::with_capacity(n_eb * 4);
-        for eb in 0..n_eb {
-            let b = eb % w1;
-            for q in 0..4 {
-                let (q1, q2) = (q & 1, q >> 1);
-                let lo = if b >= 2 { sym(&stages[1], eb, q1) } else { id };
-                let hi = if b >= 3 {
-                    sym(&stages[2], eb * 2 + q1, q2)
-                } else {
-                    id
-                };
-                q12.push(lo as u64 | (hi as u64) << 32);
-            }
-        }
-        let mut s = Vec::new();
-        if let Some(t) = stages.get(3) {
-            s.reserve(t.map.len() * 2);
-            for ctx in 0..t.map.len() {
-                let b = (ctx / 6) % w1;
-                for neg in 0..2 {
-                    s.push(if b >= 1 { sym(t, ctx, neg) } else { id });
+        let mut s = Vec::with_capacity(n_eb * 12);
+        let mut bt = Vec::new();
+        for er in lo..=hi {
+            for b in 0..w1 {
+                let eb = er * w1 + b;
+                for q in 0..4 {
+                    let (q1, q2) = (q & 1, q >> 1);
+                    let lo = if b >= 2 { sym(&stages[1], eb, q1) } else { id };
+                    let hi = if b >= 3 {
+                        sym(&stages[2], eb * 2 + q1, q2)
+                    } else {
+                        id
+                    };
+                    q12.push(lo as u64 | (hi as u64) << 32);
+                }
+                if let Some(t) = stages.get(3) {
+                    for ctx in eb * 6..eb * 6 + 6 {
+                        for neg in 0..2 {
+                            s.push(if b >= 1 { sym(t, ctx, neg) } else { id });
+                        }
+                    }
+                }
+                if !stages[0].neighbor {
+                    bt.push(sym(&stages[0], er, b));
                 }
             }
         }
-        let mut bt = Vec::new();
-        if !stages[0].neighbor {
-            for ctx in 0..stages[0].map.len() {
-                bt.extend((0..w1).map(|b| sym(&stages[0], ctx, b)));
-            }
+        Flat {
+            lo: lo as u32,
+            q12,
+            s,
+            b: bt,
         }
-        Flat { q12, s, b: bt }
     }
 }
 
@@ -241,6 +255,7 @@ pub unsafe fn lanes(
     };
     // Every stage's symbols for the lanes of step `step` (a closure: inlined here, with this
     // function's features).
+    let lo_v = _mm512_set1_epi32(flat.lo as i32);
     let step_syms = inlined(
         #[inline(always)]
         |step: usize| -> StepSyms {
@@ -292,7 +307,8 @@ pub unsafe fn lanes(
                 };
                 let b = _mm512_and_si512(c, m127);
                 let er = _mm512_and_si512(i, _mm512_set1_epi32(255));
-                let eb = _mm512_add_epi32(_mm512_mullo_epi32(er, w1v), b);
+                // Flat-table form: `(er - lo)·w1 + b` (huge, and clamped, in invalid lanes).
+                let eb = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(er, lo_v), w1v), b);
 
                 // B.
                 out[0][k] = if stages[0].neighbor {
