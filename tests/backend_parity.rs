@@ -90,6 +90,9 @@ fn shape_for(n: usize) -> Vec<u64> {
     // Rows of 48 when that divides n, so the sign stage's one-row-up context is exercised.
     if n.is_multiple_of(48) && n > 0 {
         vec![(n / 48) as u64, 48]
+    } else if n.is_multiple_of(40) && n > 0 {
+        // A row length that is not a multiple of 16 (vector lanes straddle the first row).
+        vec![(n / 40) as u64, 40]
     } else {
         vec![n as u64]
     }
@@ -129,6 +132,7 @@ pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
         LANES,
         LANES + 1,
         48 * 40,
+        40 * 1001,
         CHUNK_ELEMS - 1,
         CHUNK_ELEMS + 1,
         // Two chunks, the second shorter than a row: no element there has a neighbor.

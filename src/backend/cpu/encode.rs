@@ -153,8 +153,8 @@ pub fn lanes(
 #[derive(Default)]
 pub struct Scratch {
     pub codes: Vec<u32>,
-    words: Vec<u16>,
-    tail: BitWriter,
+    pub(super) words: Vec<u16>,
+    pub(super) tail: BitWriter,
 }
 
 /// Code one chunk of displacements.

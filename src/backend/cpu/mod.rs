@@ -47,7 +47,7 @@ pub enum Isa {
     Portable,
     /// The same loops compiled with AVX2 (auto-vectorized, no intrinsics).
     Avx2,
-    /// Explicit AVX-512 (F, BW, VL, VBMI2) rANS lanes: 16 lanes per vector.
+    /// Explicit AVX-512 (F, BW, VL, VBMI2, CD) rANS lanes: 16 lanes per vector.
     Avx512,
 }
 
@@ -82,6 +82,7 @@ impl Isa {
                         && has!("avx512bw")
                         && has!("avx512vl")
                         && has!("avx512vbmi2")
+                        && has!("avx512cd")
                 }
             }
         }
@@ -223,10 +224,24 @@ impl<T: Word> Resident for CpuResident<T> {
         check_tables(layout, tables)?;
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
+        #[cfg(target_arch = "x86_64")]
+        let flat = (self.isa == Isa::Avx512)
+            .then(|| avx512::encode::Flat::new(&stages, self.w1(), &self.info));
         Ok(chunk_ranges(self.d.len())
             .into_par_iter()
             .map_init(encode::Scratch::default, |scratch, r| {
                 let (d, info) = (&self.d[r.clone()], &self.info[r]);
+                #[cfg(target_arch = "x86_64")]
+                if let Some(flat) = &flat {
+                    let w1 = self.w1();
+                    // SAFETY: `flat` exists only at `isa == Avx512`, and `isa` is only ever a
+                    // level `Isa::available` confirmed on this CPU (`CpuAt` checks it on
+                    // construction); `Avx512` requires the features `avx512::encode::chunk`
+                    // is compiled for.
+                    return unsafe {
+                        avx512::encode::chunk(d, info, signed, w1, &stages, flat, distance, scratch)
+                    };
+                }
                 fast(
                     self.isa,
                     #[inline(always)]

@@ -62,6 +62,19 @@ pub fn put_lanes(states: &mut [u64], syms: &[&EncSym], out: &mut [u16], pos: &mu
     }
 }
 
+/// A symbol packed for the vector lanes: `freq | start << 16`.
+#[inline]
+fn pack(start: u32, freq: u32) -> u32 {
+    if freq == 0 {
+        // Never used (as in `EncSym::new`).
+        return PACKED_IDENTITY;
+    }
+    freq | start << 16
+}
+
+/// The identity symbol packed: probability 1, start 0.
+pub const PACKED_IDENTITY: u32 = PROB_TOTAL;
+
 /// One stage's table for the encoder: context -> row, row -> symbols.
 pub struct EncStage<'a> {
     pub map: &'a [u32],
@@ -69,6 +82,8 @@ pub struct EncStage<'a> {
     pub neighbor: bool,
     pub alphabet: usize,
     pub syms: Vec<EncSym>,
+    /// The same symbols as [`pack`]ed `u32`s (the AVX-512 lanes gather them).
+    pub packed: Vec<u32>,
     /// Index of the identity row (absent elements).
     identity_row: usize,
 }
@@ -78,17 +93,21 @@ impl<'a> EncStage<'a> {
         let a = t.space.alphabet();
         let n_rows = t.explicit.len() + t.backoff.len();
         let mut syms = Vec::with_capacity(n_rows * a);
+        let mut packed = Vec::with_capacity(n_rows * a);
         for ri in 0..n_rows {
             let row = t.row(ri as u32);
             syms.extend((0..a).map(|s| EncSym::new(row.start[s], row.freq[s])));
+            packed.extend((0..a).map(|s| pack(row.start[s], row.freq[s])));
         }
         // Row `n_rows`: absent elements.
         syms.extend((0..a).map(|_| IDENTITY));
+        packed.extend((0..a).map(|_| PACKED_IDENTITY));
         EncStage {
             map: &t.map,
             neighbor: t.space.neighbor,
             alphabet: a,
             syms,
+            packed,
             identity_row: n_rows,
         }
     }
