@@ -143,6 +143,9 @@ pub struct DecStage<'a> {
     /// Binary stages: `f0` per primary context, [`NO_ROW`] where the context has no row (the
     /// AVX-512 path's one gather instead of map, then row).
     pub f0_by_ctx: Vec<u32>,
+    /// Binary stages: `f0` of contexts `2k` and `2k + 1` as the low and high halves of entry
+    /// `k` (`0xFFFF`: no row): Q2's contexts for q1 = 0 and 1, in one gather.
+    pub f0_pairs: Vec<u32>,
     pub alphabet: usize,
 }
 
@@ -161,6 +164,7 @@ impl<'a> DecStage<'a> {
             starts: Vec::new(),
             fs_packed: Vec::new(),
             f0_by_ctx: Vec::new(),
+            f0_pairs: Vec::new(),
             alphabet: a,
         };
         for ri in 0..n_rows {
@@ -186,6 +190,11 @@ impl<'a> DecStage<'a> {
                 .map
                 .iter()
                 .map(|&ri| d.f0.get(ri as usize).copied().unwrap_or(NO_ROW))
+                .collect();
+            d.f0_pairs = d
+                .f0_by_ctx
+                .chunks(2)
+                .map(|p| (p[0] & 0xFFFF) | (p.get(1).copied().unwrap_or(NO_ROW) & 0xFFFF) << 16)
                 .collect();
             d.f0.push(PROB_TOTAL);
         }

@@ -43,7 +43,7 @@ fn tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
             .iter()
             .all(|&r| r == u32::MAX || (r as usize) < rows_b)
         && stages[1].f0_by_ctx.len() >= e * w1
-        && stages[2].f0_by_ctx.len() >= e * w1 * 2
+        && stages[2].f0_pairs.len() >= e * w1
         && stages
             .get(3)
             .is_none_or(|s| s.f0_by_ctx.len() >= e * w1 * 6)
@@ -263,7 +263,7 @@ pub unsafe fn full_steps<T: Word>(
         let mut eb = [_mm512_setzero_si512(); 2];
         let mut fs = [_mm512_setzero_si512(); 2];
         let mut f0_q1 = [_mm512_setzero_si512(); 2];
-        let mut f0_q2 = [[_mm512_setzero_si512(); 2]; 2];
+        let mut f0_q2 = [_mm512_setzero_si512(); 2];
         let mut f0_s = [_mm512_setzero_si512(); 2];
         let mut present = [[0 as __mmask16; 3]; 2];
         for h in 0..2 {
@@ -281,12 +281,11 @@ pub unsafe fn full_steps<T: Word>(
             // Q2: present when b >= 3, context (er·W1 + b)·2 + q1: both candidates; a
             // missing row matters only for the one q1 selects.
             present[h][1] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(3));
-            let e2 = _mm512_slli_epi32::<1>(eb[h]);
-            f0_q2[h][0] = gather_f0(q2t, present[h][1], e2);
-            f0_q2[h][1] = gather_f0(
-                q2t,
+            f0_q2[h] = _mm512_mask_i32gather_epi32::<4>(
+                _mm512_set1_epi32((PROB_TOTAL | PROB_TOTAL << 16) as i32),
                 present[h][1],
-                _mm512_add_epi32(e2, _mm512_set1_epi32(1)),
+                eb[h],
+                q2t.f0_pairs.as_ptr().cast(),
             );
             // S: present when b >= 1, context ((er·W1 + b)·3 + up)·2 + rs.
             if let Some(s_t) = s_t {
@@ -338,8 +337,11 @@ pub unsafe fn full_steps<T: Word>(
         refill2(&mut x, words, &mut pos, st.len)?;
         for h in 0..2 {
             let q1 = _mm512_test_epi32_mask(code[h], _mm512_set1_epi32(1 << 7));
-            let f0 = _mm512_mask_blend_epi32(q1, f0_q2[h][0], f0_q2[h][1]);
-            if _mm512_mask_cmpeq_epi32_mask(present[h][1], f0, _mm512_set1_epi32(NO_ROW as i32))
+            let f0 = _mm512_and_si512(
+                _mm512_mask_srli_epi32::<16>(f0_q2[h], q1, f0_q2[h]),
+                _mm512_set1_epi32(0xFFFF),
+            );
+            if _mm512_mask_cmpeq_epi32_mask(present[h][1], f0, _mm512_set1_epi32(0xFFFF))
                 != 0
             {
                 return Err(no_row());
