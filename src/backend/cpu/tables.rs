@@ -138,8 +138,13 @@ pub struct DecStage<'a> {
     /// order). A slot's symbol is how many of them are `<= slot`: 32 bytes a row for bf16
     /// where a slot->symbol table takes 4 KiB and, with hundreds of rows, misses the cache.
     pub starts: Vec<u16>,
-    /// B stage: `freq | start << 16` per row and symbol (one gather in the AVX-512 path).
+    /// B stage, AVX-512 path: `freq | start << 13 | symbol << 25` per row and symbol, with
+    /// one more row of zeros (freq 0: "no row") that `map_padded` sends missing contexts to.
     pub fs_packed: Vec<u32>,
+    /// B stage: `map` with missing contexts sent to the zero row at index `rows`, so the
+    /// AVX-512 path looks rows up without a branch and detects a missing one by `freq == 0`
+    /// (a decoded symbol never has frequency 0: a count of starts skips empty ranges).
+    pub map_padded: Vec<u32>,
     /// Binary stages: `f0` per primary context, [`NO_ROW`] where the context has no row (the
     /// AVX-512 path's one gather instead of map, then row).
     pub f0_by_ctx: Vec<u32>,
@@ -163,6 +168,7 @@ impl<'a> DecStage<'a> {
             fs: Vec::new(),
             starts: Vec::new(),
             fs_packed: Vec::new(),
+            map_padded: Vec::new(),
             f0_by_ctx: Vec::new(),
             f0_pairs: Vec::new(),
             alphabet: a,
@@ -174,14 +180,23 @@ impl<'a> DecStage<'a> {
             } else {
                 for s in 0..a {
                     d.fs.push((row.freq[s], row.start[s]));
-                    d.fs_packed
-                        .push(row.freq[s] | row.start[s].min(PROB_TOTAL) << 16);
+                    d.fs_packed.push(
+                        row.freq[s].min(PROB_TOTAL)
+                            | row.start[s].min(PROB_TOTAL - 1) << 13
+                            | (s as u32) << 25,
+                    );
                 }
                 // Starts never exceed PROB_TOTAL; absent trailing symbols start at
                 // PROB_TOTAL, above every slot, so they are never counted.
                 d.starts
                     .extend((1..a).map(|s| row.start[s].min(PROB_TOTAL) as u16));
             }
+        }
+        if a > 2 {
+            // The zero row: starts 0 (every slot counts all of them), frequencies 0.
+            d.starts.extend((1..a).map(|_| 0u16));
+            d.fs_packed.extend((0..a).map(|_| 0u32));
+            d.map_padded = t.map.iter().map(|&ri| ri.min(n_rows as u32)).collect();
         }
         // Row `n_rows` of a binary stage: absent elements decode symbol 0 at probability 1,
         // which leaves the state unchanged.

@@ -27,7 +27,7 @@ fn overrun() -> Error {
 }
 
 /// The tables' sizes are what the contexts computed below can index: checked once per
-/// chunk, so the gathers need no per-lane bounds checks.
+/// chunk, so the table loads need no per-lane bounds checks.
 fn tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
     let e = 256;
     let b_ctx = if stages[0].neighbor {
@@ -35,13 +35,17 @@ fn tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
     } else {
         e
     };
+    // Rows of B, the zero row included.
     let rows_b = stages[0].fs_packed.len() / w1.max(1);
-    stages[0].map.len() >= b_ctx
+    // Symbols fit the 7 bits `fs_packed` gives them, frequencies 13, starts 12.
+    w1 <= 65
+        && rows_b >= 1
+        && stages[0].map_padded.len() >= b_ctx
         && stages[0].alphabet == w1
         && stages[0].starts.len() == rows_b * n_bits
-        && stages[0].map[..b_ctx]
+        && stages[0].map_padded[..b_ctx]
             .iter()
-            .all(|&r| r == u32::MAX || (r as usize) < rows_b)
+            .all(|&r| (r as usize) < rows_b)
         && stages[1].f0_by_ctx.len() >= e * w1
         && stages[2].f0_pairs.len() >= e * w1
         && stages
@@ -101,11 +105,6 @@ unsafe fn refill2(
     Ok(())
 }
 
-#[inline(always)]
-fn j0_of(base: usize, h: usize) -> usize {
-    base + 16 * h
-}
-
 /// The codes `d` elements before lanes `j0..j0 + 16` (decoded in an earlier step, as
 /// `d >= LANES`), masked by `mask`; `none` for lanes before the chunk's first row.
 #[inline(always)]
@@ -155,28 +154,6 @@ unsafe fn binary(x: &mut __m512i, f0: __m512i) -> __mmask16 {
     one
 }
 
-/// `f0_by_ctx[ctx]` for the `present` lanes, `PROB_TOTAL` (the identity) for the others.
-#[inline(always)]
-unsafe fn gather_f0(t: &DecStage, present: __mmask16, ctx: __m512i) -> __m512i {
-    _mm512_mask_i32gather_epi32::<4>(
-        _mm512_set1_epi32(PROB_TOTAL as i32),
-        present,
-        ctx,
-        t.f0_by_ctx.as_ptr().cast(),
-    )
-}
-
-/// `f0` of each lane's context `ctx` in a binary stage, `PROB_TOTAL` where `present` is
-/// clear; `None` if a present lane's context has no row.
-#[inline(always)]
-unsafe fn f0_of(t: &DecStage, present: __mmask16, ctx: __m512i) -> Option<__m512i> {
-    let f0 = gather_f0(t, present, ctx);
-    if _mm512_mask_cmpeq_epi32_mask(present, f0, _mm512_set1_epi32(NO_ROW as i32)) != 0 {
-        return None;
-    }
-    Some(f0)
-}
-
 /// Decode every full step of the chunk (all but a last partial one), exactly as the
 /// portable step would; returns the number of elements done. Returns 0 (leaving the work to
 /// the portable step) when the tables do not have the shapes the contexts assume.
@@ -213,18 +190,21 @@ pub unsafe fn full_steps<T: Word>(
     let w1v = _mm512_set1_epi32(w1 as i32);
     let ff = _mm512_set1_epi32(255);
     let lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let mut ri_a = [0u32; LANES];
-    let mut slot_a = [0u32; LANES];
-    let mut sym_a = [0u32; LANES];
+    // Per-lane values between the vector code and the plain-load pass.
+    let (mut ctx_a, mut slot_a, mut erw_a, mut us_a) =
+        ([0u32; LANES], [0u32; LANES], [0u32; LANES], [0u32; LANES]);
+    let (mut fs_a, mut q1_a, mut q2_a, mut s_a) =
+        ([0u32; LANES], [0u32; LANES], [0u32; LANES], [0u32; LANES]);
     let cp = codes.as_mut_ptr();
     let ip = info.as_ptr();
 
     for base in (0..full).step_by(LANES) {
-        // Everything a step's lookups need is known once B's symbols are: Q1's and S's
-        // contexts, and Q2's for either value of q1. So all gathers are issued before the
-        // first state update and stay off the chain of state updates and refills.
+        // Per lane, one pass of plain loads (cheaper than gathers on current CPUs): B's row
+        // from its context, the symbol by counting the row's starts at or below the slot,
+        // then everything the step's later stages look up, as it depends only on b (Q1's
+        // and S's rows, Q2's for both values of q1). These stay off the chain of state
+        // updates and refills that follows.
         let mut inf = [_mm512_setzero_si512(); 2];
-        let mut ri = [_mm512_setzero_si512(); 2];
         let mut slot = [_mm512_setzero_si512(); 2];
         for h in 0..2 {
             let j0 = base + 16 * h;
@@ -241,86 +221,99 @@ pub unsafe fn full_steps<T: Word>(
             } else {
                 er
             };
-            ri[h] = _mm512_i32gather_epi32::<4>(ctx, bt.map.as_ptr().cast());
-            if _mm512_cmpeq_epi32_mask(ri[h], _mm512_set1_epi32(-1)) != 0 {
-                return Err(no_row());
-            }
             slot[h] = _mm512_and_si512(x[h], _mm512_set1_epi32(SLOT_MASK));
-            _mm512_storeu_si512(ri_a.as_mut_ptr().add(16 * h).cast(), ri[h]);
+            _mm512_storeu_si512(ctx_a.as_mut_ptr().add(16 * h).cast(), ctx);
             _mm512_storeu_si512(slot_a.as_mut_ptr().add(16 * h).cast(), slot[h]);
-        }
-        for l in 0..LANES {
-            // Row indices were checked against the table size in `tables_fit`.
-            let row = bt.starts.as_ptr().add(ri_a[l] as usize * T::BITS as usize);
-            sym_a[l] = match T::BITS {
-                8 => count_le::<8>(row, slot_a[l]),
-                16 => count_le::<16>(row, slot_a[l]),
-                32 => count_le::<32>(row, slot_a[l]),
-                _ => count_le::<64>(row, slot_a[l]),
-            };
-        }
-        let mut code = [_mm512_setzero_si512(); 2];
-        let mut eb = [_mm512_setzero_si512(); 2];
-        let mut fs = [_mm512_setzero_si512(); 2];
-        let mut f0_q1 = [_mm512_setzero_si512(); 2];
-        let mut f0_q2 = [_mm512_setzero_si512(); 2];
-        let mut f0_s = [_mm512_setzero_si512(); 2];
-        let mut present = [[0 as __mmask16; 3]; 2];
-        for h in 0..2 {
-            let sym = _mm512_loadu_si512(sym_a.as_ptr().add(16 * h).cast());
-            fs[h] = _mm512_i32gather_epi32::<4>(
-                _mm512_add_epi32(_mm512_mullo_epi32(ri[h], w1v), sym),
-                bt.fs_packed.as_ptr().cast(),
+            _mm512_storeu_si512(
+                erw_a.as_mut_ptr().add(16 * h).cast(),
+                _mm512_mullo_epi32(er, w1v),
             );
-            code[h] = sym;
-            let er = _mm512_and_si512(inf[h], ff);
-            eb[h] = _mm512_add_epi32(_mm512_mullo_epi32(er, w1v), sym);
-            // Q1: present when b >= 2, context er·W1 + b.
-            present[h][0] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(2));
-            f0_q1[h] = f0_of(q1t, present[h][0], eb[h]).ok_or_else(no_row)?;
-            // Q2: present when b >= 3, context (er·W1 + b)·2 + q1: both candidates; a
-            // missing row matters only for the one q1 selects.
-            present[h][1] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(3));
-            f0_q2[h] = _mm512_mask_i32gather_epi32::<4>(
-                _mm512_set1_epi32((PROB_TOTAL | PROB_TOTAL << 16) as i32),
-                present[h][1],
-                eb[h],
-                q2t.f0_pairs.as_ptr().cast(),
-            );
-            // S: present when b >= 1, context ((er·W1 + b)·3 + up)·2 + rs.
-            if let Some(s_t) = s_t {
-                present[h][2] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(1));
+            if s_t.is_some() {
+                // S: context ((er·W1 + b)·3 + up)·2 + rs = (er·W1 + b)·6 + (2·up + rs).
                 let up = if d_s == usize::MAX {
                     _mm512_setzero_si512()
                 } else {
                     // Sign state of the neighbor: 0 no update, 1 up, 2 down.
-                    let c = neighbor(
-                        cp,
-                        j0_of(base, h),
-                        d_s,
-                        _mm512_setzero_si512(),
-                        lane_ids,
-                        -1,
-                    );
+                    let c = neighbor(cp, j0, d_s, _mm512_setzero_si512(), lane_ids, -1);
                     let nz = _mm512_test_epi32_mask(c, _mm512_set1_epi32(127));
                     let neg = _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1));
                     _mm512_maskz_add_epi32(nz, neg, _mm512_set1_epi32(1))
                 };
                 let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(inf[h]), _mm512_set1_epi32(1));
-                let ctx = _mm512_add_epi32(
-                    _mm512_slli_epi32::<1>(_mm512_add_epi32(
-                        _mm512_mullo_epi32(eb[h], _mm512_set1_epi32(3)),
-                        up,
-                    )),
-                    rs,
+                _mm512_storeu_si512(
+                    us_a.as_mut_ptr().add(16 * h).cast(),
+                    _mm512_add_epi32(_mm512_slli_epi32::<1>(up), rs),
                 );
-                f0_s[h] = f0_of(s_t, present[h][2], ctx).ok_or_else(no_row)?;
+            }
+        }
+        let (map, starts, fsp) = (
+            bt.map_padded.as_ptr(),
+            bt.starts.as_ptr(),
+            bt.fs_packed.as_ptr(),
+        );
+        let (q1p, q2p) = (q1t.f0_by_ctx.as_ptr(), q2t.f0_pairs.as_ptr());
+        for l in 0..LANES {
+            // In bounds: contexts are below the map's checked length, its entries below the
+            // row count (the zero row included), symbols below W1 (`tables_fit`).
+            let ri = *map.add(ctx_a[l] as usize) as usize;
+            let row = starts.add(ri * T::BITS as usize);
+            let sym = match T::BITS {
+                8 => count_le::<8>(row, slot_a[l]),
+                16 => count_le::<16>(row, slot_a[l]),
+                32 => count_le::<32>(row, slot_a[l]),
+                _ => count_le::<64>(row, slot_a[l]),
+            } as usize;
+            fs_a[l] = *fsp.add(ri * w1 + sym);
+            let eb = erw_a[l] as usize + sym;
+            q1_a[l] = *q1p.add(eb);
+            q2_a[l] = *q2p.add(eb);
+            if let Some(s_t) = s_t {
+                s_a[l] = *s_t.f0_by_ctx.as_ptr().add(eb * 6 + us_a[l] as usize);
+            }
+        }
+        let mut code = [_mm512_setzero_si512(); 2];
+        let mut fs = [_mm512_setzero_si512(); 2];
+        let mut f0_q1 = [_mm512_setzero_si512(); 2];
+        let mut f0_q2 = [_mm512_setzero_si512(); 2];
+        let mut f0_s = [_mm512_setzero_si512(); 2];
+        let mut present = [[0 as __mmask16; 3]; 2];
+        let total = _mm512_set1_epi32(PROB_TOTAL as i32);
+        let no_row_v = _mm512_set1_epi32(NO_ROW as i32);
+        for h in 0..2 {
+            fs[h] = _mm512_loadu_si512(fs_a.as_ptr().add(16 * h).cast());
+            // The zero row: a context without a row.
+            if _mm512_testn_epi32_mask(fs[h], _mm512_set1_epi32(0x1FFF)) != 0 {
+                return Err(no_row());
+            }
+            let sym = _mm512_srli_epi32::<25>(fs[h]);
+            code[h] = sym;
+            // Q1: present when b >= 2; Q2 when b >= 3 (both rows, chosen by q1 later); S
+            // when b >= 1. Absent lanes code the identity (`PROB_TOTAL`).
+            present[h][0] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(2));
+            present[h][1] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(3));
+            present[h][2] = _mm512_cmpge_epu32_mask(sym, _mm512_set1_epi32(1));
+            let q1 = _mm512_loadu_si512(q1_a.as_ptr().add(16 * h).cast());
+            if _mm512_mask_cmpeq_epi32_mask(present[h][0], q1, no_row_v) != 0 {
+                return Err(no_row());
+            }
+            f0_q1[h] = _mm512_mask_mov_epi32(total, present[h][0], q1);
+            f0_q2[h] = _mm512_mask_mov_epi32(
+                _mm512_set1_epi32((PROB_TOTAL | PROB_TOTAL << 16) as i32),
+                present[h][1],
+                _mm512_loadu_si512(q2_a.as_ptr().add(16 * h).cast()),
+            );
+            if s_t.is_some() {
+                let sv = _mm512_loadu_si512(s_a.as_ptr().add(16 * h).cast());
+                if _mm512_mask_cmpeq_epi32_mask(present[h][2], sv, no_row_v) != 0 {
+                    return Err(no_row());
+                }
+                f0_s[h] = _mm512_mask_mov_epi32(total, present[h][2], sv);
             }
         }
         // B: the state updates.
         for h in 0..2 {
-            let f = _mm512_and_si512(fs[h], _mm512_set1_epi32(0xFFFF));
-            let s = _mm512_srli_epi32::<16>(fs[h]);
+            let f = _mm512_and_si512(fs[h], _mm512_set1_epi32(0x1FFF));
+            let s = _mm512_and_si512(_mm512_srli_epi32::<13>(fs[h]), _mm512_set1_epi32(0xFFF));
             x[h] = _mm512_sub_epi32(
                 _mm512_add_epi32(
                     _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[h])),
@@ -341,9 +334,7 @@ pub unsafe fn full_steps<T: Word>(
                 _mm512_mask_srli_epi32::<16>(f0_q2[h], q1, f0_q2[h]),
                 _mm512_set1_epi32(0xFFFF),
             );
-            if _mm512_mask_cmpeq_epi32_mask(present[h][1], f0, _mm512_set1_epi32(0xFFFF))
-                != 0
-            {
+            if _mm512_mask_cmpeq_epi32_mask(present[h][1], f0, _mm512_set1_epi32(0xFFFF)) != 0 {
                 return Err(no_row());
             }
             let one = binary(&mut x[h], f0);
