@@ -7,6 +7,7 @@ mod avx512;
 mod bits;
 mod decode;
 mod encode;
+mod hist;
 mod tables;
 mod word;
 
@@ -82,6 +83,7 @@ impl Isa {
                         && has!("avx512bw")
                         && has!("avx512vl")
                         && has!("avx512vbmi2")
+                        && has!("avx512cd")
                 }
             }
         }
@@ -186,31 +188,19 @@ impl<T: Word> Resident for CpuResident<T> {
         let signed = layout == Layout::Signed;
         let neighbor = if signed { distance } else { None };
         let spaces = layout_spaces(layout, self.fl.width, neighbor);
-        let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
-        let hists = chunk_ranges(self.d.len())
+        let shape = hist::Shape::new(&spaces, signed, neighbor);
+        let acc = chunk_ranges(self.d.len())
             .into_par_iter()
             .fold(
-                || (fresh(), Vec::new()),
-                |(mut hists, mut codes), r| {
-                    fast(
-                        self.isa,
-                        #[inline(always)]
-                        || {
-                            encode::codes(&self.d[r.clone()], signed, &mut codes, None);
-                            encode::count(&codes, &self.info[r], self.w1(), neighbor, &mut hists);
-                        },
-                    );
-                    (hists, codes)
+                || hist::Acc::new(shape),
+                |mut acc, r| {
+                    hist::count(self.isa, &self.d[r.clone()], &self.info[r], &mut acc);
+                    acc
                 },
             )
-            .map(|(h, _)| h)
-            .reduce_with(|mut a, b| {
-                for (x, y) in a.iter_mut().zip(&b) {
-                    x.add(y);
-                }
-                a
-            })
-            .unwrap_or_else(fresh);
+            .reduce_with(hist::Acc::merge)
+            .unwrap_or_else(|| hist::Acc::new(shape));
+        let hists = acc.hists(&spaces);
         Ok(hists)
     }
 

@@ -1,0 +1,299 @@
+//! The histogram pass: every stage's counts of one tensor, in one pass per chunk.
+//!
+//! Per chunk the elements are counted, branch-free, into two per-thread `u32` tables laid
+//! out exponent class first (a chunk has at most 2^18 elements, so `u32` cannot overflow):
+//!
+//! - `B`: per `er`, the B symbol in its context form, `(m2·(W1+1) + nb)·W1 + b` (neighbor
+//!   form) or `b`;
+//! - `T`: per `er`, the joint count of `(b, q1, q2)` and, with an S stage, `(up, rs, neg)`:
+//!   Q1, Q2 and S are its marginals (restricted to the elements that code them).
+//!
+//! Only the blocks of exponent classes the chunk saw are folded into the running `u64`
+//! counts (kept per seen class only) and zeroed again, so a small tensor costs a few blocks,
+//! not the whole context space. The dense [`Hist`]s are built once per tensor at the end.
+
+use std::cell::RefCell;
+
+use super::word::{self, Word};
+use super::Isa;
+use crate::delta::model::{Hist, Space};
+use crate::delta::symbols::EXP_CLASSES;
+
+/// What one tensor's pass counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// b alphabet, w + 1.
+    pub w1: usize,
+    /// Signed values (else the Paper layout's ZigZag fold).
+    pub signed: bool,
+    /// B (and S, if present) in their neighbor forms, with the neighbor this far back.
+    pub distance: Option<usize>,
+    /// Whether there is an S stage.
+    pub s: bool,
+}
+
+impl Shape {
+    pub fn new(spaces: &[Space], signed: bool, distance: Option<usize>) -> Shape {
+        let b_nb = spaces[0].neighbor;
+        Shape {
+            w1: spaces[0].w1,
+            signed,
+            distance: distance.filter(|_| b_nb),
+            s: spaces.len() == 4,
+        }
+    }
+    fn nb(&self) -> bool {
+        self.distance.is_some()
+    }
+    /// `B` entries per exponent class.
+    fn bb(&self) -> usize {
+        if self.nb() {
+            4 * (self.w1 + 1) * self.w1
+        } else {
+            self.w1
+        }
+    }
+    /// `T` entries per b.
+    fn k(&self) -> usize {
+        if self.s {
+            48
+        } else {
+            4
+        }
+    }
+    /// `T` entries per exponent class.
+    fn tt(&self) -> usize {
+        self.w1 * self.k()
+    }
+}
+
+/// Running `u64` counts of one tensor (or part of it), per exponent class seen.
+pub struct Acc {
+    shape: Shape,
+    /// Exponent class -> block index, `u32::MAX` if unseen.
+    slot: Vec<u32>,
+    ers: Vec<u8>,
+    b: Vec<u64>,
+    t: Vec<u64>,
+}
+
+impl Acc {
+    pub fn new(shape: Shape) -> Acc {
+        Acc {
+            shape,
+            slot: vec![u32::MAX; EXP_CLASSES],
+            ers: Vec::new(),
+            b: Vec::new(),
+            t: Vec::new(),
+        }
+    }
+
+    /// The block index of class `er`, allocated on first use.
+    fn block(&mut self, er: usize) -> usize {
+        if self.slot[er] == u32::MAX {
+            self.slot[er] = self.ers.len() as u32;
+            self.ers.push(er as u8);
+            let (bb, tt) = (self.shape.bb(), self.shape.tt());
+            self.b.resize(self.b.len() + bb, 0);
+            self.t.resize(self.t.len() + tt, 0);
+        }
+        self.slot[er] as usize
+    }
+
+    pub fn merge(mut self, other: Acc) -> Acc {
+        let (bb, tt) = (self.shape.bb(), self.shape.tt());
+        for (k, &er) in other.ers.iter().enumerate() {
+            let s = self.block(er as usize);
+            add(&mut self.b[s * bb..][..bb], &other.b[k * bb..][..bb]);
+            add(&mut self.t[s * tt..][..tt], &other.t[k * tt..][..tt]);
+        }
+        self
+    }
+
+    /// The dense histograms of `spaces` (the ones this pass was set up for).
+    pub fn hists(&self, spaces: &[Space]) -> Vec<Hist> {
+        let sh = self.shape;
+        let (w1, bb, tt, k) = (sh.w1, sh.bb(), sh.tt(), sh.k());
+        let mut hists: Vec<Hist> = spaces.iter().map(|&sp| Hist::new(sp)).collect();
+        debug_assert_eq!(hists[0].space.neighbor, sh.nb());
+        debug_assert!(hists.iter().all(|h| h.space.w1 == w1));
+        let (b_h, rest) = hists.split_first_mut().unwrap();
+        let (q1_h, rest) = rest.split_first_mut().unwrap();
+        let (q2_h, rest) = rest.split_first_mut().unwrap();
+        for (blk, &er) in self.ers.iter().enumerate() {
+            let er = er as usize;
+            let b = &self.b[blk * bb..][..bb];
+            if sh.nb() {
+                for (row, src) in b.chunks_exact(w1).enumerate() {
+                    let ctx = row * EXP_CLASSES + er;
+                    b_h.counts[ctx * w1..][..w1].copy_from_slice(src);
+                }
+            } else {
+                b_h.counts[er * w1..][..w1].copy_from_slice(b);
+            }
+            let t = &self.t[blk * tt..][..tt];
+            for bit in 2..w1 {
+                let eb = er * w1 + bit;
+                for (q, part) in t[bit * k..][..k].chunks_exact(k / 4).enumerate() {
+                    let n: u64 = part.iter().sum();
+                    let q1 = q & 1;
+                    q1_h.counts[eb * 2 + q1] += n;
+                    if bit >= 3 {
+                        q2_h.counts[(eb * 2 + q1) * 2 + (q >> 1)] += n;
+                    }
+                }
+            }
+            if let Some(s_h) = rest.first_mut() {
+                debug_assert!(sh.s);
+                for bit in 1..w1 {
+                    let eb = er * w1 + bit;
+                    let dst = &mut s_h.counts[eb * 12..][..12];
+                    for part in t[bit * k..][..k].chunks_exact(12) {
+                        add(dst, part);
+                    }
+                }
+            }
+        }
+        hists
+    }
+}
+
+#[inline(always)]
+fn add<A: Copy + Into<u64>>(acc: &mut [u64], x: &[A]) {
+    for (a, &x) in acc.iter_mut().zip(x) {
+        *a += x.into();
+    }
+}
+
+/// Per-thread scratch: codes of the chunk, and the `u32` tables (all zero between chunks).
+#[derive(Default)]
+struct Scratch {
+    codes: Vec<u16>,
+    b: Vec<u32>,
+    t: Vec<u32>,
+    seen: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+/// Count one chunk into `acc`.
+pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
+    let sh = acc.shape;
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        let (bb, tt) = (sh.bb(), sh.tt());
+        if s.b.len() != bb * EXP_CLASSES || s.t.len() != tt * EXP_CLASSES {
+            s.b = vec![0; bb * EXP_CLASSES];
+            s.t = vec![0; tt * EXP_CLASSES];
+            s.seen = vec![0; EXP_CLASSES];
+        }
+        simd(
+            isa,
+            #[inline(always)]
+            || {
+                codes(d, sh.signed, &mut s.codes);
+                let tabs = (&mut s.b[..], &mut s.t[..], &mut s.seen[..]);
+                match (sh.distance, sh.s) {
+                    (Some(dist), _) => tally::<true, true>(&s.codes, info, sh, dist, tabs),
+                    (None, true) => tally::<false, true>(&s.codes, info, sh, 0, tabs),
+                    (None, false) => tally::<false, false>(&s.codes, info, sh, 0, tabs),
+                }
+            },
+        );
+        // Fold the seen classes' blocks and zero them for the next chunk.
+        for er in 0..EXP_CLASSES {
+            if s.seen[er] == 0 {
+                continue;
+            }
+            s.seen[er] = 0;
+            let blk = acc.block(er);
+            let (src_b, src_t) = (&mut s.b[er * bb..][..bb], &mut s.t[er * tt..][..tt]);
+            add(&mut acc.b[blk * bb..][..bb], src_b);
+            add(&mut acc.t[blk * tt..][..tt], src_t);
+            src_b.fill(0);
+            src_t.fill(0);
+        }
+    });
+}
+
+/// Run `f` compiled for AVX-512 (with conflict detection, for vector leading-zero counts)
+/// where `isa` allows it, else as [`super::fast`] does.
+#[inline(always)]
+fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 {
+        #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
+        fn v512<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        debug_assert!(isa.available());
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU.
+        return unsafe { v512(f) };
+    }
+    super::fast(isa, f)
+}
+
+/// Symbol codes (b, q1, q2, neg as in [`word::code`]) of a chunk's elements, as `u16`.
+#[inline(always)]
+fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u16>) {
+    out.clear();
+    out.resize(d.len(), 0);
+    if signed {
+        codes_as::<T, true>(d, out)
+    } else {
+        codes_as::<T, false>(d, out)
+    }
+}
+
+#[inline(always)]
+fn codes_as<T: Word, const SIGNED: bool>(d: &[T], out: &mut [u16]) {
+    for (o, &d) in out.iter_mut().zip(d) {
+        let (v, neg) = word::value::<T>(d.get(), SIGNED);
+        *o = word::code(v, neg) as u16;
+    }
+}
+
+/// Count codes into the scratch tables. `NB`: B and S in neighbor form at distance `dist`;
+/// `S`: count the S fields too.
+#[inline(always)]
+fn tally<const NB: bool, const S: bool>(
+    codes: &[u16],
+    info: &[u16],
+    sh: Shape,
+    dist: usize,
+    (bt, tt_, seen): (&mut [u32], &mut [u32], &mut [u8]),
+) {
+    let (w1, bb, tt, k) = (sh.w1, sh.bb(), sh.tt(), sh.k());
+    let n = codes.len().min(info.len());
+    let head = if NB { dist.min(n) } else { n };
+    let mut one = |j: usize, nbc: usize, up: usize| {
+        let (c, i) = (codes[j] as usize, info[j] as usize);
+        let er = i & 255;
+        let b = c & 127;
+        let bi = if NB {
+            er * bb + (((i >> 9) & 3) * (w1 + 1) + nbc) * w1 + b
+        } else {
+            er * bb + b
+        };
+        bt[bi] += 1;
+        let q = (c >> 7) & 3;
+        let ti = if S {
+            er * tt + b * k + ((q * 3 + up) * 2 + ((i >> 8) & 1)) * 2 + ((c >> 9) & 1)
+        } else {
+            er * tt + b * k + q
+        };
+        tt_[ti] += 1;
+        seen[er] = 1;
+    };
+    for j in 0..head {
+        one(j, w1, 0);
+    }
+    if NB {
+        for j in head..n {
+            let cn = codes[j - dist] as u32;
+            one(j, (cn & 127) as usize, word::sign_state(cn) as usize);
+        }
+    }
+}
