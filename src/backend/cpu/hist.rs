@@ -50,7 +50,7 @@ impl Shape {
         if self.nb() {
             4 * (self.w1 + 1) * self.w1
         } else {
-            self.w1
+            0
         }
     }
     /// `T` entries per b.
@@ -128,10 +128,16 @@ impl Acc {
                     let ctx = row * EXP_CLASSES + er;
                     b_h.counts[ctx * w1..][..w1].copy_from_slice(src);
                 }
-            } else {
-                b_h.counts[er * w1..][..w1].copy_from_slice(b);
             }
             let t = &self.t[blk * tt..][..tt];
+            if !sh.nb() {
+                for (dst, row) in b_h.counts[er * w1..][..w1]
+                    .iter_mut()
+                    .zip(t.chunks_exact(k))
+                {
+                    *dst = row.iter().sum();
+                }
+            }
             for bit in 2..w1 {
                 let eb = er * w1 + bit;
                 for (q, part) in t[bit * k..][..k].chunks_exact(k / 4).enumerate() {
@@ -169,6 +175,9 @@ fn add<A: Copy + Into<u64>>(acc: &mut [u64], x: &[A]) {
 #[derive(Default)]
 struct Scratch {
     codes: Vec<u16>,
+    /// Table indices of a block of elements.
+    ib: Vec<u32>,
+    it: Vec<u32>,
     b: Vec<u32>,
     t: Vec<u32>,
     seen: Vec<u8>,
@@ -192,14 +201,13 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
         simd(
             isa,
             #[inline(always)]
-            || {
-                codes(d, sh.signed, &mut s.codes);
-                let tabs = (&mut s.b[..], &mut s.t[..], &mut s.seen[..]);
-                match (sh.distance, sh.s) {
-                    (Some(dist), _) => tally::<true, true>(&s.codes, info, sh, dist, tabs),
-                    (None, true) => tally::<false, true>(&s.codes, info, sh, 0, tabs),
-                    (None, false) => tally::<false, false>(&s.codes, info, sh, 0, tabs),
-                }
+            || match (sh.signed, sh.distance, sh.s) {
+                (true, Some(dist), _) => tally::<T, true, true, true>(d, info, sh, dist, s),
+                (true, None, true) => tally::<T, true, false, true>(d, info, sh, 0, s),
+                (true, None, false) => tally::<T, true, false, false>(d, info, sh, 0, s),
+                (false, Some(dist), _) => tally::<T, false, true, true>(d, info, sh, dist, s),
+                (false, None, true) => tally::<T, false, false, true>(d, info, sh, 0, s),
+                (false, None, false) => tally::<T, false, false, false>(d, info, sh, 0, s),
             },
         );
         // Fold the seen classes' blocks and zero them for the next chunk.
@@ -209,10 +217,11 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
             }
             s.seen[er] = 0;
             let blk = acc.block(er);
-            let (src_b, src_t) = (&mut s.b[er * bb..][..bb], &mut s.t[er * tt..][..tt]);
+            let src_b = &mut s.b[er * bb..][..bb];
             add(&mut acc.b[blk * bb..][..bb], src_b);
-            add(&mut acc.t[blk * tt..][..tt], src_t);
             src_b.fill(0);
+            let src_t = &mut s.t[er * tt..][..tt];
+            add(&mut acc.t[blk * tt..][..tt], src_t);
             src_t.fill(0);
         }
     });
@@ -235,18 +244,6 @@ fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     super::fast(isa, f)
 }
 
-/// Symbol codes (b, q1, q2, neg as in [`word::code`]) of a chunk's elements, as `u16`.
-#[inline(always)]
-fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u16>) {
-    out.clear();
-    out.resize(d.len(), 0);
-    if signed {
-        codes_as::<T, true>(d, out)
-    } else {
-        codes_as::<T, false>(d, out)
-    }
-}
-
 #[inline(always)]
 fn codes_as<T: Word, const SIGNED: bool>(d: &[T], out: &mut [u16]) {
     for (o, &d) in out.iter_mut().zip(d) {
@@ -255,45 +252,107 @@ fn codes_as<T: Word, const SIGNED: bool>(d: &[T], out: &mut [u16]) {
     }
 }
 
-/// Count codes into the scratch tables. `NB`: B and S in neighbor form at distance `dist`;
-/// `S`: count the S fields too.
+/// Elements per block of the counting loop: codes, then table indices (vectorized), then
+/// the increments, with the index buffers in L1.
+const BLOCK: usize = 2048;
+
+/// Count a chunk into the scratch tables. `SIGNED`: signed values (else ZigZag); `NB`: B and
+/// S in neighbor form at distance `dist`; `S`: count the S fields too.
 #[inline(always)]
-fn tally<const NB: bool, const S: bool>(
-    codes: &[u16],
+fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool>(
+    d: &[T],
     info: &[u16],
     sh: Shape,
     dist: usize,
-    (bt, tt_, seen): (&mut [u32], &mut [u32], &mut [u8]),
+    s: &mut Scratch,
 ) {
-    let (w1, bb, tt, k) = (sh.w1, sh.bb(), sh.tt(), sh.k());
-    let n = codes.len().min(info.len());
-    let head = if NB { dist.min(n) } else { n };
-    let mut one = |j: usize, nbc: usize, up: usize| {
-        let (c, i) = (codes[j] as usize, info[j] as usize);
-        let er = i & 255;
-        let b = c & 127;
-        let bi = if NB {
-            er * bb + (((i >> 9) & 3) * (w1 + 1) + nbc) * w1 + b
-        } else {
-            er * bb + b
-        };
-        bt[bi] += 1;
-        let q = (c >> 7) & 3;
-        let ti = if S {
-            er * tt + b * k + ((q * 3 + up) * 2 + ((i >> 8) & 1)) * 2 + ((c >> 9) & 1)
-        } else {
-            er * tt + b * k + q
-        };
-        tt_[ti] += 1;
-        seen[er] = 1;
+    let g = Geo {
+        w1: sh.w1 as u32,
+        bb: sh.bb() as u32,
+        tt: sh.tt() as u32,
+        k: sh.k() as u32,
     };
-    for j in 0..head {
-        one(j, w1, 0);
-    }
-    if NB {
-        for j in head..n {
-            let cn = codes[j - dist] as u32;
-            one(j, (cn & 127) as usize, word::sign_state(cn) as usize);
+    let n = d.len().min(info.len());
+    let Scratch {
+        codes,
+        ib,
+        it,
+        b: bt,
+        t: tt,
+        seen,
+    } = s;
+    codes.clear();
+    codes.resize(n, 0);
+    ib.resize(BLOCK, 0);
+    it.resize(BLOCK, 0);
+    let (bt, tt, seen) = (&mut bt[..], &mut tt[..], &mut seen[..]);
+    for start in (0..n).step_by(BLOCK) {
+        let end = (start + BLOCK).min(n);
+        let m = end - start;
+        codes_as::<T, SIGNED>(&d[start..end], &mut codes[start..end]);
+        let (ib, it) = (&mut ib[..m], &mut it[..m]);
+        let (cb, inf) = (&codes[start..end], &info[start..end]);
+        // Elements with no neighbor (the chunk's first `dist`), then the rest.
+        let h = if NB {
+            dist.saturating_sub(start).min(m)
+        } else {
+            m
+        };
+        for (((ib, it), &c), &i) in ib.iter_mut().zip(it.iter_mut()).zip(cb).zip(inf).take(h) {
+            (*ib, *it) = index::<NB, S>(c, i, g.w1, 0, g);
+        }
+        if NB && h < m {
+            let nbs = &codes[start + h - dist..end - dist];
+            let rest = ib[h..]
+                .iter_mut()
+                .zip(&mut it[h..])
+                .zip(&cb[h..])
+                .zip(&inf[h..]);
+            for ((((ib, it), &c), &i), &cn) in rest.zip(nbs) {
+                let cn = cn as u32;
+                (*ib, *it) = index::<NB, S>(c, i, cn & 127, word::sign_state(cn), g);
+            }
+        }
+        if NB {
+            for ((&ib, &it), &i) in ib.iter().zip(it.iter()).zip(inf) {
+                bt[ib as usize] += 1;
+                tt[it as usize] += 1;
+                seen[(i & 255) as usize] = 1;
+            }
+        } else {
+            for (&it, &i) in it.iter().zip(inf) {
+                tt[it as usize] += 1;
+                seen[(i & 255) as usize] = 1;
+            }
         }
     }
+}
+
+#[derive(Clone, Copy)]
+struct Geo {
+    w1: u32,
+    bb: u32,
+    tt: u32,
+    k: u32,
+}
+
+/// Table indices (B, T) of an element with code `c` and facts `i`, its neighbor's class
+/// `nbc` and sign state `up`.
+#[inline(always)]
+fn index<const NB: bool, const S: bool>(c: u16, i: u16, nbc: u32, up: u32, g: Geo) -> (u32, u32) {
+    let (c, i) = (c as u32, i as u32);
+    let er = i & 255;
+    let b = c & 127;
+    let bi = if NB {
+        er * g.bb + (((i >> 9) & 3) * (g.w1 + 1) + nbc) * g.w1 + b
+    } else {
+        er * g.bb + b
+    };
+    let q = (c >> 7) & 3;
+    let ti = if S {
+        er * g.tt + b * g.k + ((q * 3 + up) * 2 + ((i >> 8) & 1)) * 2 + ((c >> 9) & 1)
+    } else {
+        er * g.tt + b * g.k + q
+    };
+    (bi, ti)
 }
