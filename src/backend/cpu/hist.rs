@@ -110,57 +110,61 @@ impl Acc {
         self
     }
 
-    /// The dense histograms of `spaces` (the ones this pass was set up for).
+    /// The histograms of `spaces` (the ones this pass was set up for).
     pub fn hists(&self, spaces: &[Space]) -> Vec<Hist> {
         let sh = self.shape;
         let (w1, bb, tt, k) = (sh.w1, sh.bb(), sh.tt(), sh.k());
-        let mut hists: Vec<Hist> = spaces.iter().map(|&sp| Hist::new(sp)).collect();
-        debug_assert_eq!(hists[0].space.neighbor, sh.nb());
-        debug_assert!(hists.iter().all(|h| h.space.w1 == w1));
-        let (b_h, rest) = hists.split_first_mut().unwrap();
-        let (q1_h, rest) = rest.split_first_mut().unwrap();
-        let (q2_h, rest) = rest.split_first_mut().unwrap();
+        debug_assert_eq!(spaces[0].neighbor, sh.nb());
+        debug_assert_eq!(spaces.len() == 4, sh.s);
+        // Per stage: contexts and their rows, in any order.
+        let mut lists: Vec<(Vec<u32>, Vec<u64>)> = vec![Default::default(); spaces.len()];
         for (blk, &er) in self.ers.iter().enumerate() {
             let er = er as usize;
-            let b = &self.b[blk * bb..][..bb];
-            if sh.nb() {
-                for (row, src) in b.chunks_exact(w1).enumerate() {
-                    let ctx = row * EXP_CLASSES + er;
-                    b_h.counts[ctx * w1..][..w1].copy_from_slice(src);
-                }
-            }
             let t = &self.t[blk * tt..][..tt];
-            if !sh.nb() {
-                for (dst, row) in b_h.counts[er * w1..][..w1]
-                    .iter_mut()
-                    .zip(t.chunks_exact(k))
-                {
-                    *dst = row.iter().sum();
+            let (ctxs, rows) = &mut lists[0];
+            if sh.nb() {
+                let b = &self.b[blk * bb..][..bb];
+                for (row, src) in b.chunks_exact(w1).enumerate() {
+                    if src.iter().any(|&c| c != 0) {
+                        ctxs.push((row * EXP_CLASSES + er) as u32);
+                        rows.extend_from_slice(src);
+                    }
                 }
+            } else {
+                ctxs.push(er as u32);
+                rows.extend(t.chunks_exact(k).map(|r| r.iter().sum::<u64>()));
             }
+            // q = q1 + 2·q2.
             for bit in 2..w1 {
                 let eb = er * w1 + bit;
-                for (q, part) in t[bit * k..][..k].chunks_exact(k / 4).enumerate() {
-                    let n: u64 = part.iter().sum();
-                    let q1 = q & 1;
-                    q1_h.counts[eb * 2 + q1] += n;
-                    if bit >= 3 {
-                        q2_h.counts[(eb * 2 + q1) * 2 + (q >> 1)] += n;
-                    }
+                let mut q = [0u64; 4];
+                for (n, part) in q.iter_mut().zip(t[bit * k..][..k].chunks_exact(k / 4)) {
+                    *n = part.iter().sum();
+                }
+                lists[1].0.push(eb as u32);
+                lists[1].1.extend([q[0] + q[2], q[1] + q[3]]);
+                if bit >= 3 {
+                    lists[2].0.extend([(eb * 2) as u32, (eb * 2 + 1) as u32]);
+                    lists[2].1.extend([q[0], q[2], q[1], q[3]]);
                 }
             }
-            if let Some(s_h) = rest.first_mut() {
-                debug_assert!(sh.s);
+            if sh.s {
                 for bit in 1..w1 {
                     let eb = er * w1 + bit;
-                    let dst = &mut s_h.counts[eb * 12..][..12];
+                    let mut srow = [0u64; 12];
                     for part in t[bit * k..][..k].chunks_exact(12) {
-                        add(dst, part);
+                        add(&mut srow, part);
                     }
+                    lists[3].0.extend((0..6).map(|c| (eb * 6 + c) as u32));
+                    lists[3].1.extend_from_slice(&srow);
                 }
             }
         }
-        hists
+        spaces
+            .iter()
+            .zip(lists)
+            .map(|(&sp, (ctxs, rows))| Hist::from_rows(sp, &ctxs, &rows))
+            .collect()
     }
 }
 
@@ -193,11 +197,14 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
     SCRATCH.with(|s| {
         let s = &mut *s.borrow_mut();
         let (bb, tt) = (sh.bb(), sh.tt());
-        if s.b.len() != bb * EXP_CLASSES || s.t.len() != tt * EXP_CLASSES {
+        // Tables only grow (all zero between chunks, whatever layout used them last).
+        if s.b.len() < bb * EXP_CLASSES {
             s.b = vec![0; bb * EXP_CLASSES];
-            s.t = vec![0; tt * EXP_CLASSES];
-            s.seen = vec![0; EXP_CLASSES];
         }
+        if s.t.len() < tt * EXP_CLASSES {
+            s.t = vec![0; tt * EXP_CLASSES];
+        }
+        s.seen.resize(EXP_CLASSES, 0);
         simd(
             isa,
             #[inline(always)]
@@ -230,7 +237,7 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
 /// Run `f` compiled for AVX-512 (with conflict detection, for vector leading-zero counts)
 /// where `isa` allows it, else as [`super::fast`] does.
 #[inline(always)]
-fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+pub(super) fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
         #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
