@@ -110,7 +110,7 @@ pub fn stages(
     let decoded = decode_tensor_with(&blob, pair.reference, backend)?;
     Ok(Some(Stages {
         residuals,
-        histograms: paper.into_iter().chain(signed).map(|h| h.counts).collect(),
+        histograms: paper.into_iter().chain(signed).map(|h| h.dense()).collect(),
         chunks,
         blob,
         decoded,

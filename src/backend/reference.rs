@@ -53,19 +53,23 @@ pub fn histograms(
     spaces: &[Space],
     distance: Option<usize>,
 ) -> Vec<Hist> {
-    let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
-    chunk_ranges(syms.len())
+    let fresh = || -> Vec<Vec<u64>> {
+        spaces
+            .iter()
+            .map(|sp| vec![0; sp.n_primary() * sp.alphabet()])
+            .collect()
+    };
+    let dense = chunk_ranges(syms.len())
         .into_par_iter()
         .map(|range| {
             let mut hists = fresh();
             let (syms, info) = (&syms[range.clone()], &info[range]);
             for (j, s) in syms.iter().enumerate() {
                 let nb = symbols::neighbor(syms, j, distance);
-                for h in hists.iter_mut() {
-                    let sp = h.space;
+                for (sp, h) in spaces.iter().zip(hists.iter_mut()) {
                     if sp.present(s) {
                         let a = sp.alphabet();
-                        h.counts[sp.context(s, info[j], nb) * a + sp.symbol(s)] += 1;
+                        h[sp.context(s, info[j], nb) * a + sp.symbol(s)] += 1;
                     }
                 }
             }
@@ -73,10 +77,17 @@ pub fn histograms(
         })
         .reduce(fresh, |mut a, b| {
             for (x, y) in a.iter_mut().zip(&b) {
-                x.add(y);
+                for (x, y) in x.iter_mut().zip(y) {
+                    *x += y;
+                }
             }
             a
-        })
+        });
+    spaces
+        .iter()
+        .zip(dense)
+        .map(|(&sp, counts)| Hist::from_dense(sp, &counts))
+        .collect()
 }
 
 /// The stages a layout codes, in decoding order.

@@ -146,11 +146,10 @@ struct Candidate {
 /// Raw tail bits implied by the B histogram: `max(b - 3, 0)` per element.
 fn tail_bits(b_hist: &Hist) -> u64 {
     let a = b_hist.space.alphabet();
+    let per_b: Vec<u64> = (0..a as u64).map(|b| b.saturating_sub(3)).collect();
     b_hist
-        .counts
-        .iter()
-        .enumerate()
-        .map(|(i, &c)| c * ((i % a) as u64).saturating_sub(3))
+        .rows()
+        .map(|(_, row)| row.iter().zip(&per_b).map(|(&c, &t)| c * t).sum::<u64>())
         .sum()
 }
 

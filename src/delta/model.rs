@@ -128,38 +128,92 @@ impl Space {
     }
 }
 
-/// One stage's histogram: `counts[context * alphabet + symbol]`.
+/// One stage's histogram, sparse: the rows of the occupied contexts only (a context space
+/// can be large, e.g. 18k contexts for B in its neighbor form, and mostly empty).
 #[derive(Clone, Debug)]
 pub struct Hist {
     pub space: Space,
-    pub counts: Vec<u64>,
+    /// Occupied contexts, ascending.
+    ctxs: Vec<u32>,
+    /// Their rows, `alphabet` counts each, none all zero.
+    rows: Vec<u64>,
 }
 
 impl Hist {
+    /// An empty histogram.
     pub fn new(space: Space) -> Self {
         Hist {
             space,
-            counts: vec![0; space.n_primary() * space.alphabet()],
+            ctxs: Vec::new(),
+            rows: Vec::new(),
         }
+    }
+    /// From dense counts, `counts[context * alphabet + symbol]`.
+    pub fn from_dense(space: Space, counts: &[u64]) -> Self {
+        let a = space.alphabet();
+        assert_eq!(counts.len(), space.n_primary() * a);
+        let mut h = Hist::new(space);
+        for (ctx, row) in counts.chunks_exact(a).enumerate() {
+            if row.iter().any(|&c| c != 0) {
+                h.ctxs.push(ctx as u32);
+                h.rows.extend_from_slice(row);
+            }
+        }
+        h
+    }
+    /// From rows in any order, `rows[k * alphabet..][..alphabet]` the counts of `ctxs[k]`;
+    /// rows of one context add up, all-zero rows are dropped.
+    pub fn from_rows(space: Space, ctxs: &[u32], rows: &[u64]) -> Self {
+        let a = space.alphabet();
+        assert_eq!(ctxs.len() * a, rows.len());
+        let mut order: Vec<usize> = (0..ctxs.len()).collect();
+        order.sort_unstable_by_key(|&k| ctxs[k]);
+        let mut h = Hist::new(space);
+        for k in order {
+            let (ctx, row) = (ctxs[k], &rows[k * a..][..a]);
+            assert!(
+                (ctx as usize) < space.n_primary(),
+                "context {ctx} out of range"
+            );
+            if row.iter().all(|&c| c == 0) {
+                continue;
+            }
+            if h.ctxs.last() != Some(&ctx) {
+                h.ctxs.push(ctx);
+                h.rows.resize(h.rows.len() + a, 0);
+            }
+            let n = h.rows.len();
+            for (d, &c) in h.rows[n - a..].iter_mut().zip(row) {
+                *d += c;
+            }
+        }
+        h
+    }
+    /// Dense counts, `counts[context * alphabet + symbol]`.
+    pub fn dense(&self) -> Vec<u64> {
+        let a = self.space.alphabet();
+        let mut out = vec![0; self.space.n_primary() * a];
+        for (ctx, row) in self.rows() {
+            out[ctx * a..][..a].copy_from_slice(row);
+        }
+        out
+    }
+    /// `(context, counts)` of every occupied context, ascending.
+    pub fn rows(&self) -> impl Iterator<Item = (usize, &[u64])> {
+        let a = self.space.alphabet();
+        self.ctxs
+            .iter()
+            .map(|&c| c as usize)
+            .zip(self.rows.chunks_exact(a))
     }
     pub fn add(&mut self, other: &Hist) {
-        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
-            *a += b;
-        }
-    }
-    fn row(&self, ctx: usize) -> &[u64] {
-        let a = self.space.alphabet();
-        &self.counts[ctx * a..(ctx + 1) * a]
+        let ctxs: Vec<u32> = self.ctxs.iter().chain(&other.ctxs).copied().collect();
+        let rows: Vec<u64> = self.rows.iter().chain(&other.rows).copied().collect();
+        *self = Hist::from_rows(self.space, &ctxs, &rows);
     }
     /// Contexts with at least one count, ascending.
     pub fn occupied(&self) -> Vec<usize> {
-        let a = self.space.alphabet();
-        self.counts
-            .chunks_exact(a)
-            .enumerate()
-            .filter(|(_, row)| row.iter().fold(0, |acc, &c| acc | c) != 0)
-            .map(|(ctx, _)| ctx)
-            .collect()
+        self.ctxs.iter().map(|&c| c as usize).collect()
     }
     /// The same counts as the stage would see without its neighbor context.
     pub fn without_neighbor(&self) -> Hist {
@@ -168,21 +222,18 @@ impl Hist {
             neighbor: false,
             ..sp
         };
-        let mut out = Hist::new(plain);
-        let a = sp.alphabet();
-        for ctx in 0..sp.n_primary() {
-            let dst = match sp.stage {
+        let ctxs: Vec<u32> = self
+            .ctxs
+            .iter()
+            .map(|&ctx| match sp.stage {
                 // (m2, nb, er) -> er
-                Stage::B if sp.neighbor => ctx % EXP_CLASSES,
+                Stage::B if sp.neighbor => ctx % EXP_CLASSES as u32,
                 // (.., up, rs) -> (.., 0, rs)
                 Stage::S if sp.neighbor => ctx / 6 * 6 + ctx % 2,
                 _ => ctx,
-            };
-            for s in 0..a {
-                out.counts[dst * a + s] += self.counts[ctx * a + s];
-            }
-        }
-        out
+            })
+            .collect();
+        Hist::from_rows(plain, &ctxs, &self.rows)
     }
 }
 
@@ -272,12 +323,11 @@ impl StageTable {
         let space = hist.space;
         let a = space.alphabet();
         let nb = space.n_backoff();
-        let occupied = hist.occupied();
 
         let mut group = vec![0u64; nb * a];
-        for &ctx in &occupied {
+        for (ctx, row) in hist.rows() {
             let g = ctx % nb;
-            for (acc, &c) in group[g * a..(g + 1) * a].iter_mut().zip(hist.row(ctx)) {
+            for (acc, &c) in group[g * a..(g + 1) * a].iter_mut().zip(row) {
                 *acc += c;
             }
         }
@@ -287,8 +337,7 @@ impl StageTable {
 
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
-        for ctx in occupied {
-            let counts = hist.row(ctx);
+        for (ctx, counts) in hist.rows() {
             let own = best_row(counts);
             let keep = !prune || {
                 let own_cost = cost(counts, &own) + (row_bytes(&own) as u64 + 1) * 8 * COST_ONE_BIT;
@@ -317,9 +366,8 @@ impl StageTable {
 
     /// Ideal code length of `hist` under this table, in COST_ONE_BIT units.
     pub fn data_cost(&self, hist: &Hist) -> u64 {
-        hist.occupied()
-            .into_iter()
-            .map(|ctx| cost(hist.row(ctx), &self.row(self.map[ctx]).freq))
+        hist.rows()
+            .map(|(ctx, counts)| cost(counts, &self.row(self.map[ctx]).freq))
             .sum()
     }
 
@@ -383,6 +431,10 @@ const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
 /// code length under it plus the row's bytes (integer estimates only). Binary rows are always
 /// sent at full precision.
 pub fn best_row(counts: &[u64]) -> Vec<u32> {
+    if counts.iter().all(|&c| c == 0) {
+        // What the search below returns for an empty row, without it.
+        return vec![0; counts.len()];
+    }
     let full = normalize_to(counts, PROB_BITS);
     if counts.len() == 2 {
         return full;

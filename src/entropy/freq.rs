@@ -32,7 +32,12 @@ pub fn normalize_to(counts: &[u64], bits: u32) -> Vec<u32> {
     let mut sum: i64 = 0;
     for (f, &c) in freqs.iter_mut().zip(counts) {
         if c > 0 {
-            *f = ((c as u128 * total as u128 / n as u128) as u32).max(1);
+            // c·total fits in u64 unless c is huge; the quotient is the same either way.
+            let q = match c.checked_mul(total) {
+                Some(p) => p / n,
+                None => (c as u128 * total as u128 / n as u128) as u64,
+            };
+            *f = (q as u32).max(1);
             sum += *f as i64;
         }
     }

@@ -7,7 +7,6 @@ use super::bits::BitWriter;
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
 use super::word::{self, b_context, neighbor_b, rs, up, Word};
 use crate::delta::chunk::{EncodedChunk, LANES};
-use crate::delta::model::Hist;
 use crate::entropy::rans::RANS_L;
 
 /// Symbol codes of a chunk's elements; with `tail`, also pack their raw tails.
@@ -35,47 +34,6 @@ pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&m
                 t.put(v & ((1u64 << len) - 1), len);
                 c
             }))
-        }
-    }
-}
-
-/// Add one chunk to the histograms (B, Q1, Q2 and, if `hists.len() == 4`, S), each in the
-/// context form its `space` names.
-#[inline(always)]
-pub fn count(codes: &[u32], info: &[u16], w1: usize, distance: Option<usize>, hists: &mut [Hist]) {
-    let d = distance.unwrap_or(usize::MAX);
-    let (b_h, rest) = hists.split_first_mut().unwrap();
-    let (q1_h, rest) = rest.split_first_mut().unwrap();
-    let (q2_h, rest) = rest.split_first_mut().unwrap();
-    let b_nb = b_h.space.neighbor;
-    let (b_c, q1_c, q2_c) = (&mut b_h.counts, &mut q1_h.counts, &mut q2_h.counts);
-    for (j, (&c, &i)) in codes.iter().zip(info).enumerate() {
-        let b = (c & 127) as usize;
-        let eb = (i & 255) as usize * w1 + b;
-        if b_nb {
-            b_c[b_context(i, neighbor_b(codes, j, d, w1), w1, true) * w1 + b] += 1;
-        } else {
-            b_c[eb] += 1;
-        }
-        if b >= 2 {
-            let q1 = ((c >> 7) & 1) as usize;
-            q1_c[eb * 2 + q1] += 1;
-            if b >= 3 {
-                q2_c[(eb * 2 + q1) * 2 + ((c >> 8) & 1) as usize] += 1;
-            }
-        }
-    }
-    if let Some(s_h) = rest.first_mut() {
-        let d = if s_h.space.neighbor { d } else { usize::MAX };
-        let s_c = &mut s_h.counts;
-        for (j, (&c, &i)) in codes.iter().zip(info).enumerate() {
-            let b = (c & 127) as usize;
-            if b == 0 {
-                continue;
-            }
-            let eb = (i & 255) as usize * w1 + b;
-            let ctx = (eb * 3 + up(codes, j, d) as usize) * 2 + rs(i);
-            s_c[ctx * 2 + ((c >> 9) & 1) as usize] += 1;
         }
     }
 }

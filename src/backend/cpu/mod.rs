@@ -7,6 +7,7 @@ mod avx512;
 mod bits;
 mod decode;
 mod encode;
+mod hist;
 mod tables;
 mod word;
 
@@ -153,13 +154,15 @@ impl<T: Word> CpuResident<T> {
             .zip(job.reference.par_chunks(CHUNK_ELEMS * size))
             .zip(job.target.par_chunks(CHUNK_ELEMS * size))
             .for_each(|(((d, info), r), x)| {
-                let elems = r.chunks_exact(size).zip(x.chunks_exact(size));
-                for ((d, i), (r, x)) in d.iter_mut().zip(info.iter_mut()).zip(elems) {
-                    let (r, x) = (T::read(r), T::read(x));
-                    let k = word::key::<T>(x).wrapping_sub(word::key::<T>(r)) & word::mask::<T>();
-                    *d = T::from_u64(k);
-                    *i = info_fn.info::<T>(r) as u16;
-                }
+                hist::simd(
+                    isa,
+                    #[inline(always)]
+                    || match (info_fn.condition(), info_fn.wide()) {
+                        (false, _) => residual_chunk::<T, false, false>(d, info, r, x, info_fn),
+                        (true, false) => residual_chunk::<T, true, false>(d, info, r, x, info_fn),
+                        (true, true) => residual_chunk::<T, true, true>(d, info, r, x, info_fn),
+                    },
+                )
             });
         CpuResident {
             isa,
@@ -171,6 +174,24 @@ impl<T: Word> CpuResident<T> {
 
     fn w1(&self) -> usize {
         self.fl.width as usize + 1
+    }
+}
+
+/// Displacements and reference facts of one chunk's elements (`r`, `x`: their bytes).
+#[inline(always)]
+fn residual_chunk<T: Word, const COND: bool, const WIDE: bool>(
+    d: &mut [T],
+    info: &mut [u16],
+    r: &[u8],
+    x: &[u8],
+    info_fn: InfoFn,
+) {
+    let elems = r.chunks_exact(T::SIZE).zip(x.chunks_exact(T::SIZE));
+    for ((d, i), (r, x)) in d.iter_mut().zip(info.iter_mut()).zip(elems) {
+        let (r, x) = (T::read(r), T::read(x));
+        let k = word::key::<T>(x).wrapping_sub(word::key::<T>(r)) & word::mask::<T>();
+        *d = T::from_u64(k);
+        *i = info_fn.info_as::<T, COND, WIDE>(r) as u16;
     }
 }
 
@@ -187,31 +208,19 @@ impl<T: Word> Resident for CpuResident<T> {
         let signed = layout == Layout::Signed;
         let neighbor = if signed { distance } else { None };
         let spaces = layout_spaces(layout, self.fl.width, neighbor);
-        let fresh = || -> Vec<Hist> { spaces.iter().map(|&sp| Hist::new(sp)).collect() };
-        let hists = chunk_ranges(self.d.len())
+        let shape = hist::Shape::new(&spaces, signed, neighbor);
+        let acc = chunk_ranges(self.d.len())
             .into_par_iter()
             .fold(
-                || (fresh(), Vec::new()),
-                |(mut hists, mut codes), r| {
-                    fast(
-                        self.isa,
-                        #[inline(always)]
-                        || {
-                            encode::codes(&self.d[r.clone()], signed, &mut codes, None);
-                            encode::count(&codes, &self.info[r], self.w1(), neighbor, &mut hists);
-                        },
-                    );
-                    (hists, codes)
+                || hist::Acc::new(shape),
+                |mut acc, r| {
+                    hist::count(self.isa, &self.d[r.clone()], &self.info[r], &mut acc);
+                    acc
                 },
             )
-            .map(|(h, _)| h)
-            .reduce_with(|mut a, b| {
-                for (x, y) in a.iter_mut().zip(&b) {
-                    x.add(y);
-                }
-                a
-            })
-            .unwrap_or_else(fresh);
+            .reduce_with(hist::Acc::merge)
+            .unwrap_or_else(|| hist::Acc::new(shape));
+        let hists = acc.hists(&spaces);
         Ok(hists)
     }
 

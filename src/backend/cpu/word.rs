@@ -156,6 +156,27 @@ impl InfoFn {
         }
     }
 
+    /// Whether the exponent class is used (`COND` of [`InfoFn::info_as`]).
+    pub fn condition(&self) -> bool {
+        self.condition
+    }
+    /// Whether the exponent field is wider than a class (`WIDE` of [`InfoFn::info_as`]).
+    pub fn wide(&self) -> bool {
+        self.wide
+    }
+    /// [`InfoFn::info`] with `condition` and `wide` as constants, for vectorized loops.
+    #[inline(always)]
+    pub fn info_as<T: Word, const COND: bool, const WIDE: bool>(&self, r: u64) -> u32 {
+        let e = (r >> self.mant) & self.emask;
+        let er = if !COND {
+            0
+        } else if WIDE {
+            (e as i64 - 1023 + 128).clamp(0, 255) as u32
+        } else {
+            e as u32
+        };
+        er | (((r >> (T::BITS - 1)) & 1) as u32) << 8 | (((r >> (self.mant - 2)) & 3) as u32) << 9
+    }
     #[inline(always)]
     pub fn info<T: Word>(&self, r: u64) -> u32 {
         let e = (r >> self.mant) & self.emask;

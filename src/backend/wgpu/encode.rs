@@ -100,11 +100,9 @@ impl WgpuResident<'_> {
             .enumerate()
             .map(|(s, &sp)| {
                 let at = p.hist_off[s] as usize;
-                let mut h = Hist::new(sp);
-                for (c, &w) in h.counts.iter_mut().zip(&words[at..]) {
-                    *c = w as u64;
-                }
-                h
+                let n = sp.n_primary() * sp.alphabet();
+                let counts: Vec<u64> = words[at..at + n].iter().map(|&w| w as u64).collect();
+                Hist::from_dense(sp, &counts)
             })
             .collect())
     }

@@ -1,0 +1,365 @@
+//! The histogram pass: every stage's counts of one tensor, in one pass per chunk.
+//!
+//! Per chunk the elements are counted, branch-free, into two per-thread `u32` tables laid
+//! out exponent class first (a chunk has at most 2^18 elements, so `u32` cannot overflow):
+//!
+//! - `B`: per `er`, the B symbol in its context form, `(m2·(W1+1) + nb)·W1 + b` (neighbor
+//!   form) or `b`;
+//! - `T`: per `er`, the joint count of `(b, q1, q2)` and, with an S stage, `(up, rs, neg)`:
+//!   Q1, Q2 and S are its marginals (restricted to the elements that code them).
+//!
+//! Only the blocks of exponent classes the chunk saw are folded into the running `u64`
+//! counts (kept per seen class only) and zeroed again, so a small tensor costs a few blocks,
+//! not the whole context space. The dense [`Hist`]s are built once per tensor at the end.
+
+use std::cell::RefCell;
+
+use super::word::{self, Word};
+use super::Isa;
+use crate::delta::model::{Hist, Space};
+use crate::delta::symbols::EXP_CLASSES;
+
+/// What one tensor's pass counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// b alphabet, w + 1.
+    pub w1: usize,
+    /// Signed values (else the Paper layout's ZigZag fold).
+    pub signed: bool,
+    /// B (and S, if present) in their neighbor forms, with the neighbor this far back.
+    pub distance: Option<usize>,
+    /// Whether there is an S stage.
+    pub s: bool,
+}
+
+impl Shape {
+    pub fn new(spaces: &[Space], signed: bool, distance: Option<usize>) -> Shape {
+        let b_nb = spaces[0].neighbor;
+        Shape {
+            w1: spaces[0].w1,
+            signed,
+            distance: distance.filter(|_| b_nb),
+            s: spaces.len() == 4,
+        }
+    }
+    fn nb(&self) -> bool {
+        self.distance.is_some()
+    }
+    /// `B` entries per exponent class.
+    fn bb(&self) -> usize {
+        if self.nb() {
+            4 * (self.w1 + 1) * self.w1
+        } else {
+            0
+        }
+    }
+    /// `T` entries per b.
+    fn k(&self) -> usize {
+        if self.s {
+            48
+        } else {
+            4
+        }
+    }
+    /// `T` entries per exponent class.
+    fn tt(&self) -> usize {
+        self.w1 * self.k()
+    }
+}
+
+/// Running `u64` counts of one tensor (or part of it), per exponent class seen.
+pub struct Acc {
+    shape: Shape,
+    /// Exponent class -> block index, `u32::MAX` if unseen.
+    slot: Vec<u32>,
+    ers: Vec<u8>,
+    b: Vec<u64>,
+    t: Vec<u64>,
+}
+
+impl Acc {
+    pub fn new(shape: Shape) -> Acc {
+        Acc {
+            shape,
+            slot: vec![u32::MAX; EXP_CLASSES],
+            ers: Vec::new(),
+            b: Vec::new(),
+            t: Vec::new(),
+        }
+    }
+
+    /// The block index of class `er`, allocated on first use.
+    fn block(&mut self, er: usize) -> usize {
+        if self.slot[er] == u32::MAX {
+            self.slot[er] = self.ers.len() as u32;
+            self.ers.push(er as u8);
+            let (bb, tt) = (self.shape.bb(), self.shape.tt());
+            self.b.resize(self.b.len() + bb, 0);
+            self.t.resize(self.t.len() + tt, 0);
+        }
+        self.slot[er] as usize
+    }
+
+    pub fn merge(mut self, other: Acc) -> Acc {
+        let (bb, tt) = (self.shape.bb(), self.shape.tt());
+        for (k, &er) in other.ers.iter().enumerate() {
+            let s = self.block(er as usize);
+            add(&mut self.b[s * bb..][..bb], &other.b[k * bb..][..bb]);
+            add(&mut self.t[s * tt..][..tt], &other.t[k * tt..][..tt]);
+        }
+        self
+    }
+
+    /// The histograms of `spaces` (the ones this pass was set up for).
+    pub fn hists(&self, spaces: &[Space]) -> Vec<Hist> {
+        let sh = self.shape;
+        let (w1, bb, tt, k) = (sh.w1, sh.bb(), sh.tt(), sh.k());
+        debug_assert_eq!(spaces[0].neighbor, sh.nb());
+        debug_assert_eq!(spaces.len() == 4, sh.s);
+        // Per stage: contexts and their rows, in any order.
+        let mut lists: Vec<(Vec<u32>, Vec<u64>)> = vec![Default::default(); spaces.len()];
+        for (blk, &er) in self.ers.iter().enumerate() {
+            let er = er as usize;
+            let t = &self.t[blk * tt..][..tt];
+            let (ctxs, rows) = &mut lists[0];
+            if sh.nb() {
+                let b = &self.b[blk * bb..][..bb];
+                for (row, src) in b.chunks_exact(w1).enumerate() {
+                    if src.iter().any(|&c| c != 0) {
+                        ctxs.push((row * EXP_CLASSES + er) as u32);
+                        rows.extend_from_slice(src);
+                    }
+                }
+            } else {
+                ctxs.push(er as u32);
+                rows.extend(t.chunks_exact(k).map(|r| r.iter().sum::<u64>()));
+            }
+            // q = q1 + 2·q2.
+            for bit in 2..w1 {
+                let eb = er * w1 + bit;
+                let mut q = [0u64; 4];
+                for (n, part) in q.iter_mut().zip(t[bit * k..][..k].chunks_exact(k / 4)) {
+                    *n = part.iter().sum();
+                }
+                lists[1].0.push(eb as u32);
+                lists[1].1.extend([q[0] + q[2], q[1] + q[3]]);
+                if bit >= 3 {
+                    lists[2].0.extend([(eb * 2) as u32, (eb * 2 + 1) as u32]);
+                    lists[2].1.extend([q[0], q[2], q[1], q[3]]);
+                }
+            }
+            if sh.s {
+                for bit in 1..w1 {
+                    let eb = er * w1 + bit;
+                    let mut srow = [0u64; 12];
+                    for part in t[bit * k..][..k].chunks_exact(12) {
+                        add(&mut srow, part);
+                    }
+                    lists[3].0.extend((0..6).map(|c| (eb * 6 + c) as u32));
+                    lists[3].1.extend_from_slice(&srow);
+                }
+            }
+        }
+        spaces
+            .iter()
+            .zip(lists)
+            .map(|(&sp, (ctxs, rows))| Hist::from_rows(sp, &ctxs, &rows))
+            .collect()
+    }
+}
+
+#[inline(always)]
+fn add<A: Copy + Into<u64>>(acc: &mut [u64], x: &[A]) {
+    for (a, &x) in acc.iter_mut().zip(x) {
+        *a += x.into();
+    }
+}
+
+/// Per-thread scratch: codes of the chunk, and the `u32` tables (all zero between chunks).
+#[derive(Default)]
+struct Scratch {
+    codes: Vec<u16>,
+    /// Table indices of a block of elements.
+    ib: Vec<u32>,
+    it: Vec<u32>,
+    b: Vec<u32>,
+    t: Vec<u32>,
+    seen: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+/// Count one chunk into `acc`.
+pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
+    let sh = acc.shape;
+    SCRATCH.with(|s| {
+        let s = &mut *s.borrow_mut();
+        let (bb, tt) = (sh.bb(), sh.tt());
+        // Tables only grow (all zero between chunks, whatever layout used them last).
+        if s.b.len() < bb * EXP_CLASSES {
+            s.b = vec![0; bb * EXP_CLASSES];
+        }
+        if s.t.len() < tt * EXP_CLASSES {
+            s.t = vec![0; tt * EXP_CLASSES];
+        }
+        s.seen.resize(EXP_CLASSES, 0);
+        simd(
+            isa,
+            #[inline(always)]
+            || match (sh.signed, sh.distance, sh.s) {
+                (true, Some(dist), _) => tally::<T, true, true, true>(d, info, sh, dist, s),
+                (true, None, true) => tally::<T, true, false, true>(d, info, sh, 0, s),
+                (true, None, false) => tally::<T, true, false, false>(d, info, sh, 0, s),
+                (false, Some(dist), _) => tally::<T, false, true, true>(d, info, sh, dist, s),
+                (false, None, true) => tally::<T, false, false, true>(d, info, sh, 0, s),
+                (false, None, false) => tally::<T, false, false, false>(d, info, sh, 0, s),
+            },
+        );
+        // Fold the seen classes' blocks and zero them for the next chunk.
+        for er in 0..EXP_CLASSES {
+            if s.seen[er] == 0 {
+                continue;
+            }
+            s.seen[er] = 0;
+            let blk = acc.block(er);
+            let src_b = &mut s.b[er * bb..][..bb];
+            add(&mut acc.b[blk * bb..][..bb], src_b);
+            src_b.fill(0);
+            let src_t = &mut s.t[er * tt..][..tt];
+            add(&mut acc.t[blk * tt..][..tt], src_t);
+            src_t.fill(0);
+        }
+    });
+}
+
+/// Run `f` compiled for AVX-512 (with conflict detection, for vector leading-zero counts)
+/// where `isa` allows it, else as [`super::fast`] does.
+#[inline(always)]
+pub(super) fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 {
+        #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
+        fn v512<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        debug_assert!(isa.available());
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU.
+        return unsafe { v512(f) };
+    }
+    super::fast(isa, f)
+}
+
+#[inline(always)]
+fn codes_as<T: Word, const SIGNED: bool>(d: &[T], out: &mut [u16]) {
+    for (o, &d) in out.iter_mut().zip(d) {
+        let (v, neg) = word::value::<T>(d.get(), SIGNED);
+        *o = word::code(v, neg) as u16;
+    }
+}
+
+/// Elements per block of the counting loop: codes, then table indices (vectorized), then
+/// the increments, with the index buffers in L1.
+const BLOCK: usize = 2048;
+
+/// Count a chunk into the scratch tables. `SIGNED`: signed values (else ZigZag); `NB`: B and
+/// S in neighbor form at distance `dist`; `S`: count the S fields too.
+#[inline(always)]
+fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool>(
+    d: &[T],
+    info: &[u16],
+    sh: Shape,
+    dist: usize,
+    s: &mut Scratch,
+) {
+    let g = Geo {
+        w1: sh.w1 as u32,
+        bb: sh.bb() as u32,
+        tt: sh.tt() as u32,
+        k: sh.k() as u32,
+    };
+    let n = d.len().min(info.len());
+    let Scratch {
+        codes,
+        ib,
+        it,
+        b: bt,
+        t: tt,
+        seen,
+    } = s;
+    codes.clear();
+    codes.resize(n, 0);
+    ib.resize(BLOCK, 0);
+    it.resize(BLOCK, 0);
+    let (bt, tt, seen) = (&mut bt[..], &mut tt[..], &mut seen[..]);
+    for start in (0..n).step_by(BLOCK) {
+        let end = (start + BLOCK).min(n);
+        let m = end - start;
+        codes_as::<T, SIGNED>(&d[start..end], &mut codes[start..end]);
+        let (ib, it) = (&mut ib[..m], &mut it[..m]);
+        let (cb, inf) = (&codes[start..end], &info[start..end]);
+        // Elements with no neighbor (the chunk's first `dist`), then the rest.
+        let h = if NB {
+            dist.saturating_sub(start).min(m)
+        } else {
+            m
+        };
+        for (((ib, it), &c), &i) in ib.iter_mut().zip(it.iter_mut()).zip(cb).zip(inf).take(h) {
+            (*ib, *it) = index::<NB, S>(c, i, g.w1, 0, g);
+        }
+        if NB && h < m {
+            let nbs = &codes[start + h - dist..end - dist];
+            let rest = ib[h..]
+                .iter_mut()
+                .zip(&mut it[h..])
+                .zip(&cb[h..])
+                .zip(&inf[h..]);
+            for ((((ib, it), &c), &i), &cn) in rest.zip(nbs) {
+                let cn = cn as u32;
+                (*ib, *it) = index::<NB, S>(c, i, cn & 127, word::sign_state(cn), g);
+            }
+        }
+        if NB {
+            for ((&ib, &it), &i) in ib.iter().zip(it.iter()).zip(inf) {
+                bt[ib as usize] += 1;
+                tt[it as usize] += 1;
+                seen[(i & 255) as usize] = 1;
+            }
+        } else {
+            for (&it, &i) in it.iter().zip(inf) {
+                tt[it as usize] += 1;
+                seen[(i & 255) as usize] = 1;
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Geo {
+    w1: u32,
+    bb: u32,
+    tt: u32,
+    k: u32,
+}
+
+/// Table indices (B, T) of an element with code `c` and facts `i`, its neighbor's class
+/// `nbc` and sign state `up`.
+#[inline(always)]
+fn index<const NB: bool, const S: bool>(c: u16, i: u16, nbc: u32, up: u32, g: Geo) -> (u32, u32) {
+    let (c, i) = (c as u32, i as u32);
+    let er = i & 255;
+    let b = c & 127;
+    let bi = if NB {
+        er * g.bb + (((i >> 9) & 3) * (g.w1 + 1) + nbc) * g.w1 + b
+    } else {
+        er * g.bb + b
+    };
+    let q = (c >> 7) & 3;
+    let ti = if S {
+        er * g.tt + b * g.k + ((q * 3 + up) * 2 + ((i >> 8) & 1)) * 2 + ((c >> 9) & 1)
+    } else {
+        er * g.tt + b * g.k + q
+    };
+    (bi, ti)
+}
