@@ -85,6 +85,8 @@ fn lockstep_row(name: &str, b: &dyn Backend, threads: usize, pairs: &[TensorPair
 }
 
 fn main() {
+    // As the `lockstep` binary does (src/main.rs).
+    lockstep::memory::reuse_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let dir = args

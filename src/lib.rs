@@ -17,4 +17,5 @@ pub mod delta;
 pub mod dtype;
 pub mod entropy;
 pub mod float;
+pub mod memory;
 pub mod output;

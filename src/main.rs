@@ -10,6 +10,7 @@ fn main() {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
     }
+    lockstep::memory::reuse_freed_memory();
     let args = cli::Cli::parse();
     if let Err(e) = cli::run(args) {
         eprintln!("error: {e}");
