@@ -153,6 +153,10 @@ pub struct Flat {
     s: Vec<u32>,
     /// B by `er·w1 + b`, for the plain (non-neighbor) B context (else empty).
     b: Vec<u32>,
+    /// B in its neighbor form by `((er·4 + m2)·(w1 + 1) + nb)·w1 + b`: one lookup instead of
+    /// context → row → symbol. Empty (the two lookups then) without the neighbor form, or
+    /// where the table would not be small next to the tensor.
+    bn: Vec<u32>,
 }
 
 impl Flat {
@@ -202,11 +206,40 @@ impl Flat {
                 }
             }
         }
+        // Built only where it stays small next to the tensor (one entry per 8 elements at
+        // most): its construction then costs far less than the lookups it saves.
+        let t = &stages[0];
+        let n_bn = (hi - lo + 1) * 4 * (w1 + 1) * w1;
+        let mut bn = Vec::new();
+        if t.neighbor && !t.map.is_empty() && !t.packed.is_empty() && n_bn * 8 <= info.len() {
+            bn.reserve_exact(n_bn);
+            // The two lookups exactly as `gather` makes them, clamps included.
+            let last = t.packed.len() - 1;
+            for er in lo..=hi {
+                for m2 in 0..4 {
+                    for nb in 0..=w1 {
+                        let ctx = (((m2 * (w1 + 1) + nb) << 8) + er).min(t.map.len() - 1);
+                        let row = t.map[ctx];
+                        for b in 0..w1 {
+                            bn.push(match row {
+                                u32::MAX => PACKED_IDENTITY,
+                                r => {
+                                    let idx =
+                                        r.wrapping_mul(t.alphabet as u32).wrapping_add(b as u32);
+                                    t.packed[(idx as usize).min(last)]
+                                }
+                            });
+                        }
+                    }
+                }
+            }
+        }
         Flat {
             lo: lo as u32,
             q12,
             s,
             b: bt,
+            bn,
         }
     }
 }
@@ -311,7 +344,17 @@ pub unsafe fn lanes(
                 let eb = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(er, lo_v), w1v), b);
 
                 // B.
-                out[0][k] = if stages[0].neighbor {
+                out[0][k] = if stages[0].neighbor && !flat.bn.is_empty() {
+                    let nb = _mm512_mask_and_epi32(w1v, knb, nc, m127);
+                    let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+                    let em =
+                        _mm512_add_epi32(_mm512_slli_epi32::<2>(_mm512_sub_epi32(er, lo_v)), m2);
+                    let row =
+                        _mm512_add_epi32(_mm512_mullo_epi32(em, _mm512_add_epi32(w1v, one)), nb);
+                    let idx = _mm512_add_epi32(_mm512_mullo_epi32(row, w1v), b);
+                    // SAFETY: features as this function's.
+                    unsafe { gather_flat(&flat.bn, valid, idx) }
+                } else if stages[0].neighbor {
                     let nb = _mm512_mask_and_epi32(w1v, knb, nc, m127);
                     let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
                     let row =
