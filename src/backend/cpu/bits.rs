@@ -3,7 +3,8 @@
 #[derive(Default)]
 pub struct BitWriter {
     out: Vec<u8>,
-    acc: u128,
+    /// The pending bits, `n < 64` of them.
+    acc: u64,
     n: u32,
     bits: u64,
 }
@@ -16,16 +17,31 @@ impl BitWriter {
         self.bits = 0;
     }
     /// Append the low `nbits` (at most 64) of `v`, which has no bits above them.
+    ///
+    /// Branch-free but for the (predictable) capacity check: the accumulator is stored every
+    /// time and kept only when it has filled.
     #[inline(always)]
     pub fn put(&mut self, v: u64, nbits: u32) {
-        self.acc |= (v as u128) << self.n;
-        self.n += nbits;
+        let n = self.n;
+        let total = n + nbits;
         self.bits += nbits as u64;
-        if self.n >= 64 {
-            self.out.extend_from_slice(&(self.acc as u64).to_le_bytes());
-            self.acc >>= 64;
-            self.n -= 64;
-        }
+        let acc = self.acc | v << n;
+        self.out.reserve(8);
+        let len = self.out.len();
+        // SAFETY: `reserve(8)` leaves room for 8 bytes at `len`.
+        unsafe {
+            self.out
+                .as_mut_ptr()
+                .add(len)
+                .cast::<[u8; 8]>()
+                .write_unaligned(acc.to_le_bytes())
+        };
+        let full = total >= 64;
+        // SAFETY: the 8 bytes at `len` were written just above.
+        unsafe { self.out.set_len(len + 8 * full as usize) };
+        // Filled: what did not fit of `v` (`v >> (64 - n)`, 0 for `n == 0`).
+        self.acc = if full { (v >> 1) >> (63 - n) } else { acc };
+        self.n = total & 63;
     }
     pub fn bits(&self) -> u64 {
         self.bits
@@ -35,7 +51,7 @@ impl BitWriter {
         let rest = self.n.div_ceil(8) as usize;
         let mut out = Vec::with_capacity(self.out.len() + rest);
         out.extend_from_slice(&self.out);
-        out.extend_from_slice(&(self.acc as u64).to_le_bytes()[..rest]);
+        out.extend_from_slice(&self.acc.to_le_bytes()[..rest]);
         out
     }
 }
