@@ -17,31 +17,40 @@ impl BitWriter {
         self.bits = 0;
     }
     /// Append the low `nbits` (at most 64) of `v`, which has no bits above them.
+    #[inline(always)]
+    pub fn put(&mut self, v: u64, nbits: u32) {
+        self.put_many([v], [nbits]);
+    }
+    /// `put(v[i], nbits[i])` for each `i` in order, the writer's state kept in registers.
     ///
     /// Branch-free but for the (predictable) capacity check: the accumulator is stored every
     /// time and kept only when it has filled.
     #[inline(always)]
-    pub fn put(&mut self, v: u64, nbits: u32) {
-        let n = self.n;
-        let total = n + nbits;
-        self.bits += nbits as u64;
-        let acc = self.acc | v << n;
-        self.out.reserve(8);
-        let len = self.out.len();
-        // SAFETY: `reserve(8)` leaves room for 8 bytes at `len`.
-        unsafe {
-            self.out
-                .as_mut_ptr()
-                .add(len)
-                .cast::<[u8; 8]>()
-                .write_unaligned(acc.to_le_bytes())
-        };
-        let full = total >= 64;
-        // SAFETY: the 8 bytes at `len` were written just above.
-        unsafe { self.out.set_len(len + 8 * full as usize) };
-        // Filled: what did not fit of `v` (`v >> (64 - n)`, 0 for `n == 0`).
-        self.acc = if full { (v >> 1) >> (63 - n) } else { acc };
-        self.n = total & 63;
+    pub fn put_many<const N: usize>(&mut self, v: [u64; N], nbits: [u32; N]) {
+        self.out.reserve(8 * N);
+        let (mut acc, mut n, mut len) = (self.acc, self.n, self.out.len());
+        let ptr = self.out.as_mut_ptr();
+        let mut bits = 0;
+        for i in 0..N {
+            let total = n + nbits[i];
+            bits += nbits[i] as u64;
+            let a = acc | v[i] << n;
+            // SAFETY: `reserve(8 * N)` leaves room for 8 bytes at `len` (at most `8 * i`
+            // past the length on entry).
+            unsafe {
+                ptr.add(len)
+                    .cast::<[u8; 8]>()
+                    .write_unaligned(a.to_le_bytes())
+            };
+            let full = total >= 64;
+            len += 8 * full as usize;
+            // Filled: what did not fit of `v` (`v >> (64 - n)`, 0 for `n == 0`).
+            acc = if full { (v[i] >> 1) >> (63 - n) } else { a };
+            n = total & 63;
+        }
+        // SAFETY: every byte below `len` was written (above, or before this call).
+        unsafe { self.out.set_len(len) };
+        (self.acc, self.n, self.bits) = (acc, n, self.bits + bits);
     }
     pub fn bits(&self) -> u64 {
         self.bits

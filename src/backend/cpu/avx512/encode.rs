@@ -125,9 +125,15 @@ unsafe fn codes16(d: &[u16], signed: bool, out: &mut Vec<u32>, tail: &mut BitWri
             _mm512_storeu_si512(vals.as_mut_ptr() as *mut _, v4);
             _mm512_storeu_si512(lens.as_mut_ptr() as *mut _, l4);
         }
-        for i in [0, 2, 4, 6] {
-            tail.put(vals[i], lens[i] as u32);
-        }
+        tail.put_many(
+            [vals[0], vals[2], vals[4], vals[6]],
+            [
+                lens[0] as u32,
+                lens[2] as u32,
+                lens[4] as u32,
+                lens[6] as u32,
+            ],
+        );
     }
 }
 
