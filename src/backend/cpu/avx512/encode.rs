@@ -22,7 +22,7 @@ use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
 use crate::delta::chunk::{EncodedChunk, LANES};
-use crate::entropy::freq::PROB_TOTAL;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 
 /// One chunk, as `super::super::encode::chunk` codes it, with explicit AVX-512 lanes.
@@ -535,8 +535,12 @@ unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut u
         // q0 within one of y / freq: relative error < 2^-21, q < 2^20.
         let q0 = _mm512_cvttps_epu32(_mm512_mul_ps(_mm512_cvtepu32_ps(y), rcp));
         let rem = _mm512_sub_epi32(y, _mm512_mullo_epi32(q0, f[h]));
-        // C(y) = y + start + q·cmpl; one quotient off shifts it by ±cmpl.
-        let t = _mm512_add_epi32(_mm512_add_epi32(y, start), _mm512_mullo_epi32(q0, cmpl));
+        // C(y) = y + start + q·cmpl = q·2^PROB_BITS + (y - q·freq) + start (the same in
+        // wrapping arithmetic, one multiply fewer); one quotient off shifts it by ±cmpl.
+        let t = _mm512_add_epi32(
+            _mm512_add_epi32(_mm512_slli_epi32::<PROB_BITS>(q0), rem),
+            start,
+        );
         let low = _mm512_cmplt_epi32_mask(rem, _mm512_setzero_si512());
         let high = _mm512_cmpge_epi32_mask(rem, f[h]);
         let t = _mm512_mask_sub_epi32(t, low, t, cmpl);
