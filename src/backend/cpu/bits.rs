@@ -3,7 +3,8 @@
 #[derive(Default)]
 pub struct BitWriter {
     out: Vec<u8>,
-    acc: u128,
+    /// The pending bits, `n < 64` of them.
+    acc: u64,
     n: u32,
     bits: u64,
 }
@@ -18,14 +19,38 @@ impl BitWriter {
     /// Append the low `nbits` (at most 64) of `v`, which has no bits above them.
     #[inline(always)]
     pub fn put(&mut self, v: u64, nbits: u32) {
-        self.acc |= (v as u128) << self.n;
-        self.n += nbits;
-        self.bits += nbits as u64;
-        if self.n >= 64 {
-            self.out.extend_from_slice(&(self.acc as u64).to_le_bytes());
-            self.acc >>= 64;
-            self.n -= 64;
+        self.put_many([v], [nbits]);
+    }
+    /// `put(v[i], nbits[i])` for each `i` in order, the writer's state kept in registers.
+    ///
+    /// Branch-free but for the (predictable) capacity check: the accumulator is stored every
+    /// time and kept only when it has filled.
+    #[inline(always)]
+    pub fn put_many<const N: usize>(&mut self, v: [u64; N], nbits: [u32; N]) {
+        self.out.reserve(8 * N);
+        let (mut acc, mut n, mut len) = (self.acc, self.n, self.out.len());
+        let ptr = self.out.as_mut_ptr();
+        let mut bits = 0;
+        for i in 0..N {
+            let total = n + nbits[i];
+            bits += nbits[i] as u64;
+            let a = acc | v[i] << n;
+            // SAFETY: `reserve(8 * N)` leaves room for 8 bytes at `len` (at most `8 * i`
+            // past the length on entry).
+            unsafe {
+                ptr.add(len)
+                    .cast::<[u8; 8]>()
+                    .write_unaligned(a.to_le_bytes())
+            };
+            let full = total >= 64;
+            len += 8 * full as usize;
+            // Filled: what did not fit of `v` (`v >> (64 - n)`, 0 for `n == 0`).
+            acc = if full { (v[i] >> 1) >> (63 - n) } else { a };
+            n = total & 63;
         }
+        // SAFETY: every byte below `len` was written (above, or before this call).
+        unsafe { self.out.set_len(len) };
+        (self.acc, self.n, self.bits) = (acc, n, self.bits + bits);
     }
     pub fn bits(&self) -> u64 {
         self.bits
@@ -35,7 +60,7 @@ impl BitWriter {
         let rest = self.n.div_ceil(8) as usize;
         let mut out = Vec::with_capacity(self.out.len() + rest);
         out.extend_from_slice(&self.out);
-        out.extend_from_slice(&(self.acc as u64).to_le_bytes()[..rest]);
+        out.extend_from_slice(&self.acc.to_le_bytes()[..rest]);
         out
     }
 }

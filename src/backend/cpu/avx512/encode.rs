@@ -22,7 +22,7 @@ use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
 use crate::delta::chunk::{EncodedChunk, LANES};
-use crate::entropy::freq::PROB_TOTAL;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 
 /// One chunk, as `super::super::encode::chunk` codes it, with explicit AVX-512 lanes.
@@ -125,9 +125,15 @@ unsafe fn codes16(d: &[u16], signed: bool, out: &mut Vec<u32>, tail: &mut BitWri
             _mm512_storeu_si512(vals.as_mut_ptr() as *mut _, v4);
             _mm512_storeu_si512(lens.as_mut_ptr() as *mut _, l4);
         }
-        for i in [0, 2, 4, 6] {
-            tail.put(vals[i], lens[i] as u32);
-        }
+        tail.put_many(
+            [vals[0], vals[2], vals[4], vals[6]],
+            [
+                lens[0] as u32,
+                lens[2] as u32,
+                lens[4] as u32,
+                lens[6] as u32,
+            ],
+        );
     }
 }
 
@@ -153,6 +159,10 @@ pub struct Flat {
     s: Vec<u32>,
     /// B by `er·w1 + b`, for the plain (non-neighbor) B context (else empty).
     b: Vec<u32>,
+    /// B in its neighbor form by `((er·4 + m2)·(w1 + 1) + nb)·w1 + b`: one lookup instead of
+    /// context → row → symbol. Empty (the two lookups then) without the neighbor form, or
+    /// where the table would not be small next to the tensor.
+    bn: Vec<u32>,
 }
 
 impl Flat {
@@ -202,11 +212,40 @@ impl Flat {
                 }
             }
         }
+        // Built only where it stays small next to the tensor (one entry per 8 elements at
+        // most): its construction then costs far less than the lookups it saves.
+        let t = &stages[0];
+        let n_bn = (hi - lo + 1) * 4 * (w1 + 1) * w1;
+        let mut bn = Vec::new();
+        if t.neighbor && !t.map.is_empty() && !t.packed.is_empty() && n_bn * 8 <= info.len() {
+            bn.reserve_exact(n_bn);
+            // The two lookups exactly as `gather` makes them, clamps included.
+            let last = t.packed.len() - 1;
+            for er in lo..=hi {
+                for m2 in 0..4 {
+                    for nb in 0..=w1 {
+                        let ctx = (((m2 * (w1 + 1) + nb) << 8) + er).min(t.map.len() - 1);
+                        let row = t.map[ctx];
+                        for b in 0..w1 {
+                            bn.push(match row {
+                                u32::MAX => PACKED_IDENTITY,
+                                r => {
+                                    let idx =
+                                        r.wrapping_mul(t.alphabet as u32).wrapping_add(b as u32);
+                                    t.packed[(idx as usize).min(last)]
+                                }
+                            });
+                        }
+                    }
+                }
+            }
+        }
         Flat {
             lo: lo as u32,
             q12,
             s,
             b: bt,
+            bn,
         }
     }
 }
@@ -311,7 +350,17 @@ pub unsafe fn lanes(
                 let eb = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(er, lo_v), w1v), b);
 
                 // B.
-                out[0][k] = if stages[0].neighbor {
+                out[0][k] = if stages[0].neighbor && !flat.bn.is_empty() {
+                    let nb = _mm512_mask_and_epi32(w1v, knb, nc, m127);
+                    let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+                    let em =
+                        _mm512_add_epi32(_mm512_slli_epi32::<2>(_mm512_sub_epi32(er, lo_v)), m2);
+                    let row =
+                        _mm512_add_epi32(_mm512_mullo_epi32(em, _mm512_add_epi32(w1v, one)), nb);
+                    let idx = _mm512_add_epi32(_mm512_mullo_epi32(row, w1v), b);
+                    // SAFETY: features as this function's.
+                    unsafe { gather_flat(&flat.bn, valid, idx) }
+                } else if stages[0].neighbor {
                     let nb = _mm512_mask_and_epi32(w1v, knb, nc, m127);
                     let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
                     let row =
@@ -486,8 +535,12 @@ unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut u
         // q0 within one of y / freq: relative error < 2^-21, q < 2^20.
         let q0 = _mm512_cvttps_epu32(_mm512_mul_ps(_mm512_cvtepu32_ps(y), rcp));
         let rem = _mm512_sub_epi32(y, _mm512_mullo_epi32(q0, f[h]));
-        // C(y) = y + start + q·cmpl; one quotient off shifts it by ±cmpl.
-        let t = _mm512_add_epi32(_mm512_add_epi32(y, start), _mm512_mullo_epi32(q0, cmpl));
+        // C(y) = y + start + q·cmpl = q·2^PROB_BITS + (y - q·freq) + start (the same in
+        // wrapping arithmetic, one multiply fewer); one quotient off shifts it by ±cmpl.
+        let t = _mm512_add_epi32(
+            _mm512_add_epi32(_mm512_slli_epi32::<PROB_BITS>(q0), rem),
+            start,
+        );
         let low = _mm512_cmplt_epi32_mask(rem, _mm512_setzero_si512());
         let high = _mm512_cmpge_epi32_mask(rem, f[h]);
         let t = _mm512_mask_sub_epi32(t, low, t, cmpl);
