@@ -20,8 +20,10 @@ fn main() {
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/data/trajectory-gpt2"
     );
-    let r = Checkpoint::open(format!("{dir}/gpt2_step000600_bf16.safetensors")).unwrap();
-    let t = Checkpoint::open(format!("{dir}/gpt2_step000800_bf16.safetensors")).unwrap();
+    // DTYPE=fp32 times the fp32 pair instead of the bf16 one.
+    let dt = std::env::var("DTYPE").unwrap_or_else(|_| "bf16".into());
+    let r = Checkpoint::open(format!("{dir}/gpt2_step000600_{dt}.safetensors")).unwrap();
+    let t = Checkpoint::open(format!("{dir}/gpt2_step000800_{dt}.safetensors")).unwrap();
     rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build_global()

@@ -84,6 +84,9 @@ pub fn stages(
     let d = neighbor_distance(pair.shape);
     let paper = resident.histograms(Layout::Paper, None)?;
     let signed = resident.histograms(Layout::Signed, Some(d))?;
+    // Asked again after Signed, the order the encoder asks in (a backend may count both in
+    // one pass and keep the Paper result for this call).
+    let paper_again = resident.histograms(Layout::Paper, None)?;
     // Every mix of context forms: B and S both in their neighbor forms, then each folded.
     let mut chunks = Vec::new();
     for fold in [[false, false], [true, false], [false, true]] {
@@ -110,7 +113,9 @@ pub fn stages(
     let decoded = decode_tensor_with(&blob, pair.reference, backend)?;
     Ok(Some(Stages {
         residuals,
-        histograms: paper.into_iter().chain(signed).map(|h| h.dense()).collect(),
+        histograms: (paper.into_iter().chain(signed).chain(paper_again))
+            .map(|h| h.dense())
+            .collect(),
         chunks,
         blob,
         decoded,

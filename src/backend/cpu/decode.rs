@@ -235,6 +235,15 @@ pub fn chunk<T: Word>(
         done = elems;
         tail.consumed = bits;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && T::BITS == 32 {
+        // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
+        let (elems, bits) = unsafe {
+            super::avx512::decode::finish_u32(codes, reference, out, tail.padded(), signed)
+        };
+        done = elems;
+        tail.consumed = bits;
+    }
     for ((&code, r), o) in codes[done..]
         .iter()
         .zip(reference.chunks_exact(T::SIZE).skip(done))

@@ -75,6 +75,9 @@ pub struct Acc {
     ers: Vec<u8>,
     b: Vec<u64>,
     t: Vec<u64>,
+    /// With a Signed shape: the Paper layout's counts of the same elements, taken in the
+    /// same pass (its codes come from the same displacements).
+    paper: Option<Box<Acc>>,
 }
 
 impl Acc {
@@ -85,7 +88,23 @@ impl Acc {
             ers: Vec::new(),
             b: Vec::new(),
             t: Vec::new(),
+            paper: None,
         }
+    }
+
+    /// A Signed pass that also counts the Paper layout (`paper`: its shape).
+    pub fn with_paper(shape: Shape, paper: Shape) -> Acc {
+        debug_assert!(shape.signed && !paper.signed && !paper.nb() && !paper.s);
+        debug_assert_eq!(shape.w1, paper.w1);
+        Acc {
+            paper: Some(Box::new(Acc::new(paper))),
+            ..Acc::new(shape)
+        }
+    }
+
+    /// The Paper counts taken along, if any.
+    pub fn paper(&self) -> Option<&Acc> {
+        self.paper.as_deref()
     }
 
     /// The block index of class `er`, allocated on first use.
@@ -107,6 +126,10 @@ impl Acc {
             add(&mut self.b[s * bb..][..bb], &other.b[k * bb..][..bb]);
             add(&mut self.t[s * tt..][..tt], &other.t[k * tt..][..tt]);
         }
+        self.paper = match (self.paper, other.paper) {
+            (Some(a), Some(b)) => Some(Box::new(a.merge(*b))),
+            (a, b) => a.or(b),
+        };
         self
     }
 
@@ -184,6 +207,9 @@ struct Scratch {
     it: Vec<u32>,
     b: Vec<u32>,
     t: Vec<u32>,
+    /// Paper-layout indices and table, when counted along.
+    ip: Vec<u32>,
+    p: Vec<u32>,
     seen: Vec<u8>,
 }
 
@@ -204,17 +230,39 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
         if s.t.len() < tt * EXP_CLASSES {
             s.t = vec![0; tt * EXP_CLASSES];
         }
+        let pp = acc.paper.is_some();
+        let ptt = sh.w1 * 4;
+        if pp && s.p.len() < PC * ptt * EXP_CLASSES {
+            s.p = vec![0; PC * ptt * EXP_CLASSES];
+        }
         s.seen.resize(EXP_CLASSES, 0);
         simd(
             isa,
             #[inline(always)]
-            || match (sh.signed, sh.distance, sh.s) {
-                (true, Some(dist), _) => tally::<T, true, true, true>(d, info, sh, dist, s),
-                (true, None, true) => tally::<T, true, false, true>(d, info, sh, 0, s),
-                (true, None, false) => tally::<T, true, false, false>(d, info, sh, 0, s),
-                (false, Some(dist), _) => tally::<T, false, true, true>(d, info, sh, dist, s),
-                (false, None, true) => tally::<T, false, false, true>(d, info, sh, 0, s),
-                (false, None, false) => tally::<T, false, false, false>(d, info, sh, 0, s),
+            || match (sh.signed, sh.distance, sh.s, pp) {
+                (true, Some(dist), _, true) => {
+                    tally::<T, true, true, true, true>(d, info, sh, dist, s)
+                }
+                (true, None, true, true) => tally::<T, true, false, true, true>(d, info, sh, 0, s),
+                (true, None, false, true) => {
+                    tally::<T, true, false, false, true>(d, info, sh, 0, s)
+                }
+                (true, Some(dist), _, false) => {
+                    tally::<T, true, true, true, false>(d, info, sh, dist, s)
+                }
+                (true, None, true, false) => {
+                    tally::<T, true, false, true, false>(d, info, sh, 0, s)
+                }
+                (true, None, false, false) => {
+                    tally::<T, true, false, false, false>(d, info, sh, 0, s)
+                }
+                (false, Some(dist), _, _) => {
+                    tally::<T, false, true, true, false>(d, info, sh, dist, s)
+                }
+                (false, None, true, _) => tally::<T, false, false, true, false>(d, info, sh, 0, s),
+                (false, None, false, _) => {
+                    tally::<T, false, false, false, false>(d, info, sh, 0, s)
+                }
             },
         );
         // Fold the seen classes' blocks and zero them for the next chunk.
@@ -230,6 +278,14 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
             let src_t = &mut s.t[er * tt..][..tt];
             add(&mut acc.t[blk * tt..][..tt], src_t);
             src_t.fill(0);
+            if let Some(pa) = acc.paper.as_deref_mut() {
+                let blk = pa.block(er);
+                for c in 0..PC {
+                    let src_p = &mut s.p[(c * EXP_CLASSES + er) * ptt..][..ptt];
+                    add(&mut pa.t[blk * ptt..][..ptt], src_p);
+                    src_p.fill(0);
+                }
+            }
         }
     });
 }
@@ -263,10 +319,27 @@ fn codes_as<T: Word, const SIGNED: bool>(d: &[T], out: &mut [u16]) {
 /// the increments, with the index buffers in L1.
 const BLOCK: usize = 2048;
 
-/// Count a chunk into the scratch tables. `SIGNED`: signed values (else ZigZag); `NB`: B and
-/// S in neighbor form at distance `dist`; `S`: count the S fields too.
+/// Copies of the Paper table, element `j` counted into copy `j % PC`: its few hot bins
+/// would otherwise chain increments through store forwarding.
+const PC: usize = 2;
+
+/// Paper-layout table indices (`(j % PC · 256 + er)·4·W1 + b·4 + q`) of a block of elements.
 #[inline(always)]
-fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool>(
+fn paper_index<T: Word>(d: &[T], info: &[u16], w1: u32, out: &mut [u32]) {
+    let copy = EXP_CLASSES as u32 * w1 * 4;
+    for (j, ((o, &d), &i)) in out.iter_mut().zip(d).zip(info).enumerate() {
+        let (v, _) = word::value::<T>(d.get(), false);
+        let c = word::code(v, 0);
+        let base = (j % PC) as u32 * copy;
+        *o = base + (i as u32 & 255) * (w1 * 4) + (c & 127) * 4 + ((c >> 7) & 3);
+    }
+}
+
+/// Count a chunk into the scratch tables. `SIGNED`: signed values (else ZigZag); `NB`: B and
+/// S in neighbor form at distance `dist`; `S`: count the S fields too; `P`: count the Paper
+/// layout's fields into `p` too.
+#[inline(always)]
+fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool, const P: bool>(
     d: &[T],
     info: &[u16],
     sh: Shape,
@@ -286,13 +359,18 @@ fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool>(
         it,
         b: bt,
         t: tt,
+        ip,
+        p: pt,
         seen,
     } = s;
     codes.clear();
     codes.resize(n, 0);
     ib.resize(BLOCK, 0);
     it.resize(BLOCK, 0);
-    let (bt, tt, seen) = (&mut bt[..], &mut tt[..], &mut seen[..]);
+    if P {
+        ip.resize(BLOCK, 0);
+    }
+    let (bt, tt, pt, seen) = (&mut bt[..], &mut tt[..], &mut pt[..], &mut seen[..]);
     for start in (0..n).step_by(BLOCK) {
         let end = (start + BLOCK).min(n);
         let m = end - start;
@@ -320,7 +398,24 @@ fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool>(
                 (*ib, *it) = index::<NB, S>(c, i, cn & 127, word::sign_state(cn), g);
             }
         }
-        if NB {
+        if P {
+            let ip = &mut ip[..m];
+            paper_index::<T>(&d[start..end], inf, g.w1, ip);
+            if NB {
+                for (((&ib, &it), &ip), &i) in ib.iter().zip(it.iter()).zip(ip.iter()).zip(inf) {
+                    bt[ib as usize] += 1;
+                    tt[it as usize] += 1;
+                    pt[ip as usize] += 1;
+                    seen[(i & 255) as usize] = 1;
+                }
+            } else {
+                for ((&it, &ip), &i) in it.iter().zip(ip.iter()).zip(inf) {
+                    tt[it as usize] += 1;
+                    pt[ip as usize] += 1;
+                    seen[(i & 255) as usize] = 1;
+                }
+            }
+        } else if NB {
             for ((&ib, &it), &i) in ib.iter().zip(it.iter()).zip(inf) {
                 bt[ib as usize] += 1;
                 tt[it as usize] += 1;

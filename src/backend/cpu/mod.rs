@@ -11,6 +11,8 @@ mod hist;
 mod tables;
 mod word;
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use super::reference::layout_stages;
@@ -109,6 +111,9 @@ struct CpuResident<T: Word> {
     fl: FloatLayout,
     d: Vec<T>,
     info: Vec<u16>,
+    /// The Paper layout's histograms, counted along with the Signed ones (the encoder asks
+    /// for Signed first, then Paper); taken by the next Paper request.
+    paper: Mutex<Option<Vec<Hist>>>,
 }
 
 /// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) when `isa` allows it, else as built.
@@ -169,6 +174,7 @@ impl<T: Word> CpuResident<T> {
             fl: job.fl,
             d,
             info,
+            paper: Mutex::new(None),
         }
     }
 
@@ -206,22 +212,36 @@ impl<T: Word> Resident for CpuResident<T> {
 
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         let signed = layout == Layout::Signed;
+        if !signed {
+            if let Some(h) = self.paper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                return Ok(h);
+            }
+        }
         let neighbor = if signed { distance } else { None };
         let spaces = layout_spaces(layout, self.fl.width, neighbor);
         let shape = hist::Shape::new(&spaces, signed, neighbor);
+        // A Signed pass also counts the Paper layout: same displacements, one more table.
+        let paper_spaces = layout_spaces(Layout::Paper, self.fl.width, None);
+        let paper_shape = hist::Shape::new(&paper_spaces, false, None);
+        let new = || {
+            if signed {
+                hist::Acc::with_paper(shape, paper_shape)
+            } else {
+                hist::Acc::new(shape)
+            }
+        };
         let acc = chunk_ranges(self.d.len())
             .into_par_iter()
-            .fold(
-                || hist::Acc::new(shape),
-                |mut acc, r| {
-                    hist::count(self.isa, &self.d[r.clone()], &self.info[r], &mut acc);
-                    acc
-                },
-            )
+            .fold(new, |mut acc, r| {
+                hist::count(self.isa, &self.d[r.clone()], &self.info[r], &mut acc);
+                acc
+            })
             .reduce_with(hist::Acc::merge)
-            .unwrap_or_else(|| hist::Acc::new(shape));
-        let hists = acc.hists(&spaces);
-        Ok(hists)
+            .unwrap_or_else(new);
+        if let Some(p) = acc.paper() {
+            *self.paper.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.hists(&paper_spaces));
+        }
+        Ok(acc.hists(&spaces))
     }
 
     fn encode(

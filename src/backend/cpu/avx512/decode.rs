@@ -440,6 +440,101 @@ pub unsafe fn finish_u16(
     (full, bits)
 }
 
+/// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of
+/// its byte offset it is read as a gathered 64-bit load (two gathers of 8 lanes), then the
+/// same steps in 32-bit lanes.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL; `tail` must be padded with at least 8 bytes past the
+/// `need` bits the codes' lengths sum to (checked by the caller).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn finish_u32(
+    codes: &[u32],
+    reference: &[u8],
+    out: &mut [u8],
+    tail: &[u8],
+    signed: bool,
+) -> (usize, u64) {
+    let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
+    let full = n / 16 * 16;
+    let zero = _mm512_setzero_si512();
+    let one = _mm512_set1_epi32(1);
+    let three = _mm512_set1_epi32(3);
+    let mut bits = 0u64;
+    for j in (0..full).step_by(16) {
+        let c = _mm512_loadu_si512(codes.as_ptr().add(j).cast());
+        let b = _mm512_and_si512(c, _mm512_set1_epi32(127));
+        // max(b - 3, 0): at most 29 for b <= 32 (and never more than the caller's `need`
+        // counts, whatever the codes).
+        let len = _mm512_min_epu32(_mm512_subs_epu16(b, three), _mm512_set1_epi32(29));
+        // Inclusive prefix sum of the lengths across the 16 lanes.
+        let mut p = len;
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<15>(p, zero));
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<14>(p, zero));
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<12>(p, zero));
+        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<8>(p, zero));
+        let off = _mm512_sub_epi32(p, len);
+        let total = _mm512_extract_last(p);
+        let base = tail.as_ptr().add((bits / 8) as usize);
+        let off = _mm512_add_epi32(off, _mm512_set1_epi32((bits % 8) as i32));
+        let at = _mm512_srli_epi32::<3>(off);
+        let sh = _mm512_and_si512(off, _mm512_set1_epi32(7));
+        // Low and high 8 lanes: 64-bit loads, shifted and masked to the tail.
+        let half = |k: __m256i, s: __m256i, l: __m256i| {
+            let raw = _mm512_i32gather_epi64::<1>(k, base.cast());
+            let raw = _mm512_srlv_epi64(raw, _mm512_cvtepu32_epi64(s));
+            let m = _mm512_sub_epi64(
+                _mm512_sllv_epi64(_mm512_set1_epi64(1), _mm512_cvtepu32_epi64(l)),
+                _mm512_set1_epi64(1),
+            );
+            _mm512_cvtepi64_epi32(_mm512_and_si512(raw, m))
+        };
+        let lo = half(
+            _mm512_castsi512_si256(at),
+            _mm512_castsi512_si256(sh),
+            _mm512_castsi512_si256(len),
+        );
+        let hi = half(
+            _mm512_extracti64x4_epi64::<1>(at),
+            _mm512_extracti64x4_epi64::<1>(sh),
+            _mm512_extracti64x4_epi64::<1>(len),
+        );
+        let t = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        bits += total as u64;
+        let top = _mm512_or_si512(
+            _mm512_set1_epi32(4),
+            _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32::<6>(c), _mm512_set1_epi32(2)),
+                _mm512_and_si512(_mm512_srli_epi32::<8>(c), one),
+            ),
+        );
+        let ge3 = _mm512_cmpge_epu32_mask(b, three);
+        let up = _mm512_sllv_epi32(top, _mm512_sub_epi32(b, three));
+        let down = _mm512_srlv_epi32(top, _mm512_sub_epi32(three, b));
+        let v = _mm512_or_si512(_mm512_mask_blend_epi32(ge3, down, up), t);
+        let delta = if signed {
+            let neg = _mm512_test_epi32_mask(c, _mm512_set1_epi32(1 << 9));
+            _mm512_mask_sub_epi32(v, neg, zero, v)
+        } else {
+            _mm512_xor_si512(
+                _mm512_srli_epi32::<1>(v),
+                _mm512_sub_epi32(zero, _mm512_and_si512(v, one)),
+            )
+        };
+        let r = _mm512_loadu_si512(reference.as_ptr().add(4 * j).cast());
+        // key(r) = r ^ (negative ? !0 : 1 << 31), and back.
+        let h = _mm512_set1_epi32(i32::MIN);
+        let ones = _mm512_set1_epi32(-1);
+        let r_neg = _mm512_test_epi32_mask(r, h);
+        let key = _mm512_xor_si512(r, _mm512_mask_blend_epi32(r_neg, h, ones));
+        let k = _mm512_add_epi32(key, delta);
+        let k_pos = _mm512_test_epi32_mask(k, h);
+        let x = _mm512_xor_si512(k, _mm512_mask_blend_epi32(k_pos, ones, h));
+        _mm512_storeu_si512(out.as_mut_ptr().add(4 * j).cast(), x);
+    }
+    (full, bits)
+}
+
 /// The last lane of `v`.
 #[inline(always)]
 unsafe fn _mm512_extract_last(v: __m512i) -> u32 {
