@@ -10,6 +10,8 @@ use lockstep::delta::model::{StageTable, Tables};
 use lockstep::delta::Layout;
 
 fn main() {
+    // As the `lockstep` binary does (src/main.rs).
+    lockstep::memory::reuse_freed_memory();
     let isa = match std::env::args().nth(1).as_deref() {
         Some("portable") => Isa::Portable,
         Some("avx2") => Isa::Avx2,

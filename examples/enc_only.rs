@@ -9,6 +9,8 @@ use lockstep::delta::model::{StageTable, Tables};
 use lockstep::delta::Layout;
 
 fn main() {
+    // As the `lockstep` binary does (src/main.rs).
+    lockstep::memory::reuse_freed_memory();
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/data/trajectory-gpt2"
