@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
+use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::parity::{stages, STAGE_NAMES};
 use lockstep::backend::{self, Backend, BackendChoice};
 use lockstep::checkpoint::Checkpoint;
@@ -32,6 +33,16 @@ fn present() -> Vec<Arc<dyn Backend>> {
         match backend::select(choice) {
             Ok(s) => out.push(s.backend),
             Err(e) => eprintln!("skipping {choice:?}: {e}"),
+        }
+        if choice == BackendChoice::Cpu {
+            // The slower instruction-set levels this CPU also runs: their code paths differ
+            // from the default's, so a new machine should check them too.
+            let best = Isa::detect();
+            for isa in Isa::ALL.into_iter().filter(|&i| i < best) {
+                if let Some(b) = CpuAt::new(isa) {
+                    out.push(Arc::new(b));
+                }
+            }
         }
     }
     out
@@ -76,14 +87,14 @@ pub fn run(args: ParityArgs) -> Result<()> {
                 .collect();
             rows.push((b.name(), b.device(), hashes, start.elapsed().as_secs_f64()));
         }
-        print!("{:<10}", "backend");
+        print!("{:<13}", "backend");
         for name in STAGE_NAMES {
             print!(" {name:<13}");
         }
         println!(" {:>7}  device", "secs");
         let want = &rows[0].2;
         for (name, device, hashes, secs) in &rows {
-            print!("{name:<10}");
+            print!("{name:<13}");
             for (h, w) in hashes.iter().zip(want) {
                 let mark = if h == w { ' ' } else { '!' };
                 if h != w {

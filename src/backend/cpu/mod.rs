@@ -340,7 +340,11 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
 
 impl Backend for CpuAt {
     fn name(&self) -> &'static str {
-        "cpu"
+        match self.0 {
+            Isa::Portable => "cpu-portable",
+            Isa::Avx2 => "cpu-avx2",
+            Isa::Avx512 => "cpu-avx512",
+        }
     }
 
     fn device(&self) -> String {
