@@ -363,8 +363,11 @@ fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool, const P: bo
         p: pt,
         seen,
     } = s;
-    codes.clear();
-    codes.resize(n, 0);
+    // Only grown: every code is written (block by block) before it is read, the neighbor
+    // codes included (they lie before the current block's end), so no zeroing is needed.
+    if codes.len() < n {
+        codes.resize(n, 0);
+    }
     ib.resize(BLOCK, 0);
     it.resize(BLOCK, 0);
     if P {
@@ -398,36 +401,68 @@ fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool, const P: bo
                 (*ib, *it) = index::<NB, S>(c, i, cn & 127, word::sign_state(cn), g);
             }
         }
+        // The once-per-block bounds proof of the increments below: every index of the
+        // block is checked against its table here (a vectorized max), so the hot loop
+        // needs no per-increment check.
+        check(it, tt.len());
+        if NB {
+            check(ib, bt.len());
+        }
+        assert!(seen.len() >= 256);
         if P {
             let ip = &mut ip[..m];
             paper_index::<T>(&d[start..end], inf, g.w1, ip);
+            check(ip, pt.len());
             if NB {
                 for (((&ib, &it), &ip), &i) in ib.iter().zip(it.iter()).zip(ip.iter()).zip(inf) {
-                    bt[ib as usize] += 1;
-                    tt[it as usize] += 1;
-                    pt[ip as usize] += 1;
-                    seen[(i & 255) as usize] = 1;
+                    // SAFETY: `check` above proved every `ib`, `it`, `ip` of this block
+                    // below its table's length; `i & 255 < 256 <= seen.len()` (asserted).
+                    unsafe {
+                        *bt.get_unchecked_mut(ib as usize) += 1;
+                        *tt.get_unchecked_mut(it as usize) += 1;
+                        *pt.get_unchecked_mut(ip as usize) += 1;
+                        *seen.get_unchecked_mut((i & 255) as usize) = 1;
+                    }
                 }
             } else {
                 for ((&it, &ip), &i) in it.iter().zip(ip.iter()).zip(inf) {
-                    tt[it as usize] += 1;
-                    pt[ip as usize] += 1;
-                    seen[(i & 255) as usize] = 1;
+                    // SAFETY: as above (`it`, `ip` checked for this block, `seen` asserted).
+                    unsafe {
+                        *tt.get_unchecked_mut(it as usize) += 1;
+                        *pt.get_unchecked_mut(ip as usize) += 1;
+                        *seen.get_unchecked_mut((i & 255) as usize) = 1;
+                    }
                 }
             }
         } else if NB {
             for ((&ib, &it), &i) in ib.iter().zip(it.iter()).zip(inf) {
-                bt[ib as usize] += 1;
-                tt[it as usize] += 1;
-                seen[(i & 255) as usize] = 1;
+                // SAFETY: as above (`ib`, `it` checked for this block, `seen` asserted).
+                unsafe {
+                    *bt.get_unchecked_mut(ib as usize) += 1;
+                    *tt.get_unchecked_mut(it as usize) += 1;
+                    *seen.get_unchecked_mut((i & 255) as usize) = 1;
+                }
             }
         } else {
             for (&it, &i) in it.iter().zip(inf) {
-                tt[it as usize] += 1;
-                seen[(i & 255) as usize] = 1;
+                // SAFETY: as above (`it` checked for this block, `seen` asserted).
+                unsafe {
+                    *tt.get_unchecked_mut(it as usize) += 1;
+                    *seen.get_unchecked_mut((i & 255) as usize) = 1;
+                }
             }
         }
     }
+}
+
+/// Panic unless every index in `ix` is below `len` (branch-free max, vectorized).
+#[inline(always)]
+fn check(ix: &[u32], len: usize) {
+    let mx = ix.iter().fold(0u32, |a, &x| a.max(x));
+    assert!(
+        ix.is_empty() || (mx as usize) < len,
+        "histogram index out of range"
+    );
 }
 
 #[derive(Clone, Copy)]
