@@ -307,11 +307,34 @@ pub(super) fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     super::fast(isa, f)
 }
 
+/// `word::code(word::value::<T>(d, signed))`, in 32-bit arithmetic for words of at most 32
+/// bits (twice the vector lanes of the 64-bit form; the same code).
+#[inline(always)]
+fn code_of<T: Word>(d: T, signed: bool) -> u32 {
+    if T::BITS > 32 {
+        let (v, neg) = word::value::<T>(d.get(), signed);
+        return word::code(v, neg);
+    }
+    let sh = 32 - T::BITS;
+    let sd = ((d.get() as u32) << sh) as i32 >> sh;
+    let (v, neg) = if signed {
+        (sd.unsigned_abs(), (sd < 0) as u32)
+    } else {
+        (
+            (((sd as u32) << 1) ^ ((sd >> 31) as u32)) & (u32::MAX >> sh),
+            0,
+        )
+    };
+    let b = 32 - v.leading_zeros();
+    let q1 = (v >> b.saturating_sub(2)) & 1 & (b >= 2) as u32;
+    let q2 = (v >> b.saturating_sub(3)) & 1 & (b >= 3) as u32;
+    b | q1 << 7 | q2 << 8 | neg << 9
+}
+
 #[inline(always)]
 fn codes_as<T: Word, const SIGNED: bool>(d: &[T], out: &mut [u16]) {
     for (o, &d) in out.iter_mut().zip(d) {
-        let (v, neg) = word::value::<T>(d.get(), SIGNED);
-        *o = word::code(v, neg) as u16;
+        *o = code_of::<T>(d, SIGNED) as u16;
     }
 }
 
@@ -328,8 +351,7 @@ const PC: usize = 2;
 fn paper_index<T: Word>(d: &[T], info: &[u16], w1: u32, out: &mut [u32]) {
     let copy = EXP_CLASSES as u32 * w1 * 4;
     for (j, ((o, &d), &i)) in out.iter_mut().zip(d).zip(info).enumerate() {
-        let (v, _) = word::value::<T>(d.get(), false);
-        let c = word::code(v, 0);
+        let c = code_of::<T>(d, false);
         let base = (j % PC) as u32 * copy;
         *o = base + (i as u32 & 255) * (w1 * 4) + (c & 127) * 4 + ((c >> 7) & 3);
     }
@@ -492,4 +514,45 @@ fn index<const NB: bool, const S: bool>(c: u16, i: u16, nbc: u32, up: u32, g: Ge
         er * g.tt + b * g.k + q
     };
     (bi, ti)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn same<T: Word>(d: u64) {
+        for signed in [false, true] {
+            let (v, neg) = word::value::<T>(d, signed);
+            let want = word::code(v, neg);
+            assert_eq!(
+                code_of::<T>(T::from_u64(d), signed),
+                want,
+                "{} {d:#x}",
+                T::BITS
+            );
+        }
+    }
+
+    #[test]
+    fn code_of_matches_word_code() {
+        for d in 0..=u8::MAX as u64 {
+            same::<u8>(d);
+        }
+        for d in 0..=u16::MAX as u64 {
+            same::<u16>(d);
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..1_000_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            same::<u32>(x & 0xffff_ffff);
+            same::<u32>((x >> 7) & 0xffff);
+            same::<u64>(x);
+            same::<u64>(x >> (x & 63));
+        }
+        for d in [0, 1, 0x7fff_ffff, 0x8000_0000, 0x8000_0001, 0xffff_ffff] {
+            same::<u32>(d);
+        }
+    }
 }
