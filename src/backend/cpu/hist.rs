@@ -271,6 +271,11 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
                 continue;
             }
             s.seen[er] = 0;
+            // Every element counted adds one to its class's `T` block: an all-zero block
+            // is a class in the seen range that no element had (nothing to fold or zero).
+            if s.t[er * tt..][..tt].iter().all(|&c| c == 0) {
+                continue;
+            }
             let blk = acc.block(er);
             let src_b = &mut s.b[er * bb..][..bb];
             add(&mut acc.b[blk * bb..][..bb], src_b);
@@ -430,47 +435,51 @@ fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool, const P: bo
         if NB {
             check(ib, bt.len());
         }
-        assert!(seen.len() >= 256);
+        // The classes of the block, as the range between its least and greatest (a
+        // vectorized min/max, not a store per element): the fold skips the classes of the
+        // range that counted nothing.
+        let (lo, hi) = inf.iter().fold((255u16, 0u16), |(lo, hi), &i| {
+            (lo.min(i & 255), hi.max(i & 255))
+        });
+        if lo <= hi {
+            seen[lo as usize..=hi as usize].fill(1);
+        }
         if P {
             let ip = &mut ip[..m];
             paper_index::<T>(&d[start..end], inf, g.w1, ip);
             check(ip, pt.len());
             if NB {
-                for (((&ib, &it), &ip), &i) in ib.iter().zip(it.iter()).zip(ip.iter()).zip(inf) {
+                for ((&ib, &it), &ip) in ib.iter().zip(it.iter()).zip(ip.iter()) {
                     // SAFETY: `check` above proved every `ib`, `it`, `ip` of this block
-                    // below its table's length; `i & 255 < 256 <= seen.len()` (asserted).
+                    // below its table's length.
                     unsafe {
                         *bt.get_unchecked_mut(ib as usize) += 1;
                         *tt.get_unchecked_mut(it as usize) += 1;
                         *pt.get_unchecked_mut(ip as usize) += 1;
-                        *seen.get_unchecked_mut((i & 255) as usize) = 1;
                     }
                 }
             } else {
-                for ((&it, &ip), &i) in it.iter().zip(ip.iter()).zip(inf) {
-                    // SAFETY: as above (`it`, `ip` checked for this block, `seen` asserted).
+                for (&it, &ip) in it.iter().zip(ip.iter()) {
+                    // SAFETY: as above (`it`, `ip` checked for this block).
                     unsafe {
                         *tt.get_unchecked_mut(it as usize) += 1;
                         *pt.get_unchecked_mut(ip as usize) += 1;
-                        *seen.get_unchecked_mut((i & 255) as usize) = 1;
                     }
                 }
             }
         } else if NB {
-            for ((&ib, &it), &i) in ib.iter().zip(it.iter()).zip(inf) {
-                // SAFETY: as above (`ib`, `it` checked for this block, `seen` asserted).
+            for (&ib, &it) in ib.iter().zip(it.iter()) {
+                // SAFETY: as above (`ib`, `it` checked for this block).
                 unsafe {
                     *bt.get_unchecked_mut(ib as usize) += 1;
                     *tt.get_unchecked_mut(it as usize) += 1;
-                    *seen.get_unchecked_mut((i & 255) as usize) = 1;
                 }
             }
         } else {
-            for (&it, &i) in it.iter().zip(inf) {
-                // SAFETY: as above (`it` checked for this block, `seen` asserted).
+            for &it in it.iter() {
+                // SAFETY: as above (`it` checked for this block).
                 unsafe {
                     *tt.get_unchecked_mut(it as usize) += 1;
-                    *seen.get_unchecked_mut((i & 255) as usize) = 1;
                 }
             }
         }
