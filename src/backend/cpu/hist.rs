@@ -271,6 +271,11 @@ pub fn count<T: Word>(isa: Isa, d: &[T], info: &[u16], acc: &mut Acc) {
                 continue;
             }
             s.seen[er] = 0;
+            // Every element counted adds one to its class's `T` block: an all-zero block
+            // is a class in the seen range that no element had (nothing to fold or zero).
+            if s.t[er * tt..][..tt].iter().all(|&c| c == 0) {
+                continue;
+            }
             let blk = acc.block(er);
             let src_b = &mut s.b[er * bb..][..bb];
             add(&mut acc.b[blk * bb..][..bb], src_b);
@@ -307,11 +312,34 @@ pub(super) fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     super::fast(isa, f)
 }
 
+/// `word::code(word::value::<T>(d, signed))`, in 32-bit arithmetic for words of at most 32
+/// bits (twice the vector lanes of the 64-bit form; the same code).
+#[inline(always)]
+fn code_of<T: Word>(d: T, signed: bool) -> u32 {
+    if T::BITS > 32 {
+        let (v, neg) = word::value::<T>(d.get(), signed);
+        return word::code(v, neg);
+    }
+    let sh = 32 - T::BITS;
+    let sd = ((d.get() as u32) << sh) as i32 >> sh;
+    let (v, neg) = if signed {
+        (sd.unsigned_abs(), (sd < 0) as u32)
+    } else {
+        (
+            (((sd as u32) << 1) ^ ((sd >> 31) as u32)) & (u32::MAX >> sh),
+            0,
+        )
+    };
+    let b = 32 - v.leading_zeros();
+    let q1 = (v >> b.saturating_sub(2)) & 1 & (b >= 2) as u32;
+    let q2 = (v >> b.saturating_sub(3)) & 1 & (b >= 3) as u32;
+    b | q1 << 7 | q2 << 8 | neg << 9
+}
+
 #[inline(always)]
 fn codes_as<T: Word, const SIGNED: bool>(d: &[T], out: &mut [u16]) {
     for (o, &d) in out.iter_mut().zip(d) {
-        let (v, neg) = word::value::<T>(d.get(), SIGNED);
-        *o = word::code(v, neg) as u16;
+        *o = code_of::<T>(d, SIGNED) as u16;
     }
 }
 
@@ -328,8 +356,7 @@ const PC: usize = 2;
 fn paper_index<T: Word>(d: &[T], info: &[u16], w1: u32, out: &mut [u32]) {
     let copy = EXP_CLASSES as u32 * w1 * 4;
     for (j, ((o, &d), &i)) in out.iter_mut().zip(d).zip(info).enumerate() {
-        let (v, _) = word::value::<T>(d.get(), false);
-        let c = word::code(v, 0);
+        let c = code_of::<T>(d, false);
         let base = (j % PC) as u32 * copy;
         *o = base + (i as u32 & 255) * (w1 * 4) + (c & 127) * 4 + ((c >> 7) & 3);
     }
@@ -363,8 +390,11 @@ fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool, const P: bo
         p: pt,
         seen,
     } = s;
-    codes.clear();
-    codes.resize(n, 0);
+    // Only grown: every code is written (block by block) before it is read, the neighbor
+    // codes included (they lie before the current block's end), so no zeroing is needed.
+    if codes.len() < n {
+        codes.resize(n, 0);
+    }
     ib.resize(BLOCK, 0);
     it.resize(BLOCK, 0);
     if P {
@@ -398,36 +428,72 @@ fn tally<T: Word, const SIGNED: bool, const NB: bool, const S: bool, const P: bo
                 (*ib, *it) = index::<NB, S>(c, i, cn & 127, word::sign_state(cn), g);
             }
         }
+        // The once-per-block bounds proof of the increments below: every index of the
+        // block is checked against its table here (a vectorized max), so the hot loop
+        // needs no per-increment check.
+        check(it, tt.len());
+        if NB {
+            check(ib, bt.len());
+        }
+        // The classes of the block, as the range between its least and greatest (a
+        // vectorized min/max, not a store per element): the fold skips the classes of the
+        // range that counted nothing.
+        let (lo, hi) = inf.iter().fold((255u16, 0u16), |(lo, hi), &i| {
+            (lo.min(i & 255), hi.max(i & 255))
+        });
+        if lo <= hi {
+            seen[lo as usize..=hi as usize].fill(1);
+        }
         if P {
             let ip = &mut ip[..m];
             paper_index::<T>(&d[start..end], inf, g.w1, ip);
+            check(ip, pt.len());
             if NB {
-                for (((&ib, &it), &ip), &i) in ib.iter().zip(it.iter()).zip(ip.iter()).zip(inf) {
-                    bt[ib as usize] += 1;
-                    tt[it as usize] += 1;
-                    pt[ip as usize] += 1;
-                    seen[(i & 255) as usize] = 1;
+                for ((&ib, &it), &ip) in ib.iter().zip(it.iter()).zip(ip.iter()) {
+                    // SAFETY: `check` above proved every `ib`, `it`, `ip` of this block
+                    // below its table's length.
+                    unsafe {
+                        *bt.get_unchecked_mut(ib as usize) += 1;
+                        *tt.get_unchecked_mut(it as usize) += 1;
+                        *pt.get_unchecked_mut(ip as usize) += 1;
+                    }
                 }
             } else {
-                for ((&it, &ip), &i) in it.iter().zip(ip.iter()).zip(inf) {
-                    tt[it as usize] += 1;
-                    pt[ip as usize] += 1;
-                    seen[(i & 255) as usize] = 1;
+                for (&it, &ip) in it.iter().zip(ip.iter()) {
+                    // SAFETY: as above (`it`, `ip` checked for this block).
+                    unsafe {
+                        *tt.get_unchecked_mut(it as usize) += 1;
+                        *pt.get_unchecked_mut(ip as usize) += 1;
+                    }
                 }
             }
         } else if NB {
-            for ((&ib, &it), &i) in ib.iter().zip(it.iter()).zip(inf) {
-                bt[ib as usize] += 1;
-                tt[it as usize] += 1;
-                seen[(i & 255) as usize] = 1;
+            for (&ib, &it) in ib.iter().zip(it.iter()) {
+                // SAFETY: as above (`ib`, `it` checked for this block).
+                unsafe {
+                    *bt.get_unchecked_mut(ib as usize) += 1;
+                    *tt.get_unchecked_mut(it as usize) += 1;
+                }
             }
         } else {
-            for (&it, &i) in it.iter().zip(inf) {
-                tt[it as usize] += 1;
-                seen[(i & 255) as usize] = 1;
+            for &it in it.iter() {
+                // SAFETY: as above (`it` checked for this block).
+                unsafe {
+                    *tt.get_unchecked_mut(it as usize) += 1;
+                }
             }
         }
     }
+}
+
+/// Panic unless every index in `ix` is below `len` (branch-free max, vectorized).
+#[inline(always)]
+fn check(ix: &[u32], len: usize) {
+    let mx = ix.iter().fold(0u32, |a, &x| a.max(x));
+    assert!(
+        ix.is_empty() || (mx as usize) < len,
+        "histogram index out of range"
+    );
 }
 
 #[derive(Clone, Copy)]
@@ -457,4 +523,45 @@ fn index<const NB: bool, const S: bool>(c: u16, i: u16, nbc: u32, up: u32, g: Ge
         er * g.tt + b * g.k + q
     };
     (bi, ti)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn same<T: Word>(d: u64) {
+        for signed in [false, true] {
+            let (v, neg) = word::value::<T>(d, signed);
+            let want = word::code(v, neg);
+            assert_eq!(
+                code_of::<T>(T::from_u64(d), signed),
+                want,
+                "{} {d:#x}",
+                T::BITS
+            );
+        }
+    }
+
+    #[test]
+    fn code_of_matches_word_code() {
+        for d in 0..=u8::MAX as u64 {
+            same::<u8>(d);
+        }
+        for d in 0..=u16::MAX as u64 {
+            same::<u16>(d);
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..1_000_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            same::<u32>(x & 0xffff_ffff);
+            same::<u32>((x >> 7) & 0xffff);
+            same::<u64>(x);
+            same::<u64>(x >> (x & 63));
+        }
+        for d in [0, 1, 0x7fff_ffff, 0x8000_0000, 0x8000_0001, 0xffff_ffff] {
+            same::<u32>(d);
+        }
+    }
 }
