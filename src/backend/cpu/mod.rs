@@ -50,7 +50,7 @@ pub enum Isa {
     Portable,
     /// The same loops compiled with AVX2 (auto-vectorized, no intrinsics).
     Avx2,
-    /// Explicit AVX-512 (F, BW, VL, VBMI2, CD) rANS lanes: 16 lanes per vector.
+    /// Explicit AVX-512 (F, BW, VL, CD) rANS lanes: 16 lanes per vector.
     Avx512,
 }
 
@@ -84,7 +84,6 @@ impl Isa {
                     avx2 && has!("avx512f")
                         && has!("avx512bw")
                         && has!("avx512vl")
-                        && has!("avx512vbmi2")
                         && has!("avx512cd")
                 }
             }

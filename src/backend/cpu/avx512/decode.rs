@@ -159,9 +159,9 @@ unsafe fn binary(x: &mut __m512i, f0: __m512i) -> __mmask16 {
 /// the portable step) when the tables do not have the shapes the contexts assume.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW, VL and VBMI2, and `st.words` must hold `LANES` padding
+/// The CPU must have AVX-512 F, BW and VL, and `st.words` must hold `LANES` padding
 /// words past `st.len`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi2")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn full_steps<T: Word>(
     info: &[u16],

@@ -28,10 +28,8 @@ use crate::entropy::rans::RANS_L;
 /// One chunk, as `super::super::encode::chunk` codes it, with explicit AVX-512 lanes.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, BW, VL, VBMI2, CD (`Isa::Avx512` available).
-#[target_feature(
-    enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512vbmi2,avx512cd"
-)]
+/// The CPU must support AVX-512 F, BW, VL, CD (`Isa::Avx512` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
 pub unsafe fn chunk<T: Word>(
     d: &[T],
     info: &[u16],
@@ -264,8 +262,8 @@ fn inlined<F: Fn(usize) -> StepSyms>(f: F) -> F {
 /// states.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, BW, VL, VBMI2.
-#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl,avx512vbmi2")]
+/// The CPU must support AVX-512 F, BW, VL.
+#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn lanes(
     codes: &[u32],
@@ -503,7 +501,7 @@ unsafe fn gather(t: &EncStage, k: __mmask16, ctx: __m512i, sym: __m512i) -> __m5
 /// # Safety
 /// `out[..*pos]` must have room for every word this call flushes (at most 32).
 #[inline]
-#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl,avx512vbmi2")]
+#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl")]
 unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut usize) {
     let m16 = _mm512_set1_epi32(0xFFFF);
     let f = [_mm512_and_si512(p[0], m16), _mm512_and_si512(p[1], m16)];
@@ -516,8 +514,9 @@ unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut u
         let cnt = k[h].count_ones();
         *pos -= cnt as usize;
         // Compress in a register and store under a mask: a compressing store to memory is
-        // microcoded and slow on some CPUs (AMD Zen 4).
-        let w = _mm256_maskz_compress_epi16(k[h], _mm512_cvtepi32_epi16(x[h]));
+        // microcoded and slow on some CPUs (AMD Zen 4). The 32-bit compress (AVX-512 F)
+        // then the narrowing, rather than a 16-bit compress, so no VBMI2 is needed.
+        let w = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(k[h], x[h]));
         // SAFETY: `out[*pos..*pos + cnt]` is inside the buffer (caller); only those `cnt`
         // words are written.
         unsafe { _mm256_mask_storeu_epi16(out.add(*pos) as *mut _, ((1u32 << cnt) - 1) as u16, w) };

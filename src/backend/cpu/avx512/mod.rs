@@ -1,4 +1,4 @@
-//! Explicit AVX-512 (F, BW, VL, VBMI2) versions of the rANS lane loops: a chunk's 32 lanes
+//! Explicit AVX-512 (F, BW, VL, CD) versions of the rANS lane loops: a chunk's 32 lanes
 //! are two 16-lane vectors, the shared word stream is read with an expanding load and
 //! written with a compressing store in lane order, and the table lookups are gathers.
 //! Same operations in the same order as `delta::chunk`, so the same bytes; only called
