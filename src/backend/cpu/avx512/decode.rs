@@ -381,7 +381,6 @@ pub unsafe fn finish_u16(
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
     let full = n / 16 * 16;
-    let zero = _mm512_setzero_si512();
     let one = _mm512_set1_epi32(1);
     let three = _mm512_set1_epi32(3);
     let mut bits = 0u64;
@@ -389,43 +388,14 @@ pub unsafe fn finish_u16(
         let c = _mm512_loadu_si512(codes.as_ptr().add(j).cast());
         let b = _mm512_and_si512(c, _mm512_set1_epi32(127));
         let len = _mm512_subs_epu16(b, three); // b <= 16: max(b - 3, 0)
-                                               // Inclusive prefix sum of the lengths across the 16 lanes.
-        let mut p = len;
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<15>(p, zero));
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<14>(p, zero));
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<12>(p, zero));
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<8>(p, zero));
-        // Bit offset of each tail relative to the group's first (exclusive sum).
-        let off = _mm512_sub_epi32(p, len);
-        let total = _mm512_extract_last(p);
+        let (off, total) = tail_offsets(len);
         let base = tail.as_ptr().add((bits / 8) as usize);
         let off = _mm512_add_epi32(off, _mm512_set1_epi32((bits % 8) as i32));
         let raw = _mm512_i32gather_epi32::<1>(_mm512_srli_epi32::<3>(off), base.cast());
         let raw = _mm512_srlv_epi32(raw, _mm512_and_si512(off, _mm512_set1_epi32(7)));
         let t = _mm512_and_si512(raw, _mm512_sub_epi32(_mm512_sllv_epi32(one, len), one));
         bits += total as u64;
-        // v = `1 q1 q2` moved to the top of a b-bit value, then the tail below it.
-        let top = _mm512_or_si512(
-            _mm512_set1_epi32(4),
-            _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi32::<6>(c), _mm512_set1_epi32(2)),
-                _mm512_and_si512(_mm512_srli_epi32::<8>(c), one),
-            ),
-        );
-        let ge3 = _mm512_cmpge_epu32_mask(b, three);
-        let up = _mm512_sllv_epi32(top, _mm512_sub_epi32(b, three));
-        let down = _mm512_srlv_epi32(top, _mm512_sub_epi32(three, b));
-        let v = _mm512_or_si512(_mm512_mask_blend_epi32(ge3, down, up), t);
-        let delta = if signed {
-            let neg = _mm512_test_epi32_mask(c, _mm512_set1_epi32(1 << 9));
-            _mm512_mask_sub_epi32(v, neg, zero, v)
-        } else {
-            // ZigZag: (v >> 1) ^ -(v & 1)
-            _mm512_xor_si512(
-                _mm512_srli_epi32::<1>(v),
-                _mm512_sub_epi32(zero, _mm512_and_si512(v, one)),
-            )
-        };
+        let delta = displacement(c, b, t, signed);
         let r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reference.as_ptr().add(2 * j).cast()));
         // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
         let h = _mm512_set1_epi32(0x8000);
@@ -457,8 +427,6 @@ pub unsafe fn finish_u32(
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 16 * 16;
-    let zero = _mm512_setzero_si512();
-    let one = _mm512_set1_epi32(1);
     let three = _mm512_set1_epi32(3);
     let mut bits = 0u64;
     for j in (0..full).step_by(16) {
@@ -467,14 +435,7 @@ pub unsafe fn finish_u32(
         // max(b - 3, 0): at most 29 for b <= 32 (and never more than the caller's `need`
         // counts, whatever the codes).
         let len = _mm512_min_epu32(_mm512_subs_epu16(b, three), _mm512_set1_epi32(29));
-        // Inclusive prefix sum of the lengths across the 16 lanes.
-        let mut p = len;
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<15>(p, zero));
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<14>(p, zero));
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<12>(p, zero));
-        p = _mm512_add_epi32(p, _mm512_alignr_epi32::<8>(p, zero));
-        let off = _mm512_sub_epi32(p, len);
-        let total = _mm512_extract_last(p);
+        let (off, total) = tail_offsets(len);
         let base = tail.as_ptr().add((bits / 8) as usize);
         let off = _mm512_add_epi32(off, _mm512_set1_epi32((bits % 8) as i32));
         let at = _mm512_srli_epi32::<3>(off);
@@ -501,26 +462,7 @@ pub unsafe fn finish_u32(
         );
         let t = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
         bits += total as u64;
-        let top = _mm512_or_si512(
-            _mm512_set1_epi32(4),
-            _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi32::<6>(c), _mm512_set1_epi32(2)),
-                _mm512_and_si512(_mm512_srli_epi32::<8>(c), one),
-            ),
-        );
-        let ge3 = _mm512_cmpge_epu32_mask(b, three);
-        let up = _mm512_sllv_epi32(top, _mm512_sub_epi32(b, three));
-        let down = _mm512_srlv_epi32(top, _mm512_sub_epi32(three, b));
-        let v = _mm512_or_si512(_mm512_mask_blend_epi32(ge3, down, up), t);
-        let delta = if signed {
-            let neg = _mm512_test_epi32_mask(c, _mm512_set1_epi32(1 << 9));
-            _mm512_mask_sub_epi32(v, neg, zero, v)
-        } else {
-            _mm512_xor_si512(
-                _mm512_srli_epi32::<1>(v),
-                _mm512_sub_epi32(zero, _mm512_and_si512(v, one)),
-            )
-        };
+        let delta = displacement(c, b, t, signed);
         let r = _mm512_loadu_si512(reference.as_ptr().add(4 * j).cast());
         // key(r) = r ^ (negative ? !0 : 1 << 31), and back.
         let h = _mm512_set1_epi32(i32::MIN);
@@ -533,6 +475,53 @@ pub unsafe fn finish_u32(
         _mm512_storeu_si512(out.as_mut_ptr().add(4 * j).cast(), x);
     }
     (full, bits)
+}
+
+/// Bit offsets of 16 consecutive raw tails of lengths `len`, relative to the first (an
+/// exclusive prefix sum across the lanes), and their total length.
+#[inline(always)]
+unsafe fn tail_offsets(len: __m512i) -> (__m512i, u32) {
+    let zero = _mm512_setzero_si512();
+    let mut p = len;
+    p = _mm512_add_epi32(p, _mm512_alignr_epi32::<15>(p, zero));
+    p = _mm512_add_epi32(p, _mm512_alignr_epi32::<14>(p, zero));
+    p = _mm512_add_epi32(p, _mm512_alignr_epi32::<12>(p, zero));
+    p = _mm512_add_epi32(p, _mm512_alignr_epi32::<8>(p, zero));
+    (_mm512_sub_epi32(p, len), _mm512_extract_last(p))
+}
+
+/// The displacements of 16 elements (32-bit lanes, before masking to the element width)
+/// from their codes `c`, bit lengths `b` and raw tails `t`: `1 q1 q2` moved to the top of a
+/// b-bit value with the tail below it (`word::compose`), then the sign (Signed layout) or the
+/// ZigZag fold (Paper) undone (`word::displacement`).
+#[inline(always)]
+unsafe fn displacement(c: __m512i, b: __m512i, t: __m512i, signed: bool) -> __m512i {
+    let (zero, one, three) = (
+        _mm512_setzero_si512(),
+        _mm512_set1_epi32(1),
+        _mm512_set1_epi32(3),
+    );
+    let top = _mm512_or_si512(
+        _mm512_set1_epi32(4),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32::<6>(c), _mm512_set1_epi32(2)),
+            _mm512_and_si512(_mm512_srli_epi32::<8>(c), one),
+        ),
+    );
+    let ge3 = _mm512_cmpge_epu32_mask(b, three);
+    let up = _mm512_sllv_epi32(top, _mm512_sub_epi32(b, three));
+    let down = _mm512_srlv_epi32(top, _mm512_sub_epi32(three, b));
+    let v = _mm512_or_si512(_mm512_mask_blend_epi32(ge3, down, up), t);
+    if signed {
+        let neg = _mm512_test_epi32_mask(c, _mm512_set1_epi32(1 << 9));
+        _mm512_mask_sub_epi32(v, neg, zero, v)
+    } else {
+        // ZigZag: (v >> 1) ^ -(v & 1)
+        _mm512_xor_si512(
+            _mm512_srli_epi32::<1>(v),
+            _mm512_sub_epi32(zero, _mm512_and_si512(v, one)),
+        )
+    }
 }
 
 /// The last lane of `v`.
