@@ -202,6 +202,22 @@ pub fn chunk<T: Word>(
             )?
         };
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it.
+        done = unsafe {
+            super::avx2::decode::full_steps::<T>(
+                info,
+                codes,
+                &mut states,
+                &mut st,
+                stages,
+                w1,
+                d,
+                d_s,
+            )?
+        };
+    }
     let lanes = Lanes {
         info,
         stages,
@@ -231,6 +247,19 @@ pub fn chunk<T: Word>(
         // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
         let (elems, bits) = unsafe {
             super::avx512::decode::finish_u16(codes, reference, out, tail.padded(), signed)
+        };
+        done = elems;
+        tail.consumed = bits;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && matches!(T::BITS, 16 | 32) {
+        // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
+        let (elems, bits) = unsafe {
+            if T::BITS == 16 {
+                super::avx2::decode::finish_u16(codes, reference, out, tail.padded(), signed)
+            } else {
+                super::avx2::decode::finish_u32(codes, reference, out, tail.padded(), signed)
+            }
         };
         done = elems;
         tail.consumed = bits;

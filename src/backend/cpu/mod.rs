@@ -3,6 +3,7 @@
 //! across tensors). Its output is checked byte for byte against the reference in
 //! tests/backend_parity.rs.
 
+mod avx2;
 mod avx512;
 mod bits;
 mod decode;

@@ -228,3 +228,31 @@ impl<'a> DecStage<'a> {
         self.f0.get(ri).copied()
     }
 }
+
+/// Whether the decoder tables have the sizes every context the vector decoders compute can
+/// index (B row starts of `n_bits` entries): checked once per chunk, so their table loads
+/// need no per-lane bounds checks.
+pub fn vector_tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
+    let e = 256;
+    let b_ctx = if stages[0].neighbor {
+        4 * (w1 + 1) * e
+    } else {
+        e
+    };
+    // Rows of B, the zero row included.
+    let rows_b = stages[0].fs_packed.len() / w1.max(1);
+    // Symbols fit the 7 bits `fs_packed` gives them, frequencies 13, starts 12.
+    w1 <= 65
+        && rows_b >= 1
+        && stages[0].map_padded.len() >= b_ctx
+        && stages[0].alphabet == w1
+        && stages[0].starts.len() == rows_b * n_bits
+        && stages[0].map_padded[..b_ctx]
+            .iter()
+            .all(|&r| (r as usize) < rows_b)
+        && stages[1].f0_by_ctx.len() >= e * w1
+        && stages[2].f0_pairs.len() >= e * w1
+        && stages
+            .get(3)
+            .is_none_or(|s| s.f0_by_ctx.len() >= e * w1 * 6)
+}

@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 
 use super::super::decode::{no_row, Stream};
-use super::super::tables::{DecStage, NO_ROW};
+use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
 use crate::delta::chunk::LANES;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -24,33 +24,6 @@ fn overrun() -> Error {
         "tensor blob chunk",
         "rANS word stream ended early".to_string(),
     )
-}
-
-/// The tables' sizes are what the contexts computed below can index: checked once per
-/// chunk, so the table loads need no per-lane bounds checks.
-fn tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
-    let e = 256;
-    let b_ctx = if stages[0].neighbor {
-        4 * (w1 + 1) * e
-    } else {
-        e
-    };
-    // Rows of B, the zero row included.
-    let rows_b = stages[0].fs_packed.len() / w1.max(1);
-    // Symbols fit the 7 bits `fs_packed` gives them, frequencies 13, starts 12.
-    w1 <= 65
-        && rows_b >= 1
-        && stages[0].map_padded.len() >= b_ctx
-        && stages[0].alphabet == w1
-        && stages[0].starts.len() == rows_b * n_bits
-        && stages[0].map_padded[..b_ctx]
-            .iter()
-            .all(|&r| (r as usize) < rows_b)
-        && stages[1].f0_by_ctx.len() >= e * w1
-        && stages[2].f0_pairs.len() >= e * w1
-        && stages
-            .get(3)
-            .is_none_or(|s| s.f0_by_ctx.len() >= e * w1 * 6)
 }
 
 /// How many of `row`'s `N` starts are `<= slot`: the B symbol whose range holds `slot`.
@@ -175,7 +148,7 @@ pub unsafe fn full_steps<T: Word>(
 ) -> Result<usize> {
     let n = codes.len().min(info.len());
     let full = n / LANES * LANES;
-    if full == 0 || !tables_fit(stages, w1, T::BITS as usize) || d < LANES || d_s < LANES {
+    if full == 0 || !vector_tables_fit(stages, w1, T::BITS as usize) || d < LANES || d_s < LANES {
         return Ok(0);
     }
     assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);

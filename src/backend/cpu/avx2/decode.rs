@@ -1,0 +1,554 @@
+//! AVX2 rANS lane decoding: the AVX-512 design (`super::super::avx512::decode`) on four
+//! 8-lane vectors per chunk, for the many CPUs without AVX-512 (AMD Zen 2/3, Intel client
+//! cores). What AVX2 lacks is rebuilt from its parts:
+//!
+//! - no mask registers: masks are vectors of all-ones lanes, turned into bits by
+//!   `movemask` where a count or a table index is needed;
+//! - no expanding load: the refill's "k-th refilling lane takes the k-th next word" is a
+//!   permutation of the next 8 words, its indices looked up by the 8-bit refill mask
+//!   ([`EXPAND`], one packed `u32` per mask);
+//! - no unsigned compares: every compared value here is below 2^31 (states are compared
+//!   through their top half, slots and frequencies are 12–13-bit).
+//!
+//! The result is exactly the portable step's (`super::super::decode`), so the same bytes
+//! decode to the same tensors at every level.
+
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+
+use super::super::decode::{no_row, Stream};
+use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
+use super::super::word::Word;
+use crate::delta::chunk::LANES;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::{Error, Result};
+
+const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;
+/// 8-lane vectors per chunk.
+const NV: usize = LANES / 8;
+
+fn overrun() -> Error {
+    Error::format(
+        "tensor blob chunk",
+        "rANS word stream ended early".to_string(),
+    )
+}
+
+/// For each 8-bit refill mask, the source word of each lane as a nibble (lane `l` in bits
+/// `4l..4l+4`): the number of refilling lanes below it. Lanes that do not refill get index 0
+/// and are blended away.
+static EXPAND: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut packed, mut k, mut l) = (0u32, 0u32, 0);
+        while l < 8 {
+            if (m >> l) & 1 == 1 {
+                packed |= k << (4 * l);
+                k += 1;
+            }
+            l += 1;
+        }
+        t[m] = packed;
+        m += 1;
+    }
+    t
+};
+
+/// Refill the lanes of `x` whose state fell below `RANS_L` (= 2^16: its top half is zero)
+/// from the stream, in lane order.
+#[inline(always)]
+unsafe fn refill(x: __m256i, words: *const u16, pos: &mut usize) -> __m256i {
+    let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(x), _mm256_setzero_si256());
+    let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+    // The stream is padded with LANES words and `pos <= len` held after the last stage, so
+    // these 8 words are in bounds; the caller checks `pos` against `len` after the stage.
+    let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(words.add(*pos).cast()));
+    let idx = _mm256_srlv_epi32(
+        _mm256_set1_epi32(EXPAND[m] as i32),
+        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+    );
+    // `permutevar8x32` reads the low 3 bits of each index.
+    let w = _mm256_permutevar8x32_epi32(w, idx);
+    *pos += m.count_ones() as usize;
+    _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32::<16>(x), w), need)
+}
+
+/// Refill the chunk's four vectors in lane order and check the stream did not run dry.
+#[inline(always)]
+unsafe fn refill_all(
+    x: &mut [__m256i; NV],
+    words: *const u16,
+    pos: &mut usize,
+    len: usize,
+) -> Result<()> {
+    for v in x.iter_mut() {
+        *v = refill(*v, words, pos);
+    }
+    if *pos > len {
+        return Err(overrun());
+    }
+    Ok(())
+}
+
+/// The codes `d` elements before lanes `j0..j0 + 8` (decoded in an earlier step, as
+/// `d >= LANES`), masked by `mask`; `none` for lanes before the chunk's first row.
+#[inline(always)]
+unsafe fn neighbor(cp: *const u32, j0: usize, d: usize, none: __m256i, mask: i32) -> __m256i {
+    let m = _mm256_set1_epi32(mask);
+    if j0 >= d {
+        _mm256_and_si256(_mm256_loadu_si256(cp.add(j0 - d).cast()), m)
+    } else if j0 + 8 <= d {
+        none
+    } else {
+        // Straddling the first row: only the lanes past it have a neighbor (`j >= d`).
+        let mut a = [0u32; 8];
+        _mm256_storeu_si256(a.as_mut_ptr().cast(), none);
+        for (l, v) in a.iter_mut().enumerate().skip(d - j0) {
+            *v = *cp.add(j0 + l - d) & mask as u32;
+        }
+        _mm256_loadu_si256(a.as_ptr().cast())
+    }
+}
+
+/// How many of `row`'s `N` starts are `<= slot`: the B symbol whose range holds `slot`.
+/// Starts are at most `PROB_TOTAL` and slots below it, so signed 16-bit compares are exact.
+#[inline(always)]
+unsafe fn count_le<const N: usize>(row: *const u16, slot: u32) -> u32 {
+    if N == 8 {
+        let gt = _mm_cmpgt_epi16(_mm_loadu_si128(row.cast()), _mm_set1_epi16(slot as i16));
+        return 8 - _mm_movemask_epi8(gt).count_ones() / 2;
+    }
+    let s = _mm256_set1_epi16(slot as i16);
+    let mut above = 0;
+    for k in (0..N).step_by(16) {
+        let gt = _mm256_cmpgt_epi16(_mm256_loadu_si256(row.add(k).cast()), s);
+        above += _mm256_movemask_epi8(gt).count_ones();
+    }
+    N as u32 - above / 2
+}
+
+/// Decode a binary symbol under `f0` (`PROB_TOTAL`: absent, state unchanged); returns the
+/// lanes that decoded 0 (all ones) — the complement of the symbol.
+#[inline(always)]
+unsafe fn binary(x: &mut __m256i, f0: __m256i) -> __m256i {
+    let slot = _mm256_and_si256(*x, _mm256_set1_epi32(SLOT_MASK));
+    let zero = _mm256_cmpgt_epi32(f0, slot);
+    let f = _mm256_blendv_epi8(
+        _mm256_sub_epi32(_mm256_set1_epi32(PROB_TOTAL as i32), f0),
+        f0,
+        zero,
+    );
+    let s = _mm256_andnot_si256(zero, f0);
+    *x = _mm256_sub_epi32(
+        _mm256_add_epi32(
+            _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(*x)),
+            slot,
+        ),
+        s,
+    );
+    zero
+}
+
+/// Whether any lane of `m` (all-ones lanes) is set.
+#[inline(always)]
+unsafe fn any(m: __m256i) -> bool {
+    _mm256_testz_si256(m, m) == 0
+}
+
+/// Decode every full step of the chunk (all but a last partial one), exactly as the
+/// portable step would; returns the number of elements done. Returns 0 (leaving the work to
+/// the portable step) when the tables do not have the shapes the contexts assume.
+///
+/// # Safety
+/// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT, and `st.words` must hold `LANES`
+/// padding words past `st.len`.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn full_steps<T: Word>(
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    stages: &[DecStage],
+    w1: usize,
+    d: usize,
+    d_s: usize,
+) -> Result<usize> {
+    let n = codes.len().min(info.len());
+    let full = n / LANES * LANES;
+    if full == 0 || !vector_tables_fit(stages, w1, T::BITS as usize) || d < LANES || d_s < LANES {
+        return Ok(0);
+    }
+    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    let (bt, q1t, q2t) = (&stages[0], &stages[1], &stages[2]);
+    let s_t = stages.get(3);
+    let words = st.words.as_ptr();
+    let mut pos = st.pos;
+    let mut x = [_mm256_setzero_si256(); NV];
+    for (v, xv) in x.iter_mut().enumerate() {
+        *xv = _mm256_loadu_si256(states.as_ptr().add(8 * v).cast());
+    }
+    let w1v = _mm256_set1_epi32(w1 as i32);
+    let ff = _mm256_set1_epi32(255);
+    let total = _mm256_set1_epi32(PROB_TOTAL as i32);
+    let no_row_v = _mm256_set1_epi32(NO_ROW as i32);
+    // Per-lane values between the vector code and the plain-load pass.
+    let (mut ctx_a, mut slot_a, mut erw_a, mut us_a) =
+        ([0u32; LANES], [0u32; LANES], [0u32; LANES], [0u32; LANES]);
+    let mut fs_a = [0u32; LANES];
+    let cp = codes.as_mut_ptr();
+    let ip = info.as_ptr();
+
+    for base in (0..full).step_by(LANES) {
+        // As in the AVX-512 decoder: B by plain loads and counting starts, then gathers of
+        // every row the later stages need (they depend only on b), then the state chain.
+        let mut slot = [_mm256_setzero_si256(); NV];
+        for v in 0..NV {
+            let j0 = base + 8 * v;
+            let inf = _mm256_cvtepu16_epi32(_mm_loadu_si128(ip.add(j0).cast()));
+            let er = _mm256_and_si256(inf, ff);
+            let ctx = if bt.neighbor {
+                // Lanes before the chunk's first row see W1 ("none").
+                let nb = neighbor(cp, j0, d, w1v, 127);
+                let m2 = _mm256_and_si256(_mm256_srli_epi32::<9>(inf), _mm256_set1_epi32(3));
+                let row =
+                    _mm256_add_epi32(_mm256_mullo_epi32(m2, _mm256_set1_epi32(w1 as i32 + 1)), nb);
+                _mm256_add_epi32(_mm256_slli_epi32::<8>(row), er)
+            } else {
+                er
+            };
+            slot[v] = _mm256_and_si256(x[v], _mm256_set1_epi32(SLOT_MASK));
+            _mm256_storeu_si256(ctx_a.as_mut_ptr().add(8 * v).cast(), ctx);
+            _mm256_storeu_si256(slot_a.as_mut_ptr().add(8 * v).cast(), slot[v]);
+            _mm256_storeu_si256(
+                erw_a.as_mut_ptr().add(8 * v).cast(),
+                _mm256_mullo_epi32(er, w1v),
+            );
+            if s_t.is_some() {
+                // S: context ((er·W1 + b)·3 + up)·2 + rs = (er·W1 + b)·6 + (2·up + rs).
+                let up = if d_s == usize::MAX {
+                    _mm256_setzero_si256()
+                } else {
+                    // Sign state of the neighbor: 0 no update, 1 up, 2 down.
+                    let c = neighbor(cp, j0, d_s, _mm256_setzero_si256(), -1);
+                    let zero_b = _mm256_cmpeq_epi32(
+                        _mm256_and_si256(c, _mm256_set1_epi32(127)),
+                        _mm256_setzero_si256(),
+                    );
+                    let neg = _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1));
+                    _mm256_andnot_si256(zero_b, _mm256_add_epi32(neg, _mm256_set1_epi32(1)))
+                };
+                let rs = _mm256_and_si256(_mm256_srli_epi32::<8>(inf), _mm256_set1_epi32(1));
+                _mm256_storeu_si256(
+                    us_a.as_mut_ptr().add(8 * v).cast(),
+                    _mm256_add_epi32(_mm256_slli_epi32::<1>(up), rs),
+                );
+            }
+        }
+        let (map, starts, fsp) = (
+            bt.map_padded.as_ptr(),
+            bt.starts.as_ptr(),
+            bt.fs_packed.as_ptr(),
+        );
+        for l in 0..LANES {
+            // In bounds: contexts are below the map's checked length, its entries below the
+            // row count (the zero row included), symbols below W1 (`vector_tables_fit`).
+            let ri = *map.add(ctx_a[l] as usize) as usize;
+            let row = starts.add(ri * T::BITS as usize);
+            let sym = match T::BITS {
+                8 => count_le::<8>(row, slot_a[l]),
+                16 => count_le::<16>(row, slot_a[l]),
+                32 => count_le::<32>(row, slot_a[l]),
+                _ => count_le::<64>(row, slot_a[l]),
+            } as usize;
+            fs_a[l] = *fsp.add(ri * w1 + sym);
+        }
+        let mut code = [_mm256_setzero_si256(); NV];
+        let mut fs = [_mm256_setzero_si256(); NV];
+        let mut f0_q1 = [_mm256_setzero_si256(); NV];
+        let mut f0_q2 = [_mm256_setzero_si256(); NV];
+        let mut f0_s = [_mm256_setzero_si256(); NV];
+        let mut present_q2 = [_mm256_setzero_si256(); NV];
+        let (q1p, q2p) = (q1t.f0_by_ctx.as_ptr(), q2t.f0_pairs.as_ptr());
+        for v in 0..NV {
+            fs[v] = _mm256_loadu_si256(fs_a.as_ptr().add(8 * v).cast());
+            // The zero row: a context without a row.
+            let f = _mm256_and_si256(fs[v], _mm256_set1_epi32(0x1FFF));
+            if any(_mm256_cmpeq_epi32(f, _mm256_setzero_si256())) {
+                return Err(no_row());
+            }
+            let sym = _mm256_srli_epi32::<25>(fs[v]);
+            code[v] = sym;
+            // Q1: present when b >= 2; Q2 when b >= 3 (both rows, chosen by q1 later); S
+            // when b >= 1. Absent lanes keep the gather's source, the identity `PROB_TOTAL`.
+            let p_q1 = _mm256_cmpgt_epi32(sym, _mm256_set1_epi32(1));
+            present_q2[v] = _mm256_cmpgt_epi32(sym, _mm256_set1_epi32(2));
+            let p_s = _mm256_cmpgt_epi32(sym, _mm256_setzero_si256());
+            let eb = _mm256_add_epi32(_mm256_loadu_si256(erw_a.as_ptr().add(8 * v).cast()), sym);
+            f0_q1[v] = _mm256_mask_i32gather_epi32::<4>(total, q1p.cast(), eb, p_q1);
+            if any(_mm256_cmpeq_epi32(f0_q1[v], no_row_v)) {
+                return Err(no_row());
+            }
+            f0_q2[v] = _mm256_mask_i32gather_epi32::<4>(
+                _mm256_set1_epi32((PROB_TOTAL | PROB_TOTAL << 16) as i32),
+                q2p.cast(),
+                eb,
+                present_q2[v],
+            );
+            if let Some(s_t) = s_t {
+                let sctx = _mm256_add_epi32(
+                    _mm256_mullo_epi32(eb, _mm256_set1_epi32(6)),
+                    _mm256_loadu_si256(us_a.as_ptr().add(8 * v).cast()),
+                );
+                f0_s[v] = _mm256_mask_i32gather_epi32::<4>(
+                    total,
+                    s_t.f0_by_ctx.as_ptr().cast(),
+                    sctx,
+                    p_s,
+                );
+                if any(_mm256_cmpeq_epi32(f0_s[v], no_row_v)) {
+                    return Err(no_row());
+                }
+            }
+        }
+        // B: the state updates.
+        for v in 0..NV {
+            let f = _mm256_and_si256(fs[v], _mm256_set1_epi32(0x1FFF));
+            let s = _mm256_and_si256(_mm256_srli_epi32::<13>(fs[v]), _mm256_set1_epi32(0xFFF));
+            x[v] = _mm256_sub_epi32(
+                _mm256_add_epi32(
+                    _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v])),
+                    slot[v],
+                ),
+                s,
+            );
+        }
+        refill_all(&mut x, words, &mut pos, st.len)?;
+        for v in 0..NV {
+            let zero = binary(&mut x[v], f0_q1[v]);
+            code[v] = _mm256_or_si256(
+                code[v],
+                _mm256_andnot_si256(zero, _mm256_set1_epi32(1 << 7)),
+            );
+        }
+        refill_all(&mut x, words, &mut pos, st.len)?;
+        for v in 0..NV {
+            let q1 = _mm256_cmpeq_epi32(
+                _mm256_and_si256(code[v], _mm256_set1_epi32(1 << 7)),
+                _mm256_set1_epi32(1 << 7),
+            );
+            let f0 = _mm256_and_si256(
+                _mm256_blendv_epi8(f0_q2[v], _mm256_srli_epi32::<16>(f0_q2[v]), q1),
+                _mm256_set1_epi32(0xFFFF),
+            );
+            let missing = _mm256_and_si256(
+                present_q2[v],
+                _mm256_cmpeq_epi32(f0, _mm256_set1_epi32(0xFFFF)),
+            );
+            if any(missing) {
+                return Err(no_row());
+            }
+            let zero = binary(&mut x[v], f0);
+            code[v] = _mm256_or_si256(
+                code[v],
+                _mm256_andnot_si256(zero, _mm256_set1_epi32(1 << 8)),
+            );
+        }
+        refill_all(&mut x, words, &mut pos, st.len)?;
+        if s_t.is_some() {
+            for v in 0..NV {
+                let zero = binary(&mut x[v], f0_s[v]);
+                code[v] = _mm256_or_si256(
+                    code[v],
+                    _mm256_andnot_si256(zero, _mm256_set1_epi32(1 << 9)),
+                );
+            }
+            refill_all(&mut x, words, &mut pos, st.len)?;
+        }
+        for (v, c) in code.iter().enumerate() {
+            _mm256_storeu_si256(cp.add(base + 8 * v).cast(), *c);
+        }
+    }
+    for (v, xv) in x.iter().enumerate() {
+        _mm256_storeu_si256(states.as_mut_ptr().add(8 * v).cast(), *xv);
+    }
+    st.pos = pos;
+    Ok(full)
+}
+
+/// Raw tails and the inverse transform for 16-bit elements, 8 at a time, as
+/// `avx512::decode::finish_u16` does them: each tail's bit offset a prefix sum of the
+/// lengths, its bits one gathered 32-bit load at the offset's byte (7 + 13 bits fit), then
+/// the value rebuilt, turned into a displacement and added to the reference's ordered key.
+/// Does every whole group of 8 and returns how many elements and tail bits it used.
+///
+/// # Safety
+/// The CPU must have AVX2; `tail` must be padded with at least 4 bytes past the `need` bits
+/// the codes' lengths sum to (checked by the caller).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+pub unsafe fn finish_u16(
+    codes: &[u32],
+    reference: &[u8],
+    out: &mut [u8],
+    tail: &[u8],
+    signed: bool,
+) -> (usize, u64) {
+    let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
+    let full = n / 8 * 8;
+    let one = _mm256_set1_epi32(1);
+    let mut bits = 0u64;
+    for j in (0..full).step_by(8) {
+        let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
+        let b = _mm256_and_si256(c, _mm256_set1_epi32(127));
+        let len = _mm256_subs_epu16(b, _mm256_set1_epi32(3)); // b <= 16: max(b - 3, 0)
+        let (off, total) = tail_offsets(len);
+        let base = tail.as_ptr().add((bits / 8) as usize);
+        let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
+        let raw = _mm256_i32gather_epi32::<1>(base.cast(), _mm256_srli_epi32::<3>(off));
+        let raw = _mm256_srlv_epi32(raw, _mm256_and_si256(off, _mm256_set1_epi32(7)));
+        let t = _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+        bits += total as u64;
+        let delta = displacement(c, b, t, signed);
+        let r = _mm256_cvtepu16_epi32(_mm_loadu_si128(reference.as_ptr().add(2 * j).cast()));
+        // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
+        let h = _mm256_set1_epi32(0x8000);
+        let ffff = _mm256_set1_epi32(0xFFFF);
+        let r_neg = _mm256_cmpeq_epi32(_mm256_and_si256(r, h), h);
+        let key = _mm256_xor_si256(r, _mm256_blendv_epi8(h, ffff, r_neg));
+        let k = _mm256_and_si256(_mm256_add_epi32(key, delta), ffff);
+        let k_pos = _mm256_cmpeq_epi32(_mm256_and_si256(k, h), h);
+        let x = _mm256_xor_si256(k, _mm256_blendv_epi8(ffff, h, k_pos));
+        // Every lane is below 2^16, so the saturating pack is a plain narrowing.
+        let x16 = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x));
+        _mm_storeu_si128(out.as_mut_ptr().add(2 * j).cast(), x16);
+    }
+    (full, bits)
+}
+
+/// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of
+/// its byte offset it is read as a gathered 64-bit load (two gathers of 4 lanes).
+///
+/// # Safety
+/// The CPU must have AVX2; `tail` must be padded with at least 8 bytes past the `need` bits
+/// the codes' lengths sum to (checked by the caller).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+pub unsafe fn finish_u32(
+    codes: &[u32],
+    reference: &[u8],
+    out: &mut [u8],
+    tail: &[u8],
+    signed: bool,
+) -> (usize, u64) {
+    let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
+    let full = n / 8 * 8;
+    let mut bits = 0u64;
+    for j in (0..full).step_by(8) {
+        let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
+        let b = _mm256_and_si256(c, _mm256_set1_epi32(127));
+        // max(b - 3, 0): at most 29 for b <= 32 (and never more than the caller's `need`
+        // counts, whatever the codes).
+        let len = _mm256_min_epu32(
+            _mm256_subs_epu16(b, _mm256_set1_epi32(3)),
+            _mm256_set1_epi32(29),
+        );
+        let (off, total) = tail_offsets(len);
+        let base = tail.as_ptr().add((bits / 8) as usize);
+        let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
+        let at = _mm256_srli_epi32::<3>(off);
+        let sh = _mm256_and_si256(off, _mm256_set1_epi32(7));
+        // Low and high 4 lanes: 64-bit loads, shifted and masked to the tail, narrowed.
+        let half = |k: __m128i, s: __m128i, l: __m128i| {
+            let raw = _mm256_i32gather_epi64::<1>(base.cast(), k);
+            let raw = _mm256_srlv_epi64(raw, _mm256_cvtepu32_epi64(s));
+            let m = _mm256_sub_epi64(
+                _mm256_sllv_epi64(_mm256_set1_epi64x(1), _mm256_cvtepu32_epi64(l)),
+                _mm256_set1_epi64x(1),
+            );
+            let v = _mm256_and_si256(raw, m);
+            _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+                v,
+                _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6),
+            ))
+        };
+        let lo = half(
+            _mm256_castsi256_si128(at),
+            _mm256_castsi256_si128(sh),
+            _mm256_castsi256_si128(len),
+        );
+        let hi = half(
+            _mm256_extracti128_si256::<1>(at),
+            _mm256_extracti128_si256::<1>(sh),
+            _mm256_extracti128_si256::<1>(len),
+        );
+        let t = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+        bits += total as u64;
+        let delta = displacement(c, b, t, signed);
+        let r = _mm256_loadu_si256(reference.as_ptr().add(4 * j).cast());
+        // key(r) = r ^ (negative ? !0 : 1 << 31), and back.
+        let h = _mm256_set1_epi32(i32::MIN);
+        let ones = _mm256_set1_epi32(-1);
+        let zero = _mm256_setzero_si256();
+        let r_neg = _mm256_cmpgt_epi32(zero, r);
+        let key = _mm256_xor_si256(r, _mm256_blendv_epi8(h, ones, r_neg));
+        let k = _mm256_add_epi32(key, delta);
+        let k_pos = _mm256_cmpgt_epi32(zero, k);
+        let x = _mm256_xor_si256(k, _mm256_blendv_epi8(ones, h, k_pos));
+        _mm256_storeu_si256(out.as_mut_ptr().add(4 * j).cast(), x);
+    }
+    (full, bits)
+}
+
+/// Bit offsets of 8 consecutive raw tails of lengths `len`, relative to the first (an
+/// exclusive prefix sum across the lanes), and their total length.
+#[inline(always)]
+unsafe fn tail_offsets(len: __m256i) -> (__m256i, u32) {
+    // Inclusive sums within each 128-bit half, then the low half's total into the high.
+    let mut p = len;
+    p = _mm256_add_epi32(p, _mm256_slli_si256::<4>(p));
+    p = _mm256_add_epi32(p, _mm256_slli_si256::<8>(p));
+    let carry = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 0, 0, 0, 3, 3, 3, 3));
+    p = _mm256_add_epi32(p, _mm256_blend_epi32::<0xF0>(_mm256_setzero_si256(), carry));
+    (
+        _mm256_sub_epi32(p, len),
+        _mm256_extract_epi32::<7>(p) as u32,
+    )
+}
+
+/// The displacements of 8 elements (32-bit lanes, before masking to the element width)
+/// from their codes `c`, bit lengths `b` and raw tails `t` (`word::compose`, then
+/// `word::displacement`), as in the AVX-512 decoder.
+#[inline(always)]
+unsafe fn displacement(c: __m256i, b: __m256i, t: __m256i, signed: bool) -> __m256i {
+    let (zero, one, three) = (
+        _mm256_setzero_si256(),
+        _mm256_set1_epi32(1),
+        _mm256_set1_epi32(3),
+    );
+    let top = _mm256_or_si256(
+        _mm256_set1_epi32(4),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi32::<6>(c), _mm256_set1_epi32(2)),
+            _mm256_and_si256(_mm256_srli_epi32::<8>(c), one),
+        ),
+    );
+    let ge3 = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(2));
+    // Shift counts of 32 or more (the branch not taken) give 0 and are blended away.
+    let up = _mm256_sllv_epi32(top, _mm256_sub_epi32(b, three));
+    let down = _mm256_srlv_epi32(top, _mm256_sub_epi32(three, b));
+    let v = _mm256_or_si256(_mm256_blendv_epi8(down, up, ge3), t);
+    if signed {
+        let neg = _mm256_cmpeq_epi32(
+            _mm256_and_si256(c, _mm256_set1_epi32(1 << 9)),
+            _mm256_set1_epi32(1 << 9),
+        );
+        _mm256_blendv_epi8(v, _mm256_sub_epi32(zero, v), neg)
+    } else {
+        // ZigZag: (v >> 1) ^ -(v & 1)
+        _mm256_xor_si256(
+            _mm256_srli_epi32::<1>(v),
+            _mm256_sub_epi32(zero, _mm256_and_si256(v, one)),
+        )
+    }
+}
