@@ -198,3 +198,39 @@ fn random_damage_never_panics() {
     eprintln!("open errors / clean / damage reported: {outcomes:?}");
     assert_eq!(outcomes.iter().sum::<usize>(), 60);
 }
+
+#[test]
+fn a_damaged_last_footer_is_reported_and_append_keeps_the_data_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, b, base) = setup(dir.path(), &small_model());
+    let good = dir.path().join("good.lstp");
+    std::fs::write(&good, &base).unwrap();
+    assert!(append_cli(&good, &b, None));
+    let good_bytes = std::fs::read(&good).unwrap();
+    let n = good_bytes.len();
+    // One flipped bit in the start marker, the commit offset, the CRC, the end marker.
+    for at in [n - 40, n - 30, n - 6, n - 1] {
+        let mut bytes = good_bytes.clone();
+        bytes[at] ^= 0x10;
+        let t = dir.path().join(format!("flip{at}.lstp"));
+        std::fs::write(&t, &bytes).unwrap();
+        let a = Archive::open(&t).unwrap();
+        assert_eq!(a.checkpoints.len(), 1, "earlier checkpoints stay readable");
+        assert!(a.damaged_last_footer(), "flip at {}", n - at);
+        assert!(a.verify(&|_| {}).damaged_footer);
+        let v = Command::new(bin())
+            .args(["verify", t.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!v.status.success());
+        let err = String::from_utf8_lossy(&v.stderr);
+        assert!(err.contains("last footer is damaged"), "{err}");
+        // Appending would cut the damaged segment off: refused, the file untouched.
+        assert!(!append_cli(&t, &b, None));
+        assert!(std::fs::read(&t).unwrap() == bytes);
+    }
+    // An interrupted append is still what it was: ignored remains, no damage reported.
+    let t = dir.path().join("torn.lstp");
+    std::fs::write(&t, &good_bytes[..n - 1]).unwrap();
+    assert!(!Archive::open(&t).unwrap().damaged_last_footer());
+}

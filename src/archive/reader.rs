@@ -179,6 +179,35 @@ impl Archive {
         self.map.len() as u64 - self.valid_end
     }
 
+    /// Whether the bytes after the last valid commit end in a whole footer, recognizable by
+    /// its start or end marker (one damaged bit cannot hit both), that does not check out.
+    /// An interrupted append never leaves that (the footer is its last write, 40 bytes in
+    /// one call): it is damage to a committed checkpoint, whose data may be intact before it.
+    /// Readers still see every earlier checkpoint; `verify` fails and `append` refuses, as
+    /// cutting the tail off (what it does to an interrupted append) would lose that data.
+    pub fn damaged_last_footer(&self) -> bool {
+        let m = &self.map[..];
+        if self.ignored_tail() < FOOTER_LEN as u64 {
+            return false;
+        }
+        let f = &m[m.len() - FOOTER_LEN..];
+        &f[..8] == FOOTER_MAGIC || &f[FOOTER_LEN - 4..] == FOOTER_END
+    }
+
+    /// The error `verify` and `append` give for [`Archive::damaged_last_footer`].
+    pub fn damaged_footer_error(&self) -> Error {
+        Error::format(
+            format!("archive {}", self.path.display()),
+            format!(
+                "its last footer is damaged (the {} bytes after the last valid commit, {} \
+                 checkpoints, end in a footer whose checksum does not match): the newest \
+                 checkpoint cannot be trusted or read; earlier ones are intact",
+                self.ignored_tail(),
+                self.checkpoints.len()
+            ),
+        )
+    }
+
     /// The stored (coded) bytes of a blob.
     pub fn blob_bytes(&self, id: u64) -> Result<&[u8]> {
         let b = self
@@ -394,6 +423,8 @@ pub struct VerifyReport {
     pub damaged: Vec<Damage>,
     /// Bytes after the last commit (an interrupted append), ignored.
     pub ignored_tail: u64,
+    /// Those bytes end in a damaged footer ([`Archive::damaged_last_footer`]).
+    pub damaged_footer: bool,
 }
 
 /// Receives (tensor name or `None` for the file itself, error) during `verify`.
@@ -530,6 +561,7 @@ impl Archive {
     pub fn verify(&self, progress: &(dyn Fn(u64) + Sync)) -> VerifyReport {
         let mut report = VerifyReport {
             ignored_tail: self.ignored_tail(),
+            damaged_footer: self.damaged_last_footer(),
             ..Default::default()
         };
         let mut cache = BlobCache::new();

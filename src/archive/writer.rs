@@ -672,6 +672,9 @@ pub fn append_with_previous(
             )));
         }
     }
+    if archive.damaged_last_footer() {
+        return Err(archive.damaged_footer_error());
+    }
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if file_len > archive.valid_end {
         // The remains of an interrupted append: never committed, never read.

@@ -285,7 +285,9 @@ pub fn list(a: ArchiveArgs) -> Result<()> {
             c.reused
         );
     }
-    if ar.ignored_tail() > 0 {
+    if ar.damaged_last_footer() {
+        eprintln!("warning: {}", ar.damaged_footer_error());
+    } else if ar.ignored_tail() > 0 {
         println!(
             "note: {} bytes after the last commit (an interrupted append) are ignored",
             ar.ignored_tail()
@@ -347,9 +349,10 @@ pub fn verify(a: ArchiveArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "ok": r.damaged.is_empty(), "checkpoints": r.checkpoints, "files": r.files,
+                "ok": r.damaged.is_empty() && !r.damaged_footer, "checkpoints": r.checkpoints, "files": r.files,
                 "tensors": r.tensors, "bytes": r.bytes, "damaged": damaged,
-                "ignored_tail_bytes": r.ignored_tail, "seconds": secs, "mb_per_s": mb_s(r.bytes, secs),
+                "ignored_tail_bytes": r.ignored_tail, "damaged_last_footer": r.damaged_footer,
+                "seconds": secs, "mb_per_s": mb_s(r.bytes, secs),
             }))
             .unwrap()
         );
@@ -376,14 +379,16 @@ pub fn verify(a: ArchiveArgs) -> Result<()> {
             mb_s(r.bytes, secs),
             if r.damaged.is_empty() { "all hashes match".to_string() } else { format!("{} damaged", r.damaged.len()) }
         );
-        if r.ignored_tail > 0 {
+        if r.ignored_tail > 0 && !r.damaged_footer {
             println!(
                 "note: {} bytes after the last commit (an interrupted append) are ignored",
                 r.ignored_tail
             );
         }
     }
-    if r.damaged.is_empty() {
+    if r.damaged.is_empty() && r.damaged_footer {
+        Err(ar.damaged_footer_error())
+    } else if r.damaged.is_empty() {
         Ok(())
     } else {
         let steps: std::collections::BTreeSet<u64> = r.damaged.iter().map(|d| d.step).collect();
