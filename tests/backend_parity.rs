@@ -93,6 +93,9 @@ fn shape_for(n: usize) -> Vec<u64> {
     } else if n.is_multiple_of(40) && n > 0 {
         // A row length that is not a multiple of 16 (vector lanes straddle the first row).
         vec![(n / 40) as u64, 40]
+    } else if n.is_multiple_of(36) && n > 0 {
+        // Nor of 8 (AVX2 vectors straddle every row start, a partial neighbor vector).
+        vec![(n / 36) as u64, 36]
     } else {
         vec![n as u64]
     }
@@ -133,19 +136,24 @@ pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
         LANES + 1,
         48 * 40,
         40 * 1001,
+        36 * 1001,
         CHUNK_ELEMS - 1,
         CHUNK_ELEMS + 1,
         // Two chunks, the second shorter than a row: no element there has a neighbor.
         48 * (CHUNK_ELEMS / 48 + 1),
     ];
     let mut seen = Forms::default();
+    // The neighbor forms on rows of 36, whose starts are not vector aligned.
+    let mut seen_36 = false;
     for (i, dtype) in FLOATS.into_iter().enumerate() {
         for (k, &n) in lens.iter().enumerate() {
             if n > max_len {
                 continue;
             }
-            let (r, x) = pair_bytes(dtype, n, 48, (i * 100 + k) as u64 + 7);
             let shape = shape_for(n);
+            // Data whose columns follow rows of 36 there, so the neighbor forms pay.
+            let cols = if shape.last() == Some(&36) { 36 } else { 48 };
+            let (r, x) = pair_bytes(dtype, n, cols, (i * 100 + k) as u64 + 7);
             let pair = TensorPair {
                 dtype,
                 shape: &shape,
@@ -155,6 +163,7 @@ pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
             for opts in options() {
                 let what = format!("{dtype} n={n} {opts:?}");
                 let f = assert_same_stages(backend, &pair, &opts, &what);
+                seen_36 |= cols == 36 && (f.0 || f.1);
                 seen = Forms(seen.0 | f.0, seen.1 | f.1);
             }
         }
@@ -164,6 +173,10 @@ pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
         "the matrix never chose B's ({}) or S's ({}) neighbor form",
         seen.0,
         seen.1
+    );
+    assert!(
+        seen_36 || max_len < 36 * 1001,
+        "no neighbor form on rows of 36"
     );
 }
 

@@ -49,7 +49,8 @@ impl CpuAt {
 pub enum Isa {
     /// Plain Rust, as built for the target.
     Portable,
-    /// The same loops compiled with AVX2 (auto-vectorized, no intrinsics).
+    /// Explicit AVX2 rANS encoding lanes (8 per vector); the other loops compiled with
+    /// AVX2 (auto-vectorized, no intrinsics).
     Avx2,
     /// Explicit AVX-512 (F, BW, VL, CD) rANS lanes: 16 lanes per vector.
     Avx512,
@@ -253,8 +254,9 @@ impl<T: Word> Resident for CpuResident<T> {
         check_tables(layout, tables)?;
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
+        // The flat tables serve both vector encoders.
         #[cfg(target_arch = "x86_64")]
-        let flat = (self.isa == Isa::Avx512)
+        let flat = (self.isa >= Isa::Avx2)
             .then(|| avx512::encode::Flat::new(&stages, self.w1(), &self.info));
         Ok(chunk_ranges(self.d.len())
             .into_par_iter()
@@ -263,12 +265,20 @@ impl<T: Word> Resident for CpuResident<T> {
                 #[cfg(target_arch = "x86_64")]
                 if let Some(flat) = &flat {
                     let w1 = self.w1();
-                    // SAFETY: `flat` exists only at `isa == Avx512`, and `isa` is only ever a
+                    // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever a
                     // level `Isa::available` confirmed on this CPU (`CpuAt` checks it on
-                    // construction); `Avx512` requires the features `avx512::encode::chunk`
-                    // is compiled for.
+                    // construction); `Avx512` and `Avx2` require the features
+                    // `avx512::encode::chunk` and `avx2::encode::chunk` are compiled for.
                     return unsafe {
-                        avx512::encode::chunk(d, info, signed, w1, &stages, flat, distance, scratch)
+                        if self.isa == Isa::Avx512 {
+                            avx512::encode::chunk(
+                                d, info, signed, w1, &stages, flat, distance, scratch,
+                            )
+                        } else {
+                            avx2::encode::chunk(
+                                d, info, signed, w1, &stages, flat, distance, scratch,
+                            )
+                        }
                     };
                 }
                 fast(

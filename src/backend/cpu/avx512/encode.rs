@@ -147,20 +147,21 @@ fn bit(v: __m512i, s: u32) -> __m512i {
 
 /// Per-tensor tables of packed symbols (`freq | start << 16`) indexed directly by what the
 /// lanes know, presence folded in (the identity where a stage has no symbol), so each lane
-/// needs one lookup per stage (two for B in its neighbor form).
+/// needs one lookup per stage (two for B in its neighbor form). The AVX2 lanes
+/// (`super::super::avx2::encode`) use the same tables.
 pub struct Flat {
     /// The lowest exponent class covered; `er` below stands for `er - lo`.
-    lo: u32,
+    pub(in crate::backend::cpu) lo: u32,
     /// Q1 (low half) and Q2 (high half) by `(er·w1 + b)·4 + q2·2 + q1` (code bits 7, 8).
-    q12: Vec<u64>,
+    pub(in crate::backend::cpu) q12: Vec<u64>,
     /// S by `ctx·2 + neg`, `ctx` its primary context (empty without an S stage).
-    s: Vec<u32>,
+    pub(in crate::backend::cpu) s: Vec<u32>,
     /// B by `er·w1 + b`, for the plain (non-neighbor) B context (else empty).
-    b: Vec<u32>,
+    pub(in crate::backend::cpu) b: Vec<u32>,
     /// B in its neighbor form by `((er·4 + m2)·(w1 + 1) + nb)·w1 + b`: one lookup instead of
     /// context → row → symbol. Empty (the two lookups then) without the neighbor form, or
     /// where the table would not be small next to the tensor.
-    bn: Vec<u32>,
+    pub(in crate::backend::cpu) bn: Vec<u32>,
 }
 
 impl Flat {
