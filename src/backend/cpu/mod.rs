@@ -49,8 +49,8 @@ impl CpuAt {
 pub enum Isa {
     /// Plain Rust, as built for the target.
     Portable,
-    /// Explicit AVX2 rANS encoding lanes (8 per vector); the other loops compiled with
-    /// AVX2 (auto-vectorized, no intrinsics).
+    /// Explicit AVX2 rANS lanes, encoding and decoding (8 per vector), and the decoder's
+    /// tail pass; the other loops compiled with AVX2 (auto-vectorized, no intrinsics).
     Avx2,
     /// Explicit AVX-512 (F, BW, VL, CD) rANS lanes: 16 lanes per vector.
     Avx512,
