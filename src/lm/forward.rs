@@ -465,6 +465,8 @@ pub fn dot_rows_with(
     out: &mut [i32],
 ) {
     assert!(w.len() >= k && xs.len() >= out.len() * k);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (row_sum, xu);
     // A kernel this CPU lacks falls back to the reference (never undefined behavior).
     let kernel = if rank(kernel) <= rank(best_kernel()) {
         kernel

@@ -1,6 +1,10 @@
 //! `cargo xtask <task>`: project chores that need more than one cargo command.
 //!
-//! - `ci`: everything CI checks, in the order a failure is cheapest to find.
+//! - `ci`: everything CI checks, in the order a failure is cheapest to find, ending with
+//!   `cross` where its tools are installed.
+//! - `cross`: the same bytes on another architecture: lockstep built for aarch64 and run
+//!   under qemu must write byte-identical delta and text files to the host build's, decode
+//!   the host's files, and pass `lockstep parity` (tools missing: it says which, and skips).
 //! - `bench delta [DIR] [--zipnn]`: the speed and ratio table of docs/BENCHMARKS.md: every
 //!   lockstep backend present and zstd -19 on byte-grouped XOR, in one run; with `--zipnn`,
 //!   also ZipNN from PyPI, installed on first use into target/zipnn-venv (it pulls in torch,
@@ -13,9 +17,10 @@ fn main() -> ExitCode {
     let task = args.first().map(String::as_str).unwrap_or("help");
     let result = match task {
         "ci" => ci(),
+        "cross" => cross(),
         "bench" if args.get(1).map(String::as_str) == Some("delta") => bench_delta(&args[2..]),
         _ => {
-            eprintln!("usage: cargo xtask ci | cargo xtask bench delta [DIR] [--zipnn]");
+            eprintln!("usage: cargo xtask ci | cross | bench delta [DIR] [--zipnn]");
             return ExitCode::from(2);
         }
     };
@@ -63,6 +68,150 @@ fn ci() -> Result<(), String> {
     }
     // nextest does not run doc tests; they are part of the documented API.
     run("cargo", &["test", "--release", "--doc"])?;
+    cross()
+}
+
+const CROSS_TARGET: &str = "aarch64-unknown-linux-gnu";
+
+/// Byte identity across architectures, the promise every file format here makes: the host
+/// build and an aarch64 build (under qemu-user) must write the same delta file and the same
+/// text file for the same inputs, each must decode the other's, and `parity` must pass there
+/// (reference against the portable CPU code, the only level an aarch64 CPU runs).
+fn cross() -> Result<(), String> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(CROSS_TARGET))
+        .unwrap_or(false);
+    let missing: Vec<&str> = [
+        (!installed).then_some("rustup target aarch64-unknown-linux-gnu"),
+        (!have("aarch64-linux-gnu-gcc", "--version")).then_some("aarch64-linux-gnu-gcc"),
+        (!have("qemu-aarch64", "--version")).then_some("qemu-aarch64"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "SKIP cross-architecture check: missing {} (apt-get install gcc-aarch64-linux-gnu \
+             libc6-dev-arm64-cross qemu-user; rustup target add {CROSS_TARGET})",
+            missing.join(", ")
+        );
+        return Ok(());
+    }
+    let status = Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--bin",
+            "lockstep",
+            "--target",
+            CROSS_TARGET,
+        ])
+        .env(
+            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+            "aarch64-linux-gnu-gcc",
+        )
+        .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc")
+        .status()
+        .map_err(|e| format!("could not start cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cross build for {CROSS_TARGET} failed"));
+    }
+    run("cargo", &["build", "--release", "--bin", "lockstep"])?;
+    let host = "target/release/lockstep".to_string();
+    let arm = format!("target/{CROSS_TARGET}/release/lockstep");
+    let dir = "target/cross-check";
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
+    // `lockstep` on the host, or the aarch64 build under qemu.
+    let on = |arch: &str, args: &[&str]| -> Result<(), String> {
+        if arch == "host" {
+            run(&host, args)
+        } else {
+            let mut a = vec!["-L", "/usr/aarch64-linux-gnu", arm.as_str()];
+            a.extend_from_slice(args);
+            run("qemu-aarch64", &a)
+        }
+    };
+    let same = |a: &str, b: &str| -> Result<(), String> {
+        let (x, y) = (std::fs::read(a), std::fs::read(b));
+        match (x, y) {
+            (Ok(x), Ok(y)) if x == y => Ok(()),
+            (Ok(_), Ok(_)) => Err(format!("{a} and {b} differ")),
+            (x, y) => Err(format!(
+                "cannot read {a} or {b}: {:?} {:?}",
+                x.err(),
+                y.err()
+            )),
+        }
+    };
+    let (r, t) = (
+        "demo/step0200_blocks_bf16.safetensors",
+        "demo/step0400_blocks_bf16.safetensors",
+    );
+    for arch in ["host", "aarch64"] {
+        let out = format!("{dir}/{arch}.lsd");
+        on(
+            arch,
+            &[
+                "--backend",
+                "cpu",
+                "delta",
+                "encode",
+                "--reference",
+                r,
+                "--target",
+                t,
+                "-o",
+                &out,
+            ],
+        )?;
+    }
+    same(&format!("{dir}/host.lsd"), &format!("{dir}/aarch64.lsd"))?;
+    let back = format!("{dir}/host-lsd-on-aarch64.safetensors");
+    on(
+        "aarch64",
+        &[
+            "delta",
+            "decode",
+            "--reference",
+            r,
+            &format!("{dir}/host.lsd"),
+            "-o",
+            &back,
+        ],
+    )?;
+    same(&back, t)?;
+    // Text: a fixed excerpt of a shipped document (1.5 kB keeps the emulated run short).
+    let doc =
+        std::fs::read("docs/INTEGER_GPT2.md").map_err(|e| format!("docs/INTEGER_GPT2.md: {e}"))?;
+    let text = format!("{dir}/sample.txt");
+    std::fs::write(&text, &doc[..doc.len().min(1500)]).map_err(|e| format!("{text}: {e}"))?;
+    for arch in ["host", "aarch64"] {
+        let out = format!("{dir}/{arch}.lst");
+        on(
+            arch,
+            &["--backend", "cpu", "text", "compress", &text, "-o", &out],
+        )?;
+    }
+    same(&format!("{dir}/host.lst"), &format!("{dir}/aarch64.lst"))?;
+    let back = format!("{dir}/host-lst-on-aarch64.txt");
+    on(
+        "aarch64",
+        &[
+            "text",
+            "decompress",
+            &format!("{dir}/host.lst"),
+            "-o",
+            &back,
+        ],
+    )?;
+    same(&back, &text)?;
+    on("aarch64", &["parity", r, t])?;
+    eprintln!(
+        "cross-architecture check: {CROSS_TARGET} under qemu writes and reads the host's bytes"
+    );
     Ok(())
 }
 

@@ -183,6 +183,7 @@ pub fn chunk<T: Word>(
         Some(t) if t.neighbor => d,
         _ => usize::MAX,
     };
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
@@ -241,6 +242,7 @@ pub fn chunk<T: Word>(
         return Err(bad("raw tail shorter than the bit lengths require"));
     }
     let mut tail = BitReader::new(&c.tail);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && T::BITS == 16 {

@@ -83,6 +83,7 @@ pub struct EncStage<'a> {
     pub alphabet: usize,
     pub syms: Vec<EncSym>,
     /// The same symbols as [`pack`]ed `u32`s (the AVX-512 lanes gather them).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub packed: Vec<u32>,
     /// Index of the identity row (absent elements).
     identity_row: usize,
@@ -232,6 +233,7 @@ impl<'a> DecStage<'a> {
 /// Whether the decoder tables have the sizes every context the vector decoders compute can
 /// index (B row starts of `n_bits` entries): checked once per chunk, so their table loads
 /// need no per-lane bounds checks.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn vector_tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
     let e = 256;
     let b_ctx = if stages[0].neighbor {
