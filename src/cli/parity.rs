@@ -1,6 +1,8 @@
 //! `lockstep parity FILES...`: run every backend present on each consecutive pair of
 //! checkpoints, print one hash per stage per backend, and fail on any difference. What a user
-//! runs to trust a new machine or driver.
+//! runs to trust a new machine or driver. Text files get the same treatment from the text
+//! codec: every integer matmul kernel this CPU has (the only part of the integer GPT-2 that
+//! differs between machines' code paths), one hash per stage.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,13 +14,20 @@ use lockstep::backend::{self, Backend, BackendChoice};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::file::check_compatible;
 use lockstep::delta::{EncodeOptions, TensorPair};
+use lockstep::lm::forward::{self, Kernel};
+use lockstep::lm::model_file::Model;
+use lockstep::lm::{text_codec, tokenizer};
 use lockstep::{Error, Result};
 
 #[derive(Args)]
 pub struct ParityArgs {
-    /// Checkpoints (.safetensors) in trajectory order; each is coded against the one before.
-    #[arg(required = true, num_args = 2..)]
+    /// Checkpoints (.safetensors) in trajectory order, each coded against the one before,
+    /// and/or text files (any other file), each compressed with the integer GPT-2.
+    #[arg(required = true, num_args = 1..)]
     files: Vec<PathBuf>,
+    /// Integer model for the text files (.lsm); default: the built-in tinygpt2 model.
+    #[arg(long)]
+    model: Option<PathBuf>,
 }
 
 /// Every backend that can run here, the reference first.
@@ -49,10 +58,131 @@ fn present() -> Vec<Arc<dyn Backend>> {
 }
 
 pub fn run(args: ParityArgs) -> Result<()> {
+    let (checkpoints, texts): (Vec<PathBuf>, Vec<PathBuf>) = args
+        .files
+        .into_iter()
+        .partition(|f| f.extension().is_some_and(|e| e == "safetensors"));
+    if checkpoints.len() == 1 {
+        return Err(Error::Invalid(format!(
+            "{}: a checkpoint is coded against its predecessor: give at least two .safetensors",
+            checkpoints[0].display()
+        )));
+    }
+    let mut differences = if checkpoints.is_empty() {
+        0
+    } else {
+        checkpoint_parity(&checkpoints)?
+    };
+    if !texts.is_empty() {
+        let model = super::text::load_model(args.model.as_deref())?;
+        for t in &texts {
+            differences += text_parity(t, &model)?;
+        }
+    }
+    if differences > 0 {
+        return Err(Error::Mismatch(format!(
+            "{differences} stage hashes differ from the first row (marked !)"
+        )));
+    }
+    println!("\nall backends agree on every stage");
+    Ok(())
+}
+
+/// Print one row of stage hashes per backend, marking those that differ from the first row;
+/// returns how many differ.
+fn print_rows(label: &str, names: &[&str], rows: &[(String, String, Vec<String>, f64)]) -> usize {
+    let mut differences = 0;
+    print!("{label:<13}");
+    for name in names {
+        print!(" {name:<13}");
+    }
+    println!(" {:>7}  device", "secs");
+    let want = &rows[0].2;
+    for (name, device, hashes, secs) in rows {
+        print!("{name:<13}");
+        for (h, w) in hashes.iter().zip(want) {
+            let mark = if h == w { ' ' } else { '!' };
+            if h != w {
+                differences += 1;
+            }
+            print!(" {h}{mark}");
+        }
+        println!(" {secs:>7.2}  {device}");
+    }
+    differences
+}
+
+fn short(h: &blake3::Hasher) -> String {
+    h.finalize().to_hex()[..12].to_string()
+}
+
+/// The text codec on `path` under every matmul kernel this CPU has: the tokens, the coder's
+/// intervals (the integer model's output through its frequency table: everything the
+/// kernels compute), the compressed stream, and its decode, which must be the input.
+fn text_parity(path: &std::path::Path, model: &Model) -> Result<usize> {
+    let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let opts = text_codec::Options::default();
+    let seg_len = model.config.n_ctx.saturating_sub(1).max(1) as usize;
+    let mut rows = Vec::new();
+    for k in [Kernel::Generic, Kernel::Avx2, Kernel::Vnni] {
+        forward::force_kernel(Some(k));
+        if forward::active_kernel() != k {
+            continue;
+        }
+        let start = std::time::Instant::now();
+        let result = (|| {
+            let tokens = tokenizer::encode(&data)?;
+            let mut h: [blake3::Hasher; 4] = Default::default();
+            for t in &tokens {
+                h[0].update(&t.to_le_bytes());
+            }
+            for seg in tokens.chunks(seg_len) {
+                for (cum, f) in text_codec::segment_intervals(model, seg, opts.match_model)? {
+                    h[1].update(&cum.to_le_bytes());
+                    h[1].update(&f.to_le_bytes());
+                }
+            }
+            let stream = text_codec::compress_unverified(model, &data, &opts)?;
+            h[2].update(&stream);
+            let back = text_codec::decompress(model, &stream)?;
+            if back != data {
+                return Err(Error::Mismatch(format!(
+                    "{}: the {k:?} kernel's stream does not decode to the input",
+                    path.display()
+                )));
+            }
+            h[3].update(&back);
+            Ok((tokens.len(), h))
+        })();
+        forward::force_kernel(None);
+        let (n_tokens, h) = result?;
+        if rows.is_empty() {
+            println!(
+                "\n== {} ({} bytes, {n_tokens} tokens, text codec)",
+                path.display(),
+                data.len()
+            );
+        }
+        rows.push((
+            format!("{k:?}").to_lowercase(),
+            "CPU, integer GPT-2 matmul kernel".to_string(),
+            h.iter().map(short).collect(),
+            start.elapsed().as_secs_f64(),
+        ));
+    }
+    Ok(print_rows(
+        "kernel",
+        &["tokens", "intervals", "stream", "decoded"],
+        &rows,
+    ))
+}
+
+/// Every backend on each consecutive pair of checkpoints; returns how many hashes differ.
+fn checkpoint_parity(files: &[PathBuf]) -> Result<usize> {
     let backends = present();
     let opts = EncodeOptions::default();
     let mut differences = 0;
-    for pair in args.files.windows(2) {
+    for pair in files.windows(2) {
         let (r, t) = (Checkpoint::open(&pair[0])?, Checkpoint::open(&pair[1])?);
         check_compatible(&r, &t)?;
         println!("\n== {} -> {}", pair[0].display(), pair[1].display());
@@ -85,31 +215,14 @@ pub fn run(args: ParityArgs) -> Result<()> {
                 .iter()
                 .map(|h| h.finalize().to_hex()[..12].to_string())
                 .collect();
-            rows.push((b.name(), b.device(), hashes, start.elapsed().as_secs_f64()));
+            rows.push((
+                b.name().to_string(),
+                b.device(),
+                hashes,
+                start.elapsed().as_secs_f64(),
+            ));
         }
-        print!("{:<13}", "backend");
-        for name in STAGE_NAMES {
-            print!(" {name:<13}");
-        }
-        println!(" {:>7}  device", "secs");
-        let want = &rows[0].2;
-        for (name, device, hashes, secs) in &rows {
-            print!("{name:<13}");
-            for (h, w) in hashes.iter().zip(want) {
-                let mark = if h == w { ' ' } else { '!' };
-                if h != w {
-                    differences += 1;
-                }
-                print!(" {h}{mark}");
-            }
-            println!(" {secs:>7.2}  {device}");
-        }
+        differences += print_rows("backend", &STAGE_NAMES, &rows);
     }
-    if differences > 0 {
-        return Err(Error::Mismatch(format!(
-            "{differences} stage hashes differ from the reference (marked !)"
-        )));
-    }
-    println!("\nall backends agree on every stage");
-    Ok(())
+    Ok(differences)
 }

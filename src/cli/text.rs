@@ -79,7 +79,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> lockstep::Result<()> {
     Ok(())
 }
 
-fn load_model(path: Option<&Path>) -> lockstep::Result<Model> {
+pub(crate) fn load_model(path: Option<&Path>) -> lockstep::Result<Model> {
     match path {
         Some(p) => Model::from_bytes(&read(p)?),
         None => Model::from_bytes(DEFAULT_MODEL),
