@@ -66,6 +66,20 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         | Command::Append(_)
         | Command::Extract(_)
         | Command::Verify(_) => backend::install(cli.backend)?,
+        // The integer GPT-2 runs on the CPU's integer kernels only: say so rather than
+        // silently ignore a device the user asked for.
+        Command::Text(_) | Command::Model(_)
+            if !matches!(
+                cli.backend,
+                backend::BackendArg::Auto | backend::BackendArg::Cpu
+            ) =>
+        {
+            eprintln!(
+                "note: --backend {:?} applies to the checkpoint codec; the text codec runs on \
+                 the CPU's integer kernels (same bytes everywhere)",
+                format!("{:?}", cli.backend).to_lowercase()
+            );
+        }
         _ => {}
     }
     match cli.command {
