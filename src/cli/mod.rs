@@ -75,7 +75,7 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
             ) =>
         {
             eprintln!(
-                "note: --backend {:?} applies to the checkpoint codec; the text codec runs on \
+                "note: --backend {} applies to the checkpoint codec; the text codec runs on \
                  the CPU's integer kernels (same bytes everywhere)",
                 format!("{:?}", cli.backend).to_lowercase()
             );
