@@ -200,7 +200,7 @@ fn random_damage_never_panics() {
 }
 
 #[test]
-fn a_damaged_last_footer_is_reported_and_append_keeps_the_data_behind_it() {
+fn a_damaged_last_footer_is_reported_append_keeps_the_data_and_repair_restores_it() {
     let dir = tempfile::tempdir().unwrap();
     let (_, b, base) = setup(dir.path(), &small_model());
     let good = dir.path().join("good.lstp");
@@ -228,7 +228,26 @@ fn a_damaged_last_footer_is_reported_and_append_keeps_the_data_behind_it() {
         // Appending would cut the damaged segment off: refused, the file untouched.
         assert!(!append_cli(&t, &b, None));
         assert!(std::fs::read(&t).unwrap() == bytes);
+        // `repair` rebuilds the footer from the commit record: the original bytes again.
+        let r = Command::new(bin())
+            .args(["repair", t.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        assert!(
+            std::fs::read(&t).unwrap() == good_bytes,
+            "flip at {}",
+            n - at
+        );
     }
+    // On an intact archive it changes nothing.
+    let r = Command::new(bin())
+        .args(["repair", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(r.status.success());
+    assert!(String::from_utf8_lossy(&r.stdout).contains("nothing to repair"));
+    assert!(std::fs::read(&good).unwrap() == good_bytes);
     // An interrupted append is still what it was: ignored remains, no damage reported.
     let t = dir.path().join("torn.lstp");
     std::fs::write(&t, &good_bytes[..n - 1]).unwrap();

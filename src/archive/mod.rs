@@ -59,5 +59,5 @@ pub use input::{resolve, resolve_many, CheckpointSource};
 pub use reader::{Archive, Damage, VerifyReport};
 pub use stats::{CheckpointSummary, Stats};
 pub use writer::{
-    append, append_with_previous, pack, AddReport, PackOptions, DEFAULT_KEYFRAME_INTERVAL,
+    append, append_with_previous, pack, repair, AddReport, PackOptions, DEFAULT_KEYFRAME_INTERVAL,
 };

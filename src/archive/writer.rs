@@ -746,3 +746,76 @@ fn check_previous(archive: &Archive, p: &CheckpointSource, o: &Opened) -> Result
         None => Ok(()),
     }
 }
+
+/// Rewrite a damaged last footer ([`Archive::damaged_last_footer`]) from the commit record
+/// in front of it, whose own checksum vouches for it: the footer holds nothing else (where
+/// that record is, and the checkpoint count). Returns the step made readable again, `None`
+/// when the archive's last footer is not damaged. Only the footer's 40 bytes are written,
+/// in place, under the same lock as `append`; if the archive then does not open with one
+/// more checkpoint, the old bytes are put back and it is an error.
+pub fn repair(path: &Path) -> Result<Option<u64>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    file.try_lock().map_err(|_| {
+        Error::Invalid(format!(
+            "{}: another process is writing to this archive",
+            path.display()
+        ))
+    })?;
+    let archive = Archive::from_file(path, &file)?;
+    if !archive.damaged_last_footer() {
+        return Ok(None);
+    }
+    // SAFETY: read-only mapping of a file this process holds the write lock of.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let end = map.len() - FOOTER_LEN;
+    let lo = archive.valid_end as usize;
+    // The record ends where the footer starts; it begins at the last commit marker from
+    // which the bytes up to there check out and that follows the last valid segment.
+    let mut upto = end;
+    let start = loop {
+        let Some(q) = map[lo..upto].windows(4).rposition(|w| w == COMMIT_MAGIC) else {
+            return Err(archive.damaged_footer_error());
+        };
+        let at = lo + q;
+        if read_commit(&map[at..end]).is_ok_and(|c| c.prev_commit == archive.valid_end) {
+            break at;
+        }
+        upto = at + 3;
+    };
+    let footer = write_footer(&Footer {
+        commit_offset: start as u64,
+        commit_len: (end - start) as u64,
+        n_checkpoints: archive.checkpoints.len() as u64 + 1,
+    });
+    let old = map[end..].to_vec();
+    drop(map);
+    let write = |bytes: &[u8]| {
+        let mut f = &file;
+        f.seek(SeekFrom::Start(end as u64))
+            .and_then(|_| f.write_all(bytes))
+            .and_then(|_| file.sync_all())
+            .map_err(|e| Error::io(path, e))
+    };
+    write(&footer)?;
+    match Archive::from_file(path, &file) {
+        Ok(a) if a.checkpoints.len() == archive.checkpoints.len() + 1 && a.ignored_tail() == 0 => {
+            Ok(a.checkpoints.last().map(|c| c.step))
+        }
+        other => {
+            write(&old)?;
+            Err(Error::format(
+                format!("archive {}", path.display()),
+                format!(
+                    "the rebuilt footer did not give a readable archive ({}); left as it was",
+                    other
+                        .err()
+                        .map_or("wrong checkpoint count".into(), |e| e.to_string())
+                ),
+            ))
+        }
+    }
+}

@@ -400,6 +400,21 @@ pub fn verify(a: ArchiveArgs) -> Result<()> {
     }
 }
 
+pub fn repair(a: ArchiveArgs) -> Result<()> {
+    match lockstep::archive::repair(&a.archive)? {
+        None => println!(
+            "{}: the last footer is intact; nothing to repair",
+            a.archive.display()
+        ),
+        Some(step) => println!(
+            "{}: last footer rebuilt from its commit record; step {step} is readable again",
+            a.archive.display()
+        ),
+    }
+    // The footer only says where the commit is; the data behind it is checked in full.
+    verify(a)
+}
+
 pub fn stats(a: ArchiveArgs) -> Result<()> {
     let ar = Archive::open(&a.archive)?;
     let s = ar.stats();

@@ -53,6 +53,9 @@ pub enum Command {
     Verify(archive::ArchiveArgs),
     /// Per-stage and per-dtype table of an archive.
     Stats(archive::ArchiveArgs),
+    /// Rebuild a damaged last footer from the checksummed commit record before it, then
+    /// verify the archive.
+    Repair(archive::ArchiveArgs),
 }
 
 pub fn run(cli: Cli) -> lockstep::Result<()> {
@@ -65,7 +68,8 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         | Command::Pack(_)
         | Command::Append(_)
         | Command::Extract(_)
-        | Command::Verify(_) => backend::install(cli.backend)?,
+        | Command::Verify(_)
+        | Command::Repair(_) => backend::install(cli.backend)?,
         // The integer GPT-2 runs on the CPU's integer kernels only: say so rather than
         // silently ignore a device the user asked for.
         Command::Text(_) | Command::Model(_)
@@ -94,5 +98,6 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         Command::Extract(a) => archive::extract(a),
         Command::Verify(a) => archive::verify(a),
         Command::Stats(a) => archive::stats(a),
+        Command::Repair(a) => archive::repair(a),
     }
 }
