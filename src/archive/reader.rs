@@ -201,7 +201,8 @@ impl Archive {
             format!(
                 "its last footer is damaged (the {} bytes after the last valid commit, {} \
                  checkpoints, end in a footer whose checksum does not match): the newest \
-                 checkpoint cannot be trusted or read; earlier ones are intact",
+                 checkpoint cannot be read until `lockstep repair` rebuilds the footer; earlier ones \
+                 are intact",
                 self.ignored_tail(),
                 self.checkpoints.len()
             ),
