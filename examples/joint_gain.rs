@@ -39,8 +39,8 @@ fn main() {
         "joint | er, nb4 (none, <=b-ish classes)",
     ];
     let parts: [&[usize]; 8] = [&[0, 1, 2, 3], &[0, 4], &[5], &[6], &[7], &[8], &[9], &[10]];
-    let mut totals = vec![0f64; 11];
-    let mut cells = vec![0u64; 11];
+    let mut totals = [0f64; 11];
+    let mut cells = [0u64; 11];
     let (mut weights, mut tail_bits) = (0u64, 0u64);
     for e in &t.tensors {
         let Some(fl) = e.dtype.float_layout() else {

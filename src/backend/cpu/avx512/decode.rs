@@ -270,7 +270,7 @@ pub unsafe fn full_steps<T: Word>(
                 present[h][1],
                 _mm512_mask_i32gather_epi32::<4>(total, present[h][1], eb, q2p.cast()),
             );
-            if s_t.is_some() {
+            if let Some(s_t) = s_t {
                 let sctx = _mm512_add_epi32(
                     _mm512_mullo_epi32(eb, _mm512_set1_epi32(6)),
                     _mm512_loadu_si512(us_a.as_ptr().add(16 * h).cast()),
@@ -279,7 +279,7 @@ pub unsafe fn full_steps<T: Word>(
                     total,
                     present[h][2],
                     sctx,
-                    s_t.unwrap().f0_by_ctx.as_ptr().cast(),
+                    s_t.f0_by_ctx.as_ptr().cast(),
                 );
                 if _mm512_mask_cmpeq_epi32_mask(present[h][2], sv, no_row_v) != 0 {
                     return Err(no_row());
