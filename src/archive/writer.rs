@@ -639,18 +639,7 @@ pub fn append_with_previous(
     opts: &PackOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<AddReport> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    file.try_lock().map_err(|_| {
-        Error::Invalid(format!(
-            "{}: another process is writing to this archive",
-            path.display()
-        ))
-    })?;
-    let archive = Archive::from_file(path, &file)?;
+    let (file, archive) = open_for_writing(path)?;
     let opened = open_source(src)?;
     let prev_opened = match previous {
         Some(p) => {
@@ -747,13 +736,9 @@ fn check_previous(archive: &Archive, p: &CheckpointSource, o: &Opened) -> Result
     }
 }
 
-/// Rewrite a damaged last footer ([`Archive::damaged_last_footer`]) from the commit record
-/// in front of it, whose own checksum vouches for it: the footer holds nothing else (where
-/// that record is, and the checkpoint count). Returns the step made readable again, `None`
-/// when the archive's last footer is not damaged. Only the footer's 40 bytes are written,
-/// in place, under the same lock as `append`; if the archive then does not open with one
-/// more checkpoint, the old bytes are put back and it is an error.
-pub fn repair(path: &Path) -> Result<Option<u64>> {
+/// Open an existing archive for writing under an exclusive lock (one writer at a time;
+/// readers need none), and read it.
+fn open_for_writing(path: &Path) -> Result<(File, Archive)> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -766,6 +751,17 @@ pub fn repair(path: &Path) -> Result<Option<u64>> {
         ))
     })?;
     let archive = Archive::from_file(path, &file)?;
+    Ok((file, archive))
+}
+
+/// Rewrite a damaged last footer ([`Archive::damaged_last_footer`]) from the commit record
+/// in front of it, whose own checksum vouches for it: the footer holds nothing else (where
+/// that record is, and the checkpoint count). Returns the step made readable again, `None`
+/// when the archive's last footer is not damaged. Only the footer's 40 bytes are written,
+/// in place, under the same lock as `append`; if the archive then does not open with one
+/// more checkpoint, the old bytes are put back and it is an error.
+pub fn repair(path: &Path) -> Result<Option<u64>> {
+    let (file, archive) = open_for_writing(path)?;
     if !archive.damaged_last_footer() {
         return Ok(None);
     }
