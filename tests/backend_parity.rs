@@ -116,6 +116,7 @@ fn assert_same_stages(
         .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()))
         .unwrap();
     assert_eq!(want.decoded, pair.target, "{what}: reference decode");
+    assert_eq!(want.fast_decoded, pair.target, "{what}: reference fast decode");
     if let Some(stage) = first_difference(&want, &got) {
         panic!(
             "{what}: {} differs from the reference at stage {stage}",
@@ -180,9 +181,17 @@ pub fn random_every_dtype(backend: &dyn Backend, max_len: usize) {
     );
 }
 
-fn options() -> [EncodeOptions; 3] {
+fn options() -> [EncodeOptions; 5] {
     [
         EncodeOptions::default(),
+        EncodeOptions {
+            layout: LayoutChoice::Fast,
+            condition_on_exponent: true,
+        },
+        EncodeOptions {
+            layout: LayoutChoice::Fast,
+            condition_on_exponent: false,
+        },
         EncodeOptions {
             layout: LayoutChoice::Paper,
             condition_on_exponent: true,
@@ -207,12 +216,17 @@ pub fn cross_decode(backend: &dyn Backend) {
             reference: &r,
             target: &x,
         };
-        let opts = EncodeOptions::default();
-        let (ours, _) = encode_tensor_with(&pair, &opts, backend).unwrap();
-        let (theirs, _) = encode_tensor_with(&pair, &opts, &ReferenceBackend).unwrap();
-        assert_eq!(ours, theirs, "{dtype}");
-        assert_eq!(decode_tensor_with(&ours, &r, &ReferenceBackend).unwrap(), x);
-        assert_eq!(decode_tensor_with(&theirs, &r, backend).unwrap(), x);
+        for layout in [LayoutChoice::Auto, LayoutChoice::Fast] {
+            let opts = EncodeOptions {
+                layout,
+                ..EncodeOptions::default()
+            };
+            let (ours, _) = encode_tensor_with(&pair, &opts, backend).unwrap();
+            let (theirs, _) = encode_tensor_with(&pair, &opts, &ReferenceBackend).unwrap();
+            assert_eq!(ours, theirs, "{dtype} {layout:?}");
+            assert_eq!(decode_tensor_with(&ours, &r, &ReferenceBackend).unwrap(), x);
+            assert_eq!(decode_tensor_with(&theirs, &r, backend).unwrap(), x);
+        }
     }
 }
 
@@ -269,9 +283,15 @@ pub fn corrupt_streams_error(backend: &dyn Backend) {
         reference: &r,
         target: &x,
     };
+    let fast = EncodeOptions {
+        layout: LayoutChoice::Fast,
+        ..EncodeOptions::default()
+    };
     let (blob, _) = encode_tensor_with(&pair, &EncodeOptions::default(), backend).unwrap();
+    let (fast_blob, _) = encode_tensor_with(&pair, &fast, backend).unwrap();
     let mut rng = Rng(77);
-    for _ in 0..40 {
+    for i in 0..80 {
+        let blob = if i % 2 == 0 { &blob } else { &fast_blob };
         let mut bad = blob.clone();
         let body = bad.len() - 4;
         let at = 20 + (rng.next() as usize % (body - 20));

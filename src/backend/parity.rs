@@ -5,8 +5,10 @@ use super::{Backend, EncodeJob};
 use crate::delta::blob::neighbor_distance;
 use crate::delta::chunk::EncodedChunk;
 use crate::delta::model::{StageTable, Tables};
-use crate::delta::symbols::Layout;
-use crate::delta::{decode_tensor_with, encode_tensor_with, EncodeOptions, TensorPair};
+use crate::delta::symbols::{Layout, JOINT_MAX_WIDTH};
+use crate::delta::{
+    decode_tensor_with, encode_tensor_with, EncodeOptions, LayoutChoice, TensorPair,
+};
 use crate::Result;
 
 /// Names of the stages, in pipeline order.
@@ -23,15 +25,19 @@ pub const STAGE_NAMES: [&str; 6] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stages {
     pub residuals: Vec<u8>,
-    /// Counts of every stage of both layouts (Signed with B and S in their neighbor forms).
+    /// Counts of every stage of every layout (Signed with B and S in their neighbor forms).
     pub histograms: Vec<Vec<u64>>,
     /// Signed layout under tables selected from the histograms: B and S in their neighbor
-    /// forms, then B folded to its plain form, then S folded (three runs, concatenated).
+    /// forms, then B folded to its plain form, then S folded (three runs, concatenated);
+    /// then, for floats up to 32 bits, the Joint layout.
     pub chunks: Vec<EncodedChunk>,
     /// The verified blob (default options).
     pub blob: Vec<u8>,
     /// This backend's decode of its own blob.
     pub decoded: Vec<u8>,
+    /// The blob with the fast (Joint) layout asked for, and its decode.
+    pub fast_blob: Vec<u8>,
+    pub fast_decoded: Vec<u8>,
     /// The blob's B and S stages use their neighbor context forms (`Report::b_neighbor`,
     /// `Report::neighbor`); implied by the blob, kept so tests can see what was covered.
     pub b_neighbor: bool,
@@ -60,7 +66,10 @@ impl Stages {
         }
         hashers[4].update(&(self.blob.len() as u64).to_le_bytes());
         hashers[4].update(&self.blob);
+        hashers[4].update(&(self.fast_blob.len() as u64).to_le_bytes());
+        hashers[4].update(&self.fast_blob);
         hashers[5].update(&self.decoded);
+        hashers[5].update(&self.fast_decoded);
     }
 }
 
@@ -108,17 +117,37 @@ pub fn stages(
             .collect();
         chunks.extend(resident.encode(Layout::Signed, &Tables { stages }, Some(d))?);
     }
+    // The Joint (fast) layout: its one stage's histogram and lanes.
+    let mut joint = Vec::new();
+    if fl.width <= JOINT_MAX_WIDTH {
+        joint = resident.histograms(Layout::Joint, None)?;
+        let stages = joint.iter().map(|h| StageTable::select(h, true)).collect();
+        chunks.extend(resident.encode(Layout::Joint, &Tables { stages }, None)?);
+    }
     drop(resident);
     let (blob, report) = encode_tensor_with(pair, opts, backend)?;
     let decoded = decode_tensor_with(&blob, pair.reference, backend)?;
+    // And the whole blob of the fast layout, decoded on the same backend.
+    let fast = EncodeOptions {
+        layout: LayoutChoice::Fast,
+        ..*opts
+    };
+    let (fast_blob, _) = encode_tensor_with(pair, &fast, backend)?;
+    let fast_decoded = decode_tensor_with(&fast_blob, pair.reference, backend)?;
     Ok(Some(Stages {
         residuals,
-        histograms: (paper.into_iter().chain(signed).chain(paper_again))
-            .map(|h| h.dense())
-            .collect(),
+        histograms: (paper
+            .into_iter()
+            .chain(signed)
+            .chain(paper_again)
+            .chain(joint))
+        .map(|h| h.dense())
+        .collect(),
         chunks,
         blob,
         decoded,
+        fast_blob,
+        fast_decoded,
         b_neighbor: report.b_neighbor,
         s_neighbor: report.neighbor,
     }))
@@ -144,9 +173,9 @@ pub fn first_difference(a: &Stages, b: &Stages) -> Option<&'static str> {
         .ne(b.chunks.iter().map(|c| (&c.tail, c.tail_bits)))
     {
         Some("tail")
-    } else if a.blob != b.blob {
+    } else if a.blob != b.blob || a.fast_blob != b.fast_blob {
         Some("blob")
-    } else if a.decoded != b.decoded {
+    } else if a.decoded != b.decoded || a.fast_decoded != b.fast_decoded {
         Some("decoded")
     } else {
         None

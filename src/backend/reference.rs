@@ -95,6 +95,7 @@ pub fn layout_stages(layout: Layout) -> &'static [Stage] {
     match layout {
         Layout::Paper => &STAGES[..3],
         Layout::Signed => &STAGES,
+        Layout::Joint => &[Stage::J],
     }
 }
 

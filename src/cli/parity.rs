@@ -201,7 +201,7 @@ fn checkpoint_parity(files: &[PathBuf]) -> Result<usize> {
                     Error::Invalid(format!("{} on '{}': {err}", b.name(), e.name))
                 })?;
                 if let Some(s) = s {
-                    if s.decoded != p.target {
+                    if s.decoded != p.target || s.fast_decoded != p.target {
                         return Err(Error::Invalid(format!(
                             "{} did not decode '{}' to the target",
                             b.name(),

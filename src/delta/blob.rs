@@ -1,9 +1,10 @@
 //! The tensor blob: one self-contained, checksummed unit per tensor (docs/FORMAT.md).
 
 use super::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
-use super::model::{Hist, Space, Stage, StageTable, Tables, STAGES};
-use super::symbols::Layout;
+use super::model::{Hist, Space, Stage, StageTable, Tables};
+use super::symbols::{joint_parts, Layout, JOINT_MAX_WIDTH};
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
+use crate::backend::reference::layout_stages;
 use crate::backend::{Backend, DecodeJob, EncodeJob, Resident};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::dtype::{DType, FloatLayout};
@@ -143,10 +144,15 @@ struct Candidate {
     cost: u64,
 }
 
-/// Raw tail bits implied by the B histogram: `max(b - 3, 0)` per element.
+/// Raw tail bits implied by the first stage's histogram (B, or J in the Joint layout):
+/// `max(b - 3, 0)` per element.
 fn tail_bits(b_hist: &Hist) -> u64 {
     let a = b_hist.space.alphabet();
-    let per_b: Vec<u64> = (0..a as u64).map(|b| b.saturating_sub(3)).collect();
+    let b_of = |sym: usize| match b_hist.space.stage {
+        Stage::J => joint_parts(sym).0 as u64,
+        _ => sym as u64,
+    };
+    let per_b: Vec<u64> = (0..a).map(|sym| b_of(sym).saturating_sub(3)).collect();
     b_hist
         .rows()
         .map(|(_, row)| row.iter().zip(&per_b).map(|(&c, &t)| c * t).sum::<u64>())
@@ -167,6 +173,12 @@ fn candidate(resident: &dyn Resident, layout: Layout, shape: &[u64]) -> Result<C
             let stages: Vec<StageTable> =
                 hists.iter().map(|h| StageTable::select(h, true)).collect();
             (hists, stages, Some(d))
+        }
+        Layout::Joint => {
+            let hists = resident.histograms(layout, None)?;
+            let stages: Vec<StageTable> =
+                hists.iter().map(|h| StageTable::select(h, true)).collect();
+            (hists, stages, None)
         }
     };
     hists.truncate(stages.len());
@@ -322,6 +334,9 @@ fn encode_modeled(
     let chosen = match opts.layout {
         LayoutChoice::Paper => make(Layout::Paper)?,
         LayoutChoice::Signed => make(Layout::Signed)?,
+        LayoutChoice::Fast if fl.width <= JOINT_MAX_WIDTH => make(Layout::Joint)?,
+        // The Joint layout stops at 32-bit floats; wider ones take the smaller of the others.
+        LayoutChoice::Fast => make(Layout::Signed)?,
         LayoutChoice::Auto => {
             let signed = make(Layout::Signed)?;
             let paper = make(Layout::Paper)?;
@@ -459,6 +474,8 @@ fn decode_modeled(
     let layout = match r.u8()? {
         0 => Layout::Paper,
         1 => Layout::Signed,
+        2 if fl.width <= JOINT_MAX_WIDTH => Layout::Joint,
+        2 => return Err(r.err(format!("joint layout for {}-bit floats", fl.width))),
         v => return Err(r.err(format!("unknown layout {v}"))),
     };
     let flags = r.u8()?;
@@ -482,8 +499,10 @@ fn decode_modeled(
             "stream geometry chunk={chunk_elems} lanes={lanes} prob_bits={prob_bits}"
         )));
     }
-    let n_stages = if layout == Layout::Signed { 4 } else { 3 };
-    let stages = STAGES[..n_stages]
+    if layout == Layout::Joint && flags & 6 != 0 {
+        return Err(r.err("neighbor contexts in the joint layout"));
+    }
+    let stages = layout_stages(layout)
         .iter()
         .map(|&s| {
             let nb = match s {

@@ -116,6 +116,9 @@ pub fn decode_chunk(
                     super::model::Stage::Q1 => s.q1 = sym as u8,
                     super::model::Stage::Q2 => s.q2 = sym as u8,
                     super::model::Stage::S => s.neg = sym as u8,
+                    super::model::Stage::J => {
+                        (s.b, s.q1, s.q2, s.neg) = super::symbols::joint_parts(sym)
+                    }
                 }
             }
         }

@@ -10,6 +10,7 @@
 //! | Q1 | q1         | er·W1 + b                          | b |
 //! | Q2 | q2         | (er·W1 + b)·2 + q1                 | b·2 + q1 |
 //! | S  | neg        | ((er·W1 + b)·3 + up)·2 + rs        | up·2 + rs |
+//! | J (Joint layout) | (b, q1, q2, neg) joint | er·2 + rs          | rs |
 //!
 //! with W1 = w + 1, er the reference exponent class (0 when conditioning is off), rs the
 //! reference sign, m2 the reference's top two mantissa bits, and, of the already-decoded
@@ -21,7 +22,7 @@
 //! primary context gets its own row only when that saves more bits than the row costs; the rest
 //! share their backoff row. Decisions use integer cost estimates only (see entropy::freq).
 
-use super::symbols::{Neighbor, RefInfo, Sym, EXP_CLASSES};
+use super::symbols::{joint_alphabet, joint_symbol, Neighbor, RefInfo, Sym, EXP_CLASSES};
 use std::sync::OnceLock;
 
 use crate::bytes::{varint_len, ByteReader, ByteWriter};
@@ -35,8 +36,11 @@ pub enum Stage {
     Q1 = 1,
     Q2 = 2,
     S = 3,
+    /// The Joint layout's only stage: b, q1, q2 and the sign as one symbol.
+    J = 4,
 }
 
+/// The stages of the Paper (first three) and Signed (all four) layouts, in decoding order.
 pub const STAGES: [Stage; 4] = [Stage::B, Stage::Q1, Stage::Q2, Stage::S];
 
 /// Sizes of one stage's context space for a float width.
@@ -66,6 +70,7 @@ impl Space {
     pub fn alphabet(&self) -> usize {
         match self.stage {
             Stage::B => self.w1,
+            Stage::J => joint_alphabet(self.w1 as u32 - 1),
             _ => 2,
         }
     }
@@ -77,6 +82,7 @@ impl Space {
             Stage::Q1 => e * self.w1,
             Stage::Q2 => e * self.w1 * 2,
             Stage::S => e * self.w1 * 6,
+            Stage::J => e * 2,
         }
     }
     pub fn n_backoff(&self) -> usize {
@@ -86,13 +92,14 @@ impl Space {
             Stage::Q1 => self.w1,
             Stage::Q2 => self.w1 * 2,
             Stage::S => 6,
+            Stage::J => 2,
         }
     }
     /// Does element `s` carry a symbol in this stage?
     #[inline]
     pub fn present(&self, s: &Sym) -> bool {
         match self.stage {
-            Stage::B => true,
+            Stage::B | Stage::J => true,
             Stage::Q1 => s.b >= 2,
             Stage::Q2 => s.b >= 3,
             Stage::S => s.b >= 1,
@@ -106,6 +113,7 @@ impl Space {
             Stage::Q1 => s.q1 as usize,
             Stage::Q2 => s.q2 as usize,
             Stage::S => s.neg as usize,
+            Stage::J => joint_symbol(s),
         }
     }
     /// Primary context id; only fields already decoded when this stage runs are read.
@@ -124,6 +132,7 @@ impl Space {
                 let up = if self.neighbor { nb.sign as usize } else { 0 };
                 ((er * self.w1 + s.b as usize) * 3 + up) * 2 + r.rs as usize
             }
+            Stage::J => er * 2 + r.rs as usize,
         }
     }
 }
@@ -539,7 +548,7 @@ fn read_row(r: &mut ByteReader, alphabet: usize) -> Result<Vec<u32>> {
 /// Every stage's table, as chosen for one tensor.
 #[derive(Clone, Debug)]
 pub struct Tables {
-    /// B, Q1, Q2 and, in the Signed layout, S.
+    /// B, Q1, Q2 and, in the Signed layout, S; J alone in the Joint layout.
     pub stages: Vec<StageTable>,
 }
 

@@ -68,6 +68,18 @@ pub fn cases() -> Vec<Case> {
         target: t,
         opts: no_er,
     });
+    let fast = EncodeOptions {
+        layout: LayoutChoice::Fast,
+        ..EncodeOptions::default()
+    };
+    v.push(Case {
+        name: "bf16_fast",
+        dtype: DType::BF16,
+        shape: vec![64, 64],
+        reference: r.clone(),
+        target: bf16_pair(64 * 64, 100).1,
+        opts: fast,
+    });
     v.push(Case {
         name: "bf16_identical",
         dtype: DType::BF16,
@@ -91,6 +103,21 @@ pub fn cases() -> Vec<Case> {
             reference: r,
             target: t,
             opts: EncodeOptions::default(),
+        });
+    }
+    // The fast layout at the widest float it is defined for, and at 8 bits.
+    for (name, dtype, spread) in [
+        ("f32_fast", DType::F32, 5000),
+        ("f8e4m3_fast", DType::F8E4M3, 3),
+    ] {
+        let (r, t) = near(dtype, 2000, 7 + dtype.code() as u64, spread);
+        v.push(Case {
+            name,
+            dtype,
+            shape: vec![40, 50],
+            reference: r,
+            target: t,
+            opts: fast,
         });
     }
     let mut rng = Rng(5);

@@ -2,6 +2,7 @@
 //! transform in one forward pass.
 
 use super::bits::BitReader;
+use super::joint::JointDec;
 use super::tables::DecStage;
 use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
 use super::Isa;
@@ -28,7 +29,7 @@ impl Stream<'_> {
     /// Refill every lane whose state fell below `RANS_L`, in lane order: the only serial
     /// part of a stage (the table lookups that produced `states` are independent per lane).
     #[inline(always)]
-    fn refill(&mut self, states: &mut [u32]) -> Result<()> {
+    pub fn refill(&mut self, states: &mut [u32]) -> Result<()> {
         for x in states.iter_mut() {
             let need = *x < RANS_L;
             let w = self.words[self.pos] as u32;
@@ -160,6 +161,7 @@ pub fn chunk<T: Word>(
     signed: bool,
     w1: usize,
     stages: &[DecStage],
+    joint: Option<&JointDec>,
     distance: Option<usize>,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
 ) -> Result<()> {
@@ -183,6 +185,32 @@ pub fn chunk<T: Word>(
         Some(t) if t.neighbor => d,
         _ => usize::MAX,
     };
+    if let Some(table) = joint {
+        super::joint::decode_lanes(table, info, codes, &mut states, &mut st)?;
+    } else {
+        chain_lanes::<T>(info, codes, &mut states, &mut st, isa, stages, w1, d, d_s)?;
+    }
+    if st.pos != st.len || states.iter().any(|&s| s != RANS_L) {
+        return Err(bad("rANS lanes did not end in their initial state"));
+    }
+    finish::<T>(c, codes, reference, out, isa, signed)
+}
+
+/// The B, Q1, Q2 (, S) lanes of the Paper and Signed layouts, vector steps first.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn chain_lanes<T: Word>(
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    isa: Isa,
+    stages: &[DecStage],
+    w1: usize,
+    d: usize,
+    d_s: usize,
+) -> Result<()> {
+    let n = codes.len();
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(not(target_arch = "x86_64"))]
@@ -191,32 +219,14 @@ pub fn chunk<T: Word>(
     if isa == Isa::Avx512 {
         // SAFETY: `Isa::Avx512` is only used where `Isa::available` confirmed it.
         done = unsafe {
-            super::avx512::decode::full_steps::<T>(
-                info,
-                codes,
-                &mut states,
-                &mut st,
-                stages,
-                w1,
-                d,
-                d_s,
-            )?
+            super::avx512::decode::full_steps::<T>(info, codes, states, st, stages, w1, d, d_s)?
         };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it.
         done = unsafe {
-            super::avx2::decode::full_steps::<T>(
-                info,
-                codes,
-                &mut states,
-                &mut st,
-                stages,
-                w1,
-                d,
-                d_s,
-            )?
+            super::avx2::decode::full_steps::<T>(info, codes, states, st, stages, w1, d, d_s)?
         };
     }
     let lanes = Lanes {
@@ -227,12 +237,21 @@ pub fn chunk<T: Word>(
         d_s,
     };
     for step in done / LANES..n.div_ceil(LANES) {
-        lanes.step::<T>(step, codes, &mut states, &mut st)?;
+        lanes.step::<T>(step, codes, states, st)?;
     }
-    if st.pos != st.len || states.iter().any(|&s| s != RANS_L) {
-        return Err(bad("rANS lanes did not end in their initial state"));
-    }
+    Ok(())
+}
 
+/// Raw tails and the inverse transform, from the per-element codes every layout decodes to.
+#[inline(always)]
+fn finish<T: Word>(
+    c: &EncodedChunk,
+    codes: &[u32],
+    reference: &[u8],
+    out: &mut [u8],
+    isa: Isa,
+    signed: bool,
+) -> Result<()> {
     // The bit lengths say how long the tail is: check that once, then read it unchecked.
     let need: u64 = codes
         .iter()

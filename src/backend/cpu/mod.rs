@@ -9,6 +9,7 @@ mod bits;
 mod decode;
 mod encode;
 mod hist;
+mod joint;
 mod tables;
 mod word;
 
@@ -212,6 +213,14 @@ impl<T: Word> Resident for CpuResident<T> {
     }
 
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
+        if layout == Layout::Joint {
+            let (d, info, w) = (&self.d, &self.info, self.fl.width);
+            return Ok(vec![fast(
+                self.isa,
+                #[inline(always)]
+                || joint::histogram(d, info, w),
+            )]);
+        }
         let signed = layout == Layout::Signed;
         if !signed {
             if let Some(h) = self.paper.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -254,6 +263,19 @@ impl<T: Word> Resident for CpuResident<T> {
         check_tables(layout, tables)?;
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
+        if layout == Layout::Joint {
+            return Ok(chunk_ranges(self.d.len())
+                .into_par_iter()
+                .map_init(encode::Scratch::default, |scratch, r| {
+                    let (d, info) = (&self.d[r.clone()], &self.info[r]);
+                    fast(
+                        self.isa,
+                        #[inline(always)]
+                        || joint::encode_chunk(d, info, &stages[0], scratch),
+                    )
+                })
+                .collect());
+        }
         // The flat tables serve both vector encoders.
         #[cfg(target_arch = "x86_64")]
         let flat = (self.isa >= Isa::Avx2)
@@ -314,9 +336,14 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
             format!("{} chunks for {n} elements", job.chunks.len()),
         ));
     }
-    let stages: Vec<DecStage> = job.tables.stages.iter().map(DecStage::new).collect();
+    let joint = (job.layout == Layout::Joint).then(|| joint::JointDec::new(&job.tables.stages[0]));
+    let stages: Vec<DecStage> = if joint.is_some() {
+        Vec::new()
+    } else {
+        job.tables.stages.iter().map(DecStage::new).collect()
+    };
     let info_fn = InfoFn::new(job.fl, job.condition);
-    let signed = job.layout == Layout::Signed;
+    let signed = job.layout.signed();
     let w1 = job.fl.width as usize + 1;
     let mut out = vec![0u8; job.reference.len()];
     out.par_chunks_mut(CHUNK_ELEMS * T::SIZE)
@@ -338,6 +365,7 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
                             signed,
                             w1,
                             &stages,
+                            joint.as_ref(),
                             job.distance,
                             scratch,
                         )

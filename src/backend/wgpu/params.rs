@@ -74,6 +74,11 @@ impl Params {
     }
     /// Layout and neighbor distance; the stages' context forms are set by [`Params::forms`].
     pub fn layout(mut self, layout: Layout, distance: Option<usize>) -> Result<Params> {
+        if layout == Layout::Joint {
+            return Err(Error::Unsupported(
+                "the joint (fast) layout on the wgpu backend".into(),
+            ));
+        }
         self.signed = layout == Layout::Signed;
         self.n_stages = layout_stages(layout).len() as u32;
         self.neighbor = match distance {

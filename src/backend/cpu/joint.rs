@@ -1,0 +1,191 @@
+//! The Joint layout (`--fast`) on the CPU: one symbol per weight, (b, q1, q2, sign) together,
+//! under the reference's exponent class and sign. Same per-element codes and raw tails as the
+//! other layouts (`encode::codes`, `decode::finish`); only the lanes differ, and they are
+//! simpler: one table lookup per weight, no neighbor, so every lane is independent.
+
+use rayon::prelude::*;
+
+use super::decode::{no_row, Stream};
+use super::encode::{codes, Scratch};
+use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
+use super::word::{rs, Word};
+use crate::delta::chunk::{chunk_ranges, EncodedChunk, LANES};
+use crate::delta::model::{Hist, Space, Stage, StageTable};
+use crate::delta::symbols::{joint_parts, joint_symbol, Sym};
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::entropy::rans::RANS_L;
+use crate::Result;
+
+/// Joint symbol of every per-element code (`b | q1 << 7 | q2 << 8 | neg << 9`, b <= 32).
+pub fn joint_of_code() -> &'static [u8; 1024] {
+    static LUT: std::sync::OnceLock<[u8; 1024]> = std::sync::OnceLock::new();
+    LUT.get_or_init(|| {
+        let mut lut = [0u8; 1024];
+        for (c, j) in lut.iter_mut().enumerate() {
+            let b = (c & 127) as u8;
+            if b > 32 {
+                continue;
+            }
+            let s = Sym {
+                b,
+                q1: (c >> 7) as u8 & 1 & (b >= 2) as u8,
+                q2: (c >> 8) as u8 & 1 & (b >= 3) as u8,
+                neg: (c >> 9) as u8 & 1 & (b >= 1) as u8,
+                tail: 0,
+            };
+            *j = joint_symbol(&s) as u8;
+        }
+        lut
+    })
+}
+
+/// Per-element code of every joint symbol (the inverse of [`joint_of_code`]).
+pub fn code_of_joint() -> &'static [u32; 256] {
+    static LUT: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    LUT.get_or_init(|| {
+        let mut lut = [0u32; 256];
+        for (j, c) in lut.iter_mut().enumerate() {
+            let (b, q1, q2, neg) = joint_parts(j);
+            *c = b as u32 | (q1 as u32) << 7 | (q2 as u32) << 8 | (neg as u32) << 9;
+        }
+        lut
+    })
+}
+
+/// The J context of an element's reference facts: `er·2 + rs`.
+#[inline(always)]
+pub fn context(info: u16) -> usize {
+    (info & 255) as usize * 2 + rs(info)
+}
+
+/// Histogram of the J stage, chunk-local counts merged (like the other layouts).
+pub fn histogram<T: Word>(d: &[T], info: &[u16], width: u32) -> Hist {
+    let space = Space::new(Stage::J, width, false);
+    let a = space.alphabet();
+    let lut = joint_of_code();
+    let n_ctx = space.n_primary();
+    // Counts over the contexts a chunk actually spans (few exponent classes): small
+    // tensors do not pay for the whole context space.
+    let per_chunk = |r: std::ops::Range<usize>| {
+        let (d, info) = (&d[r.clone()], &info[r]);
+        let lo = info.iter().map(|&i| context(i)).min().unwrap_or(0);
+        let hi = info.iter().map(|&i| context(i)).max().unwrap_or(0);
+        let mut counts = vec![0u32; (hi - lo + 1) * a];
+        let mut c = Vec::new();
+        codes(d, true, &mut c, None);
+        for (&c, &i) in c.iter().zip(info) {
+            counts[(context(i) - lo) * a + lut[c as usize] as usize] += 1;
+        }
+        let ctxs: Vec<u32> = (lo..=hi).map(|c| c as u32).collect();
+        let rows: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
+        debug_assert!(hi < n_ctx);
+        Hist::from_rows(space, &ctxs, &rows)
+    };
+    chunk_ranges(d.len())
+        .into_par_iter()
+        .map(per_chunk)
+        .reduce_with(|mut a, b| {
+            a.add(&b);
+            a
+        })
+        .unwrap_or_else(|| Hist::new(space))
+}
+
+/// Code one chunk: per-element codes and raw tails as in the other layouts, then one joint
+/// symbol per element through the lanes (steps and lanes reversed, words reversed at the end:
+/// the mirror of `delta::chunk`'s decoding order).
+#[inline(always)]
+pub fn encode_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    table: &EncStage,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    s.tail.clear();
+    codes(d, true, &mut s.codes, Some(&mut s.tail));
+    let lut = joint_of_code();
+    let n = d.len();
+    let mut states = [RANS_L as u64; LANES];
+    if s.words.len() < n + 1 {
+        s.words.resize(n + 1, 0);
+    }
+    let mut pos = 0usize;
+    let mut e: [&EncSym; LANES] = [&IDENTITY; LANES];
+    for step in (0..n.div_ceil(LANES)).rev() {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        for lane in 0..lanes {
+            let (c, i) = (s.codes[base + lane], info[base + lane]);
+            e[lane] = table.get(true, context(i), lut[c as usize] as usize);
+        }
+        put_lanes(&mut states[..lanes], &e[..lanes], &mut s.words, &mut pos);
+    }
+    EncodedChunk {
+        words: s.words[..pos].iter().rev().copied().collect(),
+        states: states.map(|x| x as u32),
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
+}
+
+/// Decoder tables: per row, a dense slot table, so a lane finds its symbol, frequency and
+/// offset in one load.
+pub struct JointDec {
+    /// Context -> row, [`JointDec::NONE`] where no row covers it.
+    pub map: Vec<u32>,
+    /// `J | (freq - 1) << 8 | (slot - start) << 20` per row and slot.
+    pub slots: Vec<u32>,
+}
+
+impl JointDec {
+    pub const NONE: u32 = u32::MAX;
+
+    pub fn new(t: &StageTable) -> Self {
+        let n_rows = t.explicit.len() + t.backoff.len();
+        let mut slots = vec![0u32; n_rows * PROB_TOTAL as usize];
+        for ri in 0..n_rows {
+            let row = t.row(ri as u32);
+            let dense = &mut slots[ri * PROB_TOTAL as usize..][..PROB_TOTAL as usize];
+            for (j, (&f, &start)) in row.freq.iter().zip(&row.start).enumerate() {
+                for k in 0..f {
+                    dense[(start + k) as usize] = j as u32 | (f - 1) << 8 | k << 20;
+                }
+            }
+        }
+        JointDec {
+            map: t.map.clone(),
+            slots,
+        }
+    }
+}
+
+/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements).
+#[inline(always)]
+pub fn decode_lanes(
+    table: &JointDec,
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+) -> Result<()> {
+    let lut = code_of_joint();
+    let n = codes.len();
+    for step in 0..n.div_ceil(LANES) {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        let xs = &mut states[..lanes];
+        for lane in 0..lanes {
+            let ri = table.map[context(info[base + lane])];
+            if ri == JointDec::NONE {
+                return Err(no_row());
+            }
+            let x = &mut xs[lane];
+            let slot = *x & (PROB_TOTAL - 1);
+            let e = table.slots[ri as usize * PROB_TOTAL as usize + slot as usize];
+            *x = (((e >> 8) & 0xFFF) + 1) * (*x >> PROB_BITS) + (e >> 20);
+            codes[base + lane] = lut[(e & 255) as usize];
+        }
+        st.refill(xs)?;
+    }
+    Ok(())
+}
