@@ -14,7 +14,7 @@ use lockstep::backend::Backend;
 use lockstep::baseline;
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
-use lockstep::delta::{decode_tensor_with, EncodeOptions, TensorPair};
+use lockstep::delta::{decode_tensor_with, EncodeOptions, LayoutChoice, TensorPair};
 
 fn pairs<'a>(r: &'a Checkpoint, t: &'a Checkpoint) -> Vec<TensorPair<'a>> {
     t.tensors
@@ -57,11 +57,25 @@ fn row(name: &str, raw: usize, packed: usize, enc_s: f64, dec_s: Option<f64>) {
 }
 
 fn lockstep_row(name: &str, b: &dyn Backend, threads: usize, pairs: &[TensorPair], reps: usize) {
+    layout_row(name, b, threads, pairs, reps, LayoutChoice::Auto)
+}
+
+fn layout_row(
+    name: &str,
+    b: &dyn Backend,
+    threads: usize,
+    pairs: &[TensorPair],
+    reps: usize,
+    layout: LayoutChoice,
+) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
-    let opts = EncodeOptions::default();
+    let opts = EncodeOptions {
+        layout,
+        ..EncodeOptions::default()
+    };
     let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
     pool.install(|| {
         // Tensors in parallel as well as chunks, as `encode_batched` does.
@@ -147,6 +161,17 @@ fn main() {
             &pairs,
             reps,
         );
+        // The fast (Joint) layout: one symbol per weight.
+        for threads in [1, 2] {
+            layout_row(
+                &format!("lockstep --fast cpu {}, {threads} thr", best_isa.name()),
+                &CpuBackend,
+                threads,
+                &pairs,
+                reps,
+                LayoutChoice::Fast,
+            );
+        }
         // The slower instruction-set levels this CPU also runs (same bytes).
         for isa in Isa::ALL.into_iter().filter(|&i| i < best_isa) {
             let b = CpuAt::new(isa).unwrap();
@@ -156,6 +181,14 @@ fn main() {
                 1,
                 &pairs,
                 1,
+            );
+            layout_row(
+                &format!("lockstep --fast cpu {}, 1 thr", isa.name()),
+                &b,
+                1,
+                &pairs,
+                1,
+                LayoutChoice::Fast,
             );
         }
         lockstep_row(
@@ -167,6 +200,14 @@ fn main() {
         );
         if let Some(w) = &wgpu {
             lockstep_row("lockstep wgpu (see note)", w, 2, &pairs, 1);
+            layout_row(
+                "lockstep --fast wgpu (see note)",
+                w,
+                2,
+                &pairs,
+                1,
+                LayoutChoice::Fast,
+            );
         }
         // zstd -19 on byte-grouped XOR: the paper's baseline row, one thread.
         let (enc_s, packed) = best(1, || {

@@ -511,3 +511,67 @@ fn cli_pack_list_stats_extract_verify_json() {
     ]);
     assert!(!ok && err.contains("no checkpoint at step 9"), "{err}");
 }
+
+#[test]
+fn cli_fast_layout_pack_append_extract() {
+    // Real deltas, so the layout choice shows in the sizes.
+    let names = [400, 600].map(|s| format!("gpt2_step000{s}_bf16.safetensors"));
+    let Some(files) = names.iter().map(|n| shared(n)).collect::<Option<Vec<_>>>() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let (f0, f1) = (files[0].to_str().unwrap(), files[1].to_str().unwrap());
+    let fast = dir.path().join("fast.lstp");
+    let fast_s = fast.to_str().unwrap();
+    run(&["pack", f0, "-o", fast_s, "--fast"]);
+    run(&["append", fast_s, f1, "--fast"]);
+    let small = dir.path().join("default.lstp");
+    run(&["pack", f0, f1, "-o", small.to_str().unwrap()]);
+    // Same keyframe; the fast delta is larger, by a few percent of the delta.
+    let (a_fast, a_small) = (
+        Archive::open(&fast).unwrap(),
+        Archive::open(&small).unwrap(),
+    );
+    let (s_fast, s_small) = (a_fast.stats(), a_small.stats());
+    assert_eq!(
+        s_fast.checkpoints[0].stored_bytes,
+        s_small.checkpoints[0].stored_bytes
+    );
+    let (d_fast, d_small) = (
+        s_fast.checkpoints[1].stored_bytes as f64,
+        s_small.checkpoints[1].stored_bytes as f64,
+    );
+    assert!(
+        d_fast > d_small && d_fast < 1.2 * d_small,
+        "{d_fast} vs {d_small}"
+    );
+    assert!(a_fast.verify(&|_| {}).damaged.is_empty());
+    assert_extracts(&fast, 600, &files[1], dir.path());
+    // --fast and an explicit --layout are one choice, not two.
+    let o = std::process::Command::new(bin())
+        .args([
+            "delta",
+            "encode",
+            "--reference",
+            f0,
+            "--target",
+            f1,
+            "--output",
+        ])
+        .arg(dir.path().join("x.lsd"))
+        .args(["--fast", "--layout", "paper"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}

@@ -6,8 +6,21 @@ use std::time::Instant;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockstep::archive::{self, AddReport, Archive, PackOptions};
+use lockstep::delta::{EncodeOptions, LayoutChoice};
 use lockstep::{Error, Result};
 use serde_json::json;
+
+/// Delta options of `pack` and `append`: the default layouts, or with `--fast` the Joint one.
+fn delta_options(fast: bool) -> EncodeOptions {
+    EncodeOptions {
+        layout: if fast {
+            LayoutChoice::Fast
+        } else {
+            LayoutChoice::Auto
+        },
+        ..EncodeOptions::default()
+    }
+}
 
 #[derive(Args)]
 pub struct PackArgs {
@@ -31,6 +44,10 @@ pub struct PackArgs {
     /// Also code each delta tensor standalone and keep the smaller (slower).
     #[arg(long)]
     try_anchor: bool,
+    /// Code deltas in the fast layout: one symbol per weight, faster to encode and extract,
+    /// a few percent larger (readers need no flag: each blob records its layout).
+    #[arg(long)]
+    fast: bool,
     /// Batch budget in MiB (memory and speed, never the bytes).
     #[arg(long, default_value_t = 64)]
     batch_mib: u64,
@@ -52,6 +69,9 @@ pub struct AppendArgs {
     /// stored hashes) are used as references instead of decoding them from the archive.
     #[arg(long)]
     previous: Option<PathBuf>,
+    /// Code deltas in the fast layout (see `pack --fast`).
+    #[arg(long)]
+    fast: bool,
     #[arg(long, default_value_t = 64)]
     batch_mib: u64,
     #[arg(long)]
@@ -173,6 +193,7 @@ pub fn pack(a: PackArgs) -> Result<()> {
         batch_bytes: (a.batch_mib.max(1) as usize) << 20,
         overwrite: a.force,
         try_anchor: a.try_anchor,
+        delta: delta_options(a.fast),
         ..Default::default()
     };
     let pb = bar(total, a.json, "pack");
@@ -211,6 +232,7 @@ pub fn append(a: AppendArgs) -> Result<()> {
     let total: u64 = src.files.iter().map(|f| file_len(&f.path)).sum();
     let opts = PackOptions {
         batch_bytes: (a.batch_mib.max(1) as usize) << 20,
+        delta: delta_options(a.fast),
         ..Default::default()
     };
     let pb = bar(total, a.json, "append");

@@ -16,7 +16,7 @@ pub struct Totals {
     pub weights: u64,
     pub raw_bytes: u64,
     pub blob_bytes: u64,
-    /// Ideal bits of B, Q1, Q2, S.
+    /// Ideal bits of B, Q1, Q2, S (the Joint layout: J, 0, 0, 0).
     pub stage_bits: [f64; 4],
     pub tail_bits: u64,
     pub table_bytes: u64,
@@ -48,12 +48,17 @@ impl Totals {
 }
 
 /// The encoder configurations compared by `delta stats`.
-pub const CONFIGS: [(&str, LayoutChoice, bool); 4] = [
+pub const CONFIGS: [(&str, LayoutChoice, bool); 5] = [
     ("paper", LayoutChoice::Paper, true),
     ("paper, no e_r", LayoutChoice::Paper, false),
     ("lockstep", LayoutChoice::Auto, true),
     ("lockstep, no e_r", LayoutChoice::Auto, false),
+    ("lockstep --fast", LayoutChoice::Fast, true),
 ];
+
+/// Index in [`CONFIGS`] of the fast (Joint) layout, whose one stage's bits are in
+/// `stage_bits[0]`.
+pub const FAST_CONFIG: usize = 4;
 
 /// Stats of one dtype within a checkpoint pair.
 #[derive(Clone, Debug, Default)]
