@@ -32,6 +32,7 @@ fn fail(code: u32) {
 }
 
 fn with_symbol(s: u32, sym: u32) -> u32 {
+    if (p.layout_id == LAYOUT_JOINT) { return code_of_joint(sym); }
     if (s == 0u) { return sym; }
     if (s == 1u) { return sym << 7u; }
     if (s == 2u) { return sym << 8u; }
@@ -42,7 +43,7 @@ var<workgroup> ballot: array<atomic<u32>, 3>;
 
 // Row lookup and state advance for one symbol; returns the symbol (NONE: no row). No loop:
 // llvmpipe caps every loop at 65535 iterations per invocation, so slots map to symbols
-// through a table (4 symbols per u32, at hist_off[s]) for the B stage.
+// through a table (4 symbols per u32, at hist_off[s]) for the B and J stages.
 fn dec_symbol(s: u32, ctx: u32, x: ptr<function, u32>) -> u32 {
     let ri = tables[p.map_off[s] + ctx];
     if (ri == NONE) { return NONE; }
@@ -151,7 +152,7 @@ fn compose(c: u32, tail: vec2<u32>) -> vec2<u32> {
 
 fn displacement(v: vec2<u32>, neg: u32) -> vec2<u32> {
     var d = v;
-    if (p.signed_layout != 0u) {
+    if (p.layout_id != LAYOUT_PAPER) {
         if (neg == 1u) { d = neg64(v); }
     } else {
         d = shr64(v, 1u);

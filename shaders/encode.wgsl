@@ -66,7 +66,7 @@ fn enc_lanes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             let s = s1 - 1u;
             if (!present(s, code)) { continue; }
             let ri = tables[p.map_off[s] + context(s, code, info, nbc, p)];
-            let e = p.rows_off[s] + (ri * p.alpha[s] + symbol_of(s, code)) * 2u;
+            let e = p.rows_off[s] + (ri * p.alpha[s] + symbol_of(s, code, p)) * 2u;
             let f = tables[e];
             let start = tables[e + 1u];
             let g = c * GROUPS + st * 4u + s;

@@ -9,6 +9,12 @@ const TOTAL: u32 = 4096u;
 const SLOT_MASK: u32 = 4095u;
 const RANS_L: u32 = 65536u;
 const NONE: u32 = 0xffffffffu;
+// Params.layout_id (delta::symbols::Layout as u32).
+const LAYOUT_PAPER: u32 = 0u;
+const LAYOUT_SIGNED: u32 = 1u;
+// One stage (J): b, q1, q2 and the sign as one symbol under er·2 + rs. Its elements have the
+// Signed layout's codes and tails; only the stages differ.
+const LAYOUT_JOINT: u32 = 2u;
 
 struct Params {
     n: u32,
@@ -16,7 +22,7 @@ struct Params {
     mant: u32,
     ebits: u32,
     condition: u32,
-    signed_layout: u32,
+    layout_id: u32,
     // Distance to the neighbor element (one row up) whose bit length (B) and update sign (S)
     // are contexts; 0: no neighbor context.
     neighbor: u32,
@@ -122,11 +128,12 @@ fn ref_info(r: vec2<u32>, p: Params) -> u32 {
     return er | (bit64(r, p.width - 1u) << 8u) | (m2 << 9u);
 }
 
-// Coded value of a displacement: |d| (Signed layout, sign returned in .z) or ZigZag(d).
+// Coded value of a displacement: |d| (Signed and Joint layouts, sign returned in .z) or
+// ZigZag(d) (Paper).
 fn coded_value(d: vec2<u32>, p: Params) -> vec3<u32> {
     let sd = sext(d, p.width);
     let neg = sd.y >> 31u;
-    if (p.signed_layout != 0u) {
+    if (p.layout_id != LAYOUT_PAPER) {
         var v = sd;
         if (neg == 1u) { v = neg64(sd); }
         return vec3<u32>(v, neg);
@@ -151,7 +158,31 @@ fn sign_state(c: u32) -> u32 {
     return 1u + ((c >> 9u) & 1u);
 }
 
-// Does stage s (0 B, 1 Q1, 2 Q2, 3 S) code a symbol for this element, and which?
+// Joint symbol of a code (delta::symbols::joint_symbol): b = 0 -> 0; b = 1 -> 1 + neg;
+// b = 2 -> 3 + 2 q1 + neg; b >= 3 -> 7 + 8 (b - 3) + 4 q1 + 2 q2 + neg.
+fn joint_of(c: u32) -> u32 {
+    let b = c & 127u;
+    let q1 = (c >> 7u) & 1u;
+    let q2 = (c >> 8u) & 1u;
+    let neg = (c >> 9u) & 1u;
+    if (b == 0u) { return 0u; }
+    if (b == 1u) { return 1u + neg; }
+    if (b == 2u) { return 3u + 2u * q1 + neg; }
+    return 7u + 8u * (b - 3u) + 4u * q1 + 2u * q2 + neg;
+}
+
+// Code of a joint symbol (delta::symbols::joint_parts), the inverse of joint_of.
+fn code_of_joint(j: u32) -> u32 {
+    if (j == 0u) { return 0u; }
+    if (j < 3u) { return 1u | ((j - 1u) << 9u); }
+    if (j < 7u) { return 2u | (((j - 3u) >> 1u) << 7u) | (((j - 3u) & 1u) << 9u); }
+    let k = j - 7u;
+    return (3u + (k >> 3u)) | (((k >> 2u) & 1u) << 7u) | (((k >> 1u) & 1u) << 8u)
+        | ((k & 1u) << 9u);
+}
+
+// Does stage s (0 B, 1 Q1, 2 Q2, 3 S; in the Joint layout 0 is J) code a symbol for this
+// element, and which?
 fn present(s: u32, c: u32) -> bool {
     let b = c & 127u;
     if (s == 0u) { return true; }
@@ -160,7 +191,8 @@ fn present(s: u32, c: u32) -> bool {
     return b >= 1u;
 }
 
-fn symbol_of(s: u32, c: u32) -> u32 {
+fn symbol_of(s: u32, c: u32, p: Params) -> u32 {
+    if (p.layout_id == LAYOUT_JOINT) { return joint_of(c); }
     if (s == 0u) { return c & 127u; }
     if (s == 1u) { return (c >> 7u) & 1u; }
     if (s == 2u) { return (c >> 8u) & 1u; }
@@ -171,6 +203,7 @@ fn symbol_of(s: u32, c: u32) -> u32 {
 // NONE when there is no neighbor in the chunk.
 fn context(s: u32, c: u32, info: u32, nbc: u32, p: Params) -> u32 {
     let er = info & 255u;
+    if (p.layout_id == LAYOUT_JOINT) { return er * 2u + ((info >> 8u) & 1u); }
     let eb = er * p.w1 + (c & 127u);
     if (s == 0u) {
         if (p.nb_form[0] == 0u) { return er; }

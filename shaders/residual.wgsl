@@ -76,7 +76,7 @@ fn histogram(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     for (var s = 0u; s < p.n_stages; s++) {
         if (present(s, c)) {
-            let at = p.hist_off[s] + context(s, c, info, nbc, p) * p.alpha[s] + symbol_of(s, c);
+            let at = p.hist_off[s] + context(s, c, info, nbc, p) * p.alpha[s] + symbol_of(s, c, p);
             atomicAdd(&counts[at], 1u);
         }
     }

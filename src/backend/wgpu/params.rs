@@ -3,7 +3,7 @@
 use super::super::reference::layout_stages;
 use crate::delta::chunk::CHUNK_ELEMS;
 use crate::delta::model::{Space, Tables};
-use crate::delta::symbols::Layout;
+use crate::delta::symbols::{Layout, JOINT_MAX_WIDTH};
 use crate::dtype::FloatLayout;
 use crate::entropy::freq::PROB_TOTAL;
 use crate::{Error, Result};
@@ -16,7 +16,8 @@ pub struct Params {
     pub mant: u32,
     pub ebits: u32,
     pub condition: bool,
-    pub signed: bool,
+    /// `Layout as u32`: 0 Paper, 1 Signed, 2 Joint (LAYOUT_* in prelude.wgsl).
+    pub layout_id: u32,
     pub neighbor: u32,
     pub n_stages: u32,
     pub n_chunks: u32,
@@ -50,7 +51,7 @@ impl Params {
             self.mant,
             self.ebits,
             self.condition as u32,
-            self.signed as u32,
+            self.layout_id,
             self.neighbor,
             self.n_stages,
             self.n_chunks,
@@ -74,15 +75,19 @@ impl Params {
     }
     /// Layout and neighbor distance; the stages' context forms are set by [`Params::forms`].
     pub fn layout(mut self, layout: Layout, distance: Option<usize>) -> Result<Params> {
-        if layout == Layout::Joint {
-            return Err(Error::Unsupported(
-                "the joint (fast) layout on the wgpu backend".into(),
-            ));
+        // The decoder's slot tables hold one byte per symbol; the format stops the Joint
+        // layout at 32-bit floats for the same reason.
+        if layout == Layout::Joint && self.fl_width > JOINT_MAX_WIDTH {
+            return Err(Error::Unsupported(format!(
+                "the joint layout for {}-bit floats",
+                self.fl_width
+            )));
         }
-        self.signed = layout == Layout::Signed;
+        self.layout_id = layout as u32;
         self.n_stages = layout_stages(layout).len() as u32;
+        // Only the Signed layout has neighbor contexts.
         self.neighbor = match distance {
-            Some(d) if self.signed => u32::try_from(d)
+            Some(d) if layout == Layout::Signed => u32::try_from(d)
                 .map_err(|_| Error::Unsupported(format!("neighbor distance {d}")))?,
             _ => 0,
         };
