@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
-use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
+use super::tables::{put_lanes, EncStage, EncSym, IDENTITY, PACKED_IDENTITY};
 use super::word::{rs, Word};
 use crate::delta::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::delta::model::{Hist, Space, Stage, StageTable};
@@ -129,12 +129,16 @@ pub fn encode_chunk<T: Word>(
 }
 
 /// Decoder tables: per row, a dense slot table, so a lane finds its symbol, frequency and
-/// offset in one load.
+/// offset in one load (two for the vector decoders: context -> row, then the slot).
 pub struct JointDec {
     /// Context -> row, [`JointDec::NONE`] where no row covers it.
     pub map: Vec<u32>,
     /// `J | (freq - 1) << 8 | (slot - start) << 20` per row and slot.
     pub slots: Vec<u32>,
+    /// Whether every context the vector decoders compute (`er·2 + rs < 512`) indexes `map`,
+    /// and every row in it `slots`: checked once here, so their gathers need no per-lane
+    /// bounds checks.
+    pub vector_ok: bool,
 }
 
 impl JointDec {
@@ -152,14 +156,21 @@ impl JointDec {
                 }
             }
         }
+        let vector_ok = t.map.len() >= 2 * 256
+            && n_rows < (1 << 18)
+            && t.map
+                .iter()
+                .all(|&r| r == Self::NONE || (r as usize) < n_rows);
         JointDec {
             map: t.map.clone(),
             slots,
+            vector_ok,
         }
     }
 }
 
-/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements).
+/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements), from
+/// element `done` on (a multiple of `LANES`: the steps a vector decoder left).
 #[inline(always)]
 pub fn decode_lanes(
     table: &JointDec,
@@ -167,10 +178,11 @@ pub fn decode_lanes(
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
+    done: usize,
 ) -> Result<()> {
     let lut = code_of_joint();
     let n = codes.len();
-    for step in 0..n.div_ceil(LANES) {
+    for step in done / LANES..n.div_ceil(LANES) {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let xs = &mut states[..lanes];
@@ -188,4 +200,61 @@ pub fn decode_lanes(
         st.refill(xs)?;
     }
     Ok(())
+}
+
+/// Per-element codes of joint symbols 0..16, for the vector decoders (above 6 the code
+/// follows from `J + 17 = 8·b + 4·q1 + 2·q2 + neg` by shifts).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub fn small_codes() -> [u32; 16] {
+    let lut = code_of_joint();
+    std::array::from_fn(|j| lut[j])
+}
+
+/// Bit lengths' code slots per context in [`JointFlat`]: `b·8 + (code >> 7 & 7)`, b <= 32.
+pub const FLAT_STRIDE: usize = 33 * 8;
+
+/// The encoders' flat table: the packed symbol (`freq | start << 16`) of every per-element
+/// code under every context of the tensor's exponent classes, so a lane needs one lookup
+/// (no context -> row -> code -> J chain).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub struct JointFlat {
+    /// The lowest exponent class covered; entries are at `((er - lo)·2 + rs)·FLAT_STRIDE +
+    /// b·8 + (code >> 7 & 7)`.
+    pub lo: u32,
+    pub packed: Vec<u32>,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl JointFlat {
+    pub fn new(t: &EncStage, info: &[u16]) -> JointFlat {
+        let (lo, hi) = info.iter().fold((255u16, 0u16), |(l, h), &i| {
+            (l.min(i & 255), h.max(i & 255))
+        });
+        let (lo, hi) = if lo > hi {
+            (0, 0)
+        } else {
+            (lo as usize, hi as usize)
+        };
+        let lut = joint_of_code();
+        let mut packed = Vec::with_capacity((hi - lo + 1) * 2 * FLAT_STRIDE);
+        for ctx in lo * 2..hi * 2 + 2 {
+            for k in 0..FLAT_STRIDE {
+                let code = (k >> 3) as u32 | ((k & 7) as u32) << 7;
+                // Codes the passes never make (q bits above b) are never looked up.
+                let j = lut[code as usize] as usize;
+                packed.push(match t.map.get(ctx) {
+                    Some(&r) if r != u32::MAX => t
+                        .packed
+                        .get(r as usize * t.alphabet + j)
+                        .copied()
+                        .unwrap_or(PACKED_IDENTITY),
+                    _ => PACKED_IDENTITY,
+                });
+            }
+        }
+        JointFlat {
+            lo: lo as u32,
+            packed,
+        }
+    }
 }
