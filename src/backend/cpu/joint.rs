@@ -9,6 +9,7 @@ use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY, PACKED_IDENTITY};
 use super::word::{rs, Word};
+use super::Isa;
 use crate::delta::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::delta::model::{Hist, Space, Stage, StageTable};
 use crate::delta::symbols::{joint_parts, joint_symbol, Sym};
@@ -58,8 +59,131 @@ pub fn context(info: u16) -> usize {
     (info & 255) as usize * 2 + rs(info)
 }
 
-/// Histogram of the J stage, chunk-local counts merged (like the other layouts).
-pub fn histogram<T: Word>(d: &[T], info: &[u16], width: u32) -> Hist {
+/// Histogram of the J stage, counted per chunk by (context, code slot) as [`JointFlat`]
+/// lays them out (no per-element table lookup), in four interleaved tables (a run of one
+/// symbol does not wait on its own increments), then folded into J rows once per tensor.
+#[inline(always)]
+pub fn histogram<T: Word>(isa: Isa, d: &[T], info: &[u16], width: u32) -> Hist {
+    if T::BITS > 32 {
+        return histogram_wide(d, info, width);
+    }
+    let space = Space::new(Stage::J, width, false);
+    let a = space.alphabet();
+    let (lo, hi) = er_range(info);
+    let n_ctx = (hi - lo + 1) * 2;
+    let size = n_ctx * FLAT_STRIDE;
+    let lo2 = 2 * lo as u32;
+    let init = || (vec![0u64; size], Vec::<u32>::new(), vec![0u32; 4 * size]);
+    let count = |(mut acc, mut idx, mut sub): (Vec<u64>, Vec<u32>, Vec<u32>),
+                 r: std::ops::Range<usize>| {
+        super::hist::simd(
+            isa,
+            #[inline(always)]
+            || {
+                count_chunk(
+                    &d[r.clone()],
+                    &info[r],
+                    lo2,
+                    size,
+                    &mut acc,
+                    &mut idx,
+                    &mut sub,
+                )
+            },
+        );
+        (acc, idx, sub)
+    };
+    let acc = chunk_ranges(d.len())
+        .into_par_iter()
+        .fold(init, count)
+        .map(|(acc, _, _)| acc)
+        .reduce_with(|mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        })
+        .unwrap_or_else(|| vec![0u64; size]);
+    // Code slots -> J (slots of codes the passes never make count nothing).
+    let lut = joint_of_code();
+    let mut rows = vec![0u64; n_ctx * a];
+    for (row, slots) in rows.chunks_exact_mut(a).zip(acc.chunks_exact(FLAT_STRIDE)) {
+        for (k, &c) in slots.iter().enumerate() {
+            if c != 0 {
+                row[lut[(k >> 3) | (k & 7) << 7] as usize] += c;
+            }
+        }
+    }
+    let ctxs: Vec<u32> = (lo2..lo2 + n_ctx as u32).collect();
+    Hist::from_rows(space, &ctxs, &rows)
+}
+
+/// Count one chunk into `acc` (see [`histogram`]); `idx` and `sub` are scratch, `sub` four
+/// zeroed tables of `size` slots, left zeroed.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn count_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    lo2: u32,
+    size: usize,
+    acc: &mut [u64],
+    idx: &mut Vec<u32>,
+    sub: &mut [u32],
+) {
+    idx.clear();
+    idx.resize(d.len(), 0);
+    for ((o, &d), &i) in idx.iter_mut().zip(d).zip(info) {
+        // `word::value` and `word::code` in 32 bits (widths <= 32).
+        let sd = ((d.get() as u32) << (32 - T::BITS)) as i32 >> (32 - T::BITS);
+        let (v, neg) = (sd.unsigned_abs(), (sd < 0) as u32);
+        let b = 32 - v.leading_zeros();
+        let q1 = (v >> b.saturating_sub(2)) & 1 & (b >= 2) as u32;
+        let q2 = (v >> b.saturating_sub(3)) & 1 & (b >= 3) as u32;
+        let ctx = ((i & 255) as u32 * 2 + ((i >> 8) & 1) as u32).wrapping_sub(lo2);
+        *o = ctx * FLAT_STRIDE as u32 + b * 8 + q1 + q2 * 2 + neg * 4;
+    }
+    let (s01, s23) = sub.split_at_mut(2 * size);
+    let (s0, s1) = s01.split_at_mut(size);
+    let (s2, s3) = s23.split_at_mut(size);
+    let mut q = idx.chunks_exact(4);
+    for k in &mut q {
+        s0[k[0] as usize] += 1;
+        s1[k[1] as usize] += 1;
+        s2[k[2] as usize] += 1;
+        s3[k[3] as usize] += 1;
+    }
+    for &k in q.remainder() {
+        s0[k as usize] += 1;
+    }
+    if idx.len() >= size {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc += (s0[j] + s1[j] + s2[j] + s3[j]) as u64;
+        }
+        sub.fill(0);
+    } else {
+        // Fewer elements than slots (small tensors): move only the slots they hit.
+        for &k in idx.iter() {
+            let k = k as usize;
+            acc[k] += (s0[k] + s1[k] + s2[k] + s3[k]) as u64;
+            (s0[k], s1[k], s2[k], s3[k]) = (0, 0, 0, 0);
+        }
+    }
+}
+
+/// The exponent classes `info` spans, `(0, 0)` when empty.
+fn er_range(info: &[u16]) -> (usize, usize) {
+    let (lo, hi) = info.iter().fold((255u16, 0u16), |(l, h), &i| {
+        (l.min(i & 255), h.max(i & 255))
+    });
+    if lo > hi {
+        (0, 0)
+    } else {
+        (lo as usize, hi as usize)
+    }
+}
+
+/// [`histogram`] for any width, one table lookup per element (wider than 32 bits the
+/// layout is not defined: their codes' J is whatever `joint_of_code` says).
+fn histogram_wide<T: Word>(d: &[T], info: &[u16], width: u32) -> Hist {
     let space = Space::new(Stage::J, width, false);
     let a = space.alphabet();
     let lut = joint_of_code();
@@ -227,14 +351,7 @@ pub struct JointFlat {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl JointFlat {
     pub fn new(t: &EncStage, info: &[u16]) -> JointFlat {
-        let (lo, hi) = info.iter().fold((255u16, 0u16), |(l, h), &i| {
-            (l.min(i & 255), h.max(i & 255))
-        });
-        let (lo, hi) = if lo > hi {
-            (0, 0)
-        } else {
-            (lo as usize, hi as usize)
-        };
+        let (lo, hi) = er_range(info);
         let lut = joint_of_code();
         let mut packed = Vec::with_capacity((hi - lo + 1) * 2 * FLAT_STRIDE);
         for ctx in lo * 2..hi * 2 + 2 {

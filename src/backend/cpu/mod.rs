@@ -215,11 +215,7 @@ impl<T: Word> Resident for CpuResident<T> {
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         if layout == Layout::Joint {
             let (d, info, w) = (&self.d, &self.info, self.fl.width);
-            return Ok(vec![fast(
-                self.isa,
-                #[inline(always)]
-                || joint::histogram(d, info, w),
-            )]);
+            return Ok(vec![joint::histogram(self.isa, d, info, w)]);
         }
         let signed = layout == Layout::Signed;
         if !signed {
