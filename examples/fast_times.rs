@@ -13,7 +13,7 @@
 //!
 //! `cargo run --release --example fast_times [portable|avx2|avx512 ...]` (default: every
 //! level this CPU runs); `ROUNDS=n` (default 5); `DTYPE=fp32` times the fp32 pair. Prints
-//! each round and then the best and median of the rounds.
+//! each round and then the best and median of the rounds; `ONLY=default|fast` runs one layout.
 use std::time::Instant;
 
 use lockstep::backend::cpu::{CpuAt, Isa};
@@ -101,6 +101,8 @@ fn main() {
         "{dt} 600 -> 800: {} float tensors, {mb:.1} MB, 1 thread, {rounds} rounds, MB/s of CPU time",
         tensors.len()
     );
+    // ONLY=default or ONLY=fast: one layout (for profiling).
+    let only = std::env::var("ONLY").ok();
     let distance = |layout: Layout, t: &Tensor| (layout == Layout::Signed).then_some(t.d);
     for isa in isas {
         let cpu = CpuAt::new(isa).expect("ISA not available on this CPU");
@@ -109,6 +111,9 @@ fn main() {
         let mut sizes = [0usize; 2];
         for round in 0..rounds {
             for (li, &(layout, name)) in LAYOUTS.iter().enumerate() {
+                if only.as_deref().is_some_and(|o| o != name) {
+                    continue;
+                }
                 // Whole encode of this layout: residuals, histograms, tables, lanes.
                 let (mut t_res, mut t_hist, mut t_sel, mut t_lanes) = (0.0, 0.0, 0.0, 0.0);
                 let mut coded = Vec::with_capacity(tensors.len());
@@ -172,6 +177,9 @@ fn main() {
         }
         println!("{} summary, MB/s best / median of {rounds}:", isa.name());
         for (li, &(_, name)) in LAYOUTS.iter().enumerate() {
+            if rates[li][0].is_empty() {
+                continue;
+            }
             let stat = |m: usize| {
                 let mut v = rates[li][m].clone();
                 v.sort_by(|a: &f64, b| a.partial_cmp(b).unwrap());

@@ -168,7 +168,9 @@ pub fn chunk<T: Word>(
     let n = reference.len() / T::SIZE;
     let (info, codes) = (&mut scratch.0, &mut scratch.1);
     info_fn.fill::<T>(reference, info);
-    codes.clear();
+    // Every lane writes its element's code before anything reads it: no clearing memset
+    // when the buffer is already as long (every chunk but a tensor's first).
+    codes.truncate(n);
     codes.resize(n, 0);
     let mut states = c.states;
     let padded = &mut scratch.2;

@@ -350,28 +350,37 @@ pub struct JointFlat {
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl JointFlat {
-    pub fn new(t: &EncStage, info: &[u16]) -> JointFlat {
+    /// The table for the exponent classes of `info` (a tensor's elements); `None` where it
+    /// would have more entries than twice the elements (small tensors: building it would
+    /// cost more than the lookups it saves).
+    pub fn new(t: &EncStage, info: &[u16]) -> Option<JointFlat> {
         let (lo, hi) = er_range(info);
+        let size = (hi - lo + 1) * 2 * FLAT_STRIDE;
+        if size > 2 * info.len() {
+            return None;
+        }
         let lut = joint_of_code();
-        let mut packed = Vec::with_capacity((hi - lo + 1) * 2 * FLAT_STRIDE);
+        // Codes the passes never make (q bits above b) are never looked up.
+        let j_of: [usize; FLAT_STRIDE] =
+            std::array::from_fn(|k| lut[(k >> 3) | (k & 7) << 7] as usize);
+        let a = t.alphabet;
+        let mut packed = Vec::with_capacity(size);
         for ctx in lo * 2..hi * 2 + 2 {
-            for k in 0..FLAT_STRIDE {
-                let code = (k >> 3) as u32 | ((k & 7) as u32) << 7;
-                // Codes the passes never make (q bits above b) are never looked up.
-                let j = lut[code as usize] as usize;
-                packed.push(match t.map.get(ctx) {
-                    Some(&r) if r != u32::MAX => t
-                        .packed
-                        .get(r as usize * t.alphabet + j)
-                        .copied()
-                        .unwrap_or(PACKED_IDENTITY),
-                    _ => PACKED_IDENTITY,
-                });
+            let row = match t.map.get(ctx) {
+                Some(&r) if r != u32::MAX => t.packed.get(r as usize * a..(r as usize + 1) * a),
+                _ => None,
+            };
+            match row {
+                Some(row) => packed.extend(
+                    j_of.iter()
+                        .map(|&j| row.get(j).copied().unwrap_or(PACKED_IDENTITY)),
+                ),
+                None => packed.extend([PACKED_IDENTITY; FLAT_STRIDE]),
             }
         }
-        JointFlat {
+        Some(JointFlat {
             lo: lo as u32,
             packed,
-        }
+        })
     }
 }

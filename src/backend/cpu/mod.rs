@@ -260,10 +260,11 @@ impl<T: Word> Resident for CpuResident<T> {
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
         if layout == Layout::Joint {
-            // The flat table serves both vector encoders.
+            // The flat table serves both vector encoders (small tensors: the portable lanes).
             #[cfg(target_arch = "x86_64")]
-            let flat =
-                (self.isa >= Isa::Avx2).then(|| joint::JointFlat::new(&stages[0], &self.info));
+            let flat = (self.isa >= Isa::Avx2)
+                .then(|| joint::JointFlat::new(&stages[0], &self.info))
+                .flatten();
             return Ok(chunk_ranges(self.d.len())
                 .into_par_iter()
                 .map_init(encode::Scratch::default, |scratch, r| {
