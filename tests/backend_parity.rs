@@ -116,7 +116,10 @@ fn assert_same_stages(
         .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()))
         .unwrap();
     assert_eq!(want.decoded, pair.target, "{what}: reference decode");
-    assert_eq!(want.fast_decoded, pair.target, "{what}: reference fast decode");
+    assert_eq!(
+        want.fast_decoded, pair.target,
+        "{what}: reference fast decode"
+    );
     if let Some(stage) = first_difference(&want, &got) {
         panic!(
             "{what}: {} differs from the reference at stage {stage}",
