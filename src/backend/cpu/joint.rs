@@ -270,15 +270,16 @@ impl JointDec {
 
     pub fn new(t: &StageTable) -> Self {
         let n_rows = t.explicit.len() + t.backoff.len();
-        let mut slots = vec![0u32; n_rows * PROB_TOTAL as usize];
+        // Written in slot order, without zeroing first (a row's symbols cover its slots in
+        // order: starts are the running sums of the frequencies).
+        let mut slots = Vec::with_capacity(n_rows * PROB_TOTAL as usize);
         for ri in 0..n_rows {
             let row = t.row(ri as u32);
-            let dense = &mut slots[ri * PROB_TOTAL as usize..][..PROB_TOTAL as usize];
-            for (j, (&f, &start)) in row.freq.iter().zip(&row.start).enumerate() {
-                for k in 0..f {
-                    dense[(start + k) as usize] = j as u32 | (f - 1) << 8 | k << 20;
-                }
+            for (j, &f) in row.freq.iter().enumerate() {
+                slots.extend((0..f).map(|k| j as u32 | (f - 1) << 8 | k << 20));
             }
+            // Exactly one row's slots whatever the frequencies.
+            slots.resize((ri + 1) * PROB_TOTAL as usize, 0);
         }
         let vector_ok = t.map.len() >= 2 * 256
             && n_rows < (1 << 18)

@@ -79,13 +79,42 @@ pub unsafe fn decode(
     let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
     let none = _mm512_set1_epi32(JointDec::NONE as i32);
     let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    // Where the chunk's contexts span at most 64 (most chunks: a tensor's exponent classes
+    // are few), their rows come from four registers by two permutes and a blend instead of a
+    // gather: one gather per 16 lanes is left, the one on the state chain.
+    let (lo, hi) = info[..full].iter().fold((u16::MAX, 0u16), |(l, h), &i| {
+        let c = (i & 255) << 1 | (i >> 8) & 1;
+        (l.min(c), h.max(c))
+    });
+    let in_regs = hi.wrapping_sub(lo) < 64;
+    let mut rows_a = [JointDec::NONE; 64];
+    if in_regs {
+        for (k, r) in rows_a.iter_mut().enumerate() {
+            *r = table
+                .map
+                .get(lo as usize + k)
+                .copied()
+                .unwrap_or(JointDec::NONE);
+        }
+    }
+    let rt = [0, 16, 32, 48].map(|k| _mm512_loadu_si512(rows_a.as_ptr().add(k).cast()));
+    let lo_v = _mm512_set1_epi32(lo as i32);
     for base in (0..full).step_by(LANES) {
         // Rows first (they depend only on the reference): off the state chain.
         let mut row = [_mm512_setzero_si512(); 2];
         for (h, r) in row.iter_mut().enumerate() {
             let inf = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(base + 16 * h).cast()));
-            // In bounds: contexts are below 512 <= `map.len()` (`vector_ok`).
-            *r = _mm512_i32gather_epi32::<4>(contexts(inf), map.cast());
+            let ctx = contexts(inf);
+            *r = if in_regs {
+                // `ctx - lo < 64`: the permutes read bits 0..5, the blend bit 5.
+                let rel = _mm512_sub_epi32(ctx, lo_v);
+                let a = _mm512_permutex2var_epi32(rt[0], rel, rt[1]);
+                let b = _mm512_permutex2var_epi32(rt[2], rel, rt[3]);
+                _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rel, _mm512_set1_epi32(32)), a, b)
+            } else {
+                // In bounds: contexts are below 512 <= `map.len()` (`vector_ok`).
+                _mm512_i32gather_epi32::<4>(ctx, map.cast())
+            };
             if _mm512_cmpeq_epi32_mask(*r, none) != 0 {
                 return Err(no_row());
             }
