@@ -14,7 +14,7 @@ use lockstep::backend::Backend;
 use lockstep::baseline;
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
-use lockstep::delta::{decode_tensor_with, EncodeOptions, TensorPair};
+use lockstep::delta::{decode_tensor_with, EncodeOptions, LayoutChoice, TensorPair};
 
 fn pairs<'a>(r: &'a Checkpoint, t: &'a Checkpoint) -> Vec<TensorPair<'a>> {
     t.tensors
@@ -57,18 +57,28 @@ fn row(name: &str, raw: usize, packed: usize, enc_s: f64, dec_s: Option<f64>) {
 }
 
 fn lockstep_row(name: &str, b: &dyn Backend, threads: usize, pairs: &[TensorPair], reps: usize) {
+    lockstep_row_with(name, b, threads, pairs, reps, &EncodeOptions::default());
+}
+
+fn lockstep_row_with(
+    name: &str,
+    b: &dyn Backend,
+    threads: usize,
+    pairs: &[TensorPair],
+    reps: usize,
+    opts: &EncodeOptions,
+) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
-    let opts = EncodeOptions::default();
     let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
     pool.install(|| {
         // Tensors in parallel as well as chunks, as `encode_batched` does.
         let (enc_s, blobs) = best(reps, || {
             pairs
                 .par_iter()
-                .map(|p| encode_unverified(p, &opts, b).unwrap().0)
+                .map(|p| encode_unverified(p, opts, b).unwrap().0)
                 .collect::<Vec<_>>()
         });
         let (dec_s, decoded) = best(reps, || {
@@ -146,6 +156,18 @@ fn main() {
             2,
             &pairs,
             reps,
+        );
+        // The Joint layout (`--layout fast`): one symbol per weight, bigger, faster.
+        lockstep_row_with(
+            &format!("lockstep cpu {} fast, 1 thread", best_isa.name()),
+            &CpuBackend,
+            1,
+            &pairs,
+            reps,
+            &EncodeOptions {
+                layout: LayoutChoice::Fast,
+                ..EncodeOptions::default()
+            },
         );
         // The slower instruction-set levels this CPU also runs (same bytes).
         for isa in Isa::ALL.into_iter().filter(|&i| i < best_isa) {

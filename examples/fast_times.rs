@@ -9,7 +9,10 @@
 //! - `encode`: residuals + histograms + table selection + lanes (no blob framing, no
 //!   layout trial: what one layout costs on its own);
 //! - `decode`: `Backend::decode` (tables, lanes, tails, inverse transform); every output is
-//!   compared with the target outside the timed region.
+//!   compared with the target outside the timed region;
+//! - `blob enc` / `blob dec`: the whole per-tensor pipeline, `encode_unverified` (with its
+//!   layout trials: the default layout tries Signed and Paper) and `decode_tensor_with`
+//!   (blob parsing, tables, checks), as `examples/bench_table.rs` times it.
 //!
 //! `cargo run --release --example fast_times [portable|avx2|avx512 ...]` (default: every
 //! level this CPU runs); `ROUNDS=n` (default 5); `DTYPE=fp32` times the fp32 pair. Prints
@@ -19,9 +22,9 @@ use std::time::Instant;
 use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::{Backend, DecodeJob, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
-use lockstep::delta::blob::neighbor_distance;
+use lockstep::delta::blob::{encode_unverified, neighbor_distance};
 use lockstep::delta::model::{StageTable, Tables};
-use lockstep::delta::Layout;
+use lockstep::delta::{decode_tensor_with, EncodeOptions, Layout, LayoutChoice, TensorPair};
 
 const LAYOUTS: [(Layout, &str); 2] = [(Layout::Signed, "default"), (Layout::Joint, "fast")];
 
@@ -50,6 +53,7 @@ fn timed<R>(f: impl FnOnce() -> R) -> (R, f64) {
 }
 
 struct Tensor<'a> {
+    pair: TensorPair<'a>,
     fl: lockstep::dtype::FloatLayout,
     reference: &'a [u8],
     target: &'a [u8],
@@ -90,6 +94,12 @@ fn main() {
         .iter()
         .filter(|e| e.dtype.is_float())
         .map(|e| Tensor {
+            pair: TensorPair {
+                dtype: e.dtype,
+                shape: &e.shape,
+                reference: r.data(r.get(&e.name).unwrap()),
+                target: t.data(e),
+            },
             fl: e.dtype.float_layout().unwrap(),
             reference: r.data(r.get(&e.name).unwrap()),
             target: t.data(e),
@@ -107,7 +117,7 @@ fn main() {
     for isa in isas {
         let cpu = CpuAt::new(isa).expect("ISA not available on this CPU");
         // [layout][metric] -> per-round MB/s; metrics: hist, lanes, encode, decode.
-        let mut rates = vec![vec![Vec::new(); 4]; LAYOUTS.len()];
+        let mut rates = vec![vec![Vec::new(); 6]; LAYOUTS.len()];
         let mut sizes = [0usize; 2];
         for round in 0..rounds {
             for (li, &(layout, name)) in LAYOUTS.iter().enumerate() {
@@ -158,12 +168,32 @@ fn main() {
                     t_dec += s;
                     assert!(got == t.target, "{name} decode differs");
                 }
+                // The whole pipeline, blobs in and out.
+                let opts = EncodeOptions {
+                    layout: if layout == Layout::Joint {
+                        LayoutChoice::Fast
+                    } else {
+                        LayoutChoice::Auto
+                    },
+                    ..EncodeOptions::default()
+                };
+                let (mut t_benc, mut t_bdec) = (0.0, 0.0);
+                for t in &tensors {
+                    let (blob, s) = timed(|| encode_unverified(&t.pair, &opts, &cpu).unwrap().0);
+                    t_benc += s;
+                    let (got, s) = timed(|| decode_tensor_with(&blob, t.reference, &cpu).unwrap());
+                    t_bdec += s;
+                    assert!(got == t.target, "{name} blob decode differs");
+                }
                 let enc = t_res + t_hist + t_sel + t_lanes;
-                for (m, s) in [t_hist, t_lanes, enc, t_dec].into_iter().enumerate() {
+                for (m, s) in [t_hist, t_lanes, enc, t_dec, t_benc, t_bdec]
+                    .into_iter()
+                    .enumerate()
+                {
                     rates[li][m].push(mb / s);
                 }
                 println!(
-                    "{:>8} {:>7} round {round}: hist {:7.1}  lanes {:7.1}  encode {:7.1} (res {:.1} ms, select {:.1} ms)  decode {:7.1}",
+                    "{:>8} {:>7} round {round}: hist {:7.1}  lanes {:7.1}  encode {:7.1} (res {:.1} ms, select {:.1} ms)  decode {:7.1}  blob enc {:7.1}  blob dec {:7.1}",
                     isa.name(),
                     name,
                     mb / t_hist,
@@ -171,7 +201,9 @@ fn main() {
                     mb / enc,
                     t_res * 1e3,
                     t_sel * 1e3,
-                    mb / t_dec
+                    mb / t_dec,
+                    mb / t_benc,
+                    mb / t_bdec
                 );
             }
         }
@@ -185,10 +217,10 @@ fn main() {
                 v.sort_by(|a: &f64, b| a.partial_cmp(b).unwrap());
                 (v[v.len() - 1], v[v.len() / 2])
             };
-            let [h, l, e, d] = [0, 1, 2, 3].map(stat);
+            let [h, l, e, d, be, bd] = [0, 1, 2, 3, 4, 5].map(stat);
             println!(
-                "  {name:>7}: hist {:7.1} / {:7.1}  lanes {:7.1} / {:7.1}  encode {:7.1} / {:7.1}  decode {:7.1} / {:7.1}  (payload ratio {:.4}, tables excluded)",
-                h.0, h.1, l.0, l.1, e.0, e.1, d.0, d.1,
+                "  {name:>7}: hist {:7.1} / {:7.1}  lanes {:7.1} / {:7.1}  encode {:7.1} / {:7.1}  decode {:7.1} / {:7.1}  blob enc {:7.1} / {:7.1}  blob dec {:7.1} / {:7.1}  (payload ratio {:.4}, tables excluded)",
+                h.0, h.1, l.0, l.1, e.0, e.1, d.0, d.1, be.0, be.1, bd.0, bd.1,
                 sizes[li] as f64 / (mb * 1e6)
             );
         }
