@@ -170,10 +170,15 @@ fn count_chunk<T: Word>(
 }
 
 /// The exponent classes `info` spans, `(0, 0)` when empty.
+#[inline(always)]
 fn er_range(info: &[u16]) -> (usize, usize) {
-    let (lo, hi) = info.iter().fold((255u16, 0u16), |(l, h), &i| {
-        (l.min(i & 255), h.max(i & 255))
-    });
+    // As bytes (an exponent class is the low byte): unsigned byte minima and maxima
+    // vectorize even at baseline x86-64.
+    let (mut lo, mut hi) = (u8::MAX, 0u8);
+    for &i in info {
+        lo = lo.min(i as u8);
+        hi = hi.max(i as u8);
+    }
     if lo > hi {
         (0, 0)
     } else {

@@ -47,6 +47,40 @@ unsafe fn code_of(j: __m512i, small: __m512i) -> __m512i {
     _mm512_mask_permutexvar_epi32(c, lt16, j, small)
 }
 
+/// The lowest and highest J context of `info` (`(u16::MAX, 0)` when empty), 32 at a time.
+#[inline(always)]
+unsafe fn context_range(info: &[u16]) -> (u16, u16) {
+    let (mut lo, mut hi) = (_mm512_set1_epi16(-1), _mm512_setzero_si512());
+    let mut blocks = info.chunks_exact(32);
+    for b in &mut blocks {
+        // SAFETY: `b` holds 32 `u16`.
+        let i = unsafe { _mm512_loadu_si512(b.as_ptr().cast()) };
+        let c = _mm512_or_si512(
+            _mm512_slli_epi16::<1>(_mm512_and_si512(i, _mm512_set1_epi16(255))),
+            _mm512_and_si512(_mm512_srli_epi16::<8>(i), _mm512_set1_epi16(1)),
+        );
+        lo = _mm512_min_epu16(lo, c);
+        hi = _mm512_max_epu16(hi, c);
+    }
+    let (mut l, mut h) = ([0u16; 32], [0u16; 32]);
+    // SAFETY: 32 `u16` each.
+    unsafe {
+        _mm512_storeu_si512(l.as_mut_ptr().cast(), lo);
+        _mm512_storeu_si512(h.as_mut_ptr().cast(), hi);
+    }
+    let rest = blocks
+        .remainder()
+        .iter()
+        .map(|&i| (i & 255) << 1 | (i >> 8) & 1);
+    let lo = l
+        .iter()
+        .copied()
+        .chain(rest.clone())
+        .fold(u16::MAX, u16::min);
+    let hi = h.iter().copied().chain(rest).fold(0, u16::max);
+    (lo, hi)
+}
+
 /// Decode every full step of the chunk (all but a last partial one), exactly as
 /// `super::super::joint::decode_lanes` would; returns the number of elements done (0 when
 /// the tables do not have the shapes the gathers assume: the portable lanes do it all).
@@ -82,10 +116,7 @@ pub unsafe fn decode(
     // Where the chunk's contexts span at most 64 (most chunks: a tensor's exponent classes
     // are few), their rows come from four registers by two permutes and a blend instead of a
     // gather: one gather per 16 lanes is left, the one on the state chain.
-    let (lo, hi) = info[..full].iter().fold((u16::MAX, 0u16), |(l, h), &i| {
-        let c = (i & 255) << 1 | (i >> 8) & 1;
-        (l.min(c), h.max(c))
-    });
+    let (lo, hi) = context_range(&info[..full]);
     let in_regs = hi.wrapping_sub(lo) < 64;
     let mut rows_a = [JointDec::NONE; 64];
     if in_regs {
