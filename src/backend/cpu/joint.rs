@@ -129,7 +129,8 @@ fn count_chunk<T: Word>(
     idx: &mut Vec<u32>,
     sub: &mut [u32],
 ) {
-    idx.clear();
+    // Every slot is written below: no clearing memset when the buffer is already as long.
+    idx.truncate(d.len());
     idx.resize(d.len(), 0);
     for ((o, &d), &i) in idx.iter_mut().zip(d).zip(info) {
         // `word::value` and `word::code` in 32 bits (widths <= 32).
