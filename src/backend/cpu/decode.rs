@@ -168,7 +168,9 @@ pub fn chunk<T: Word>(
     let n = reference.len() / T::SIZE;
     let (info, codes) = (&mut scratch.0, &mut scratch.1);
     info_fn.fill::<T>(reference, info);
-    codes.clear();
+    // Every lane writes its element's code before anything reads it: no clearing memset
+    // when the buffer is already as long (every chunk but a tensor's first).
+    codes.truncate(n);
     codes.resize(n, 0);
     let mut states = c.states;
     let padded = &mut scratch.2;
@@ -186,7 +188,19 @@ pub fn chunk<T: Word>(
         _ => usize::MAX,
     };
     if let Some(table) = joint {
-        super::joint::decode_lanes(table, info, codes, &mut states, &mut st)?;
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 {
+            // SAFETY: `Isa::Avx512` is only used where `Isa::available` confirmed it; the
+            // stream is padded with `LANES` words.
+            done =
+                unsafe { super::avx512::joint::decode(table, info, codes, &mut states, &mut st)? };
+        } else if isa == Isa::Avx2 {
+            // SAFETY: as above, for `Isa::Avx2`.
+            done = unsafe { super::avx2::joint::decode(table, info, codes, &mut states, &mut st)? };
+        }
+        super::joint::decode_lanes(table, info, codes, &mut states, &mut st, done)?;
     } else {
         chain_lanes::<T>(info, codes, &mut states, &mut st, isa, stages, w1, d, d_s)?;
     }

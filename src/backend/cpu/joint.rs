@@ -7,8 +7,9 @@ use rayon::prelude::*;
 
 use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
-use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
+use super::tables::{put_lanes, EncStage, EncSym, IDENTITY, PACKED_IDENTITY};
 use super::word::{rs, Word};
+use super::Isa;
 use crate::delta::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::delta::model::{Hist, Space, Stage, StageTable};
 use crate::delta::symbols::{joint_parts, joint_symbol, Sym};
@@ -58,8 +59,137 @@ pub fn context(info: u16) -> usize {
     (info & 255) as usize * 2 + rs(info)
 }
 
-/// Histogram of the J stage, chunk-local counts merged (like the other layouts).
-pub fn histogram<T: Word>(d: &[T], info: &[u16], width: u32) -> Hist {
+/// Histogram of the J stage, counted per chunk by (context, code slot) as [`JointFlat`]
+/// lays them out (no per-element table lookup), in four interleaved tables (a run of one
+/// symbol does not wait on its own increments), then folded into J rows once per tensor.
+#[inline(always)]
+pub fn histogram<T: Word>(isa: Isa, d: &[T], info: &[u16], width: u32) -> Hist {
+    if T::BITS > 32 {
+        return histogram_wide(d, info, width);
+    }
+    let space = Space::new(Stage::J, width, false);
+    let a = space.alphabet();
+    let (lo, hi) = er_range(info);
+    let n_ctx = (hi - lo + 1) * 2;
+    let size = n_ctx * FLAT_STRIDE;
+    let lo2 = 2 * lo as u32;
+    let init = || (vec![0u64; size], Vec::<u32>::new(), vec![0u32; 4 * size]);
+    let count = |(mut acc, mut idx, mut sub): (Vec<u64>, Vec<u32>, Vec<u32>),
+                 r: std::ops::Range<usize>| {
+        super::hist::simd(
+            isa,
+            #[inline(always)]
+            || {
+                count_chunk(
+                    &d[r.clone()],
+                    &info[r],
+                    lo2,
+                    size,
+                    &mut acc,
+                    &mut idx,
+                    &mut sub,
+                )
+            },
+        );
+        (acc, idx, sub)
+    };
+    let acc = chunk_ranges(d.len())
+        .into_par_iter()
+        .fold(init, count)
+        .map(|(acc, _, _)| acc)
+        .reduce_with(|mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        })
+        .unwrap_or_else(|| vec![0u64; size]);
+    // Code slots -> J (slots of codes the passes never make count nothing).
+    let lut = joint_of_code();
+    let mut rows = vec![0u64; n_ctx * a];
+    for (row, slots) in rows.chunks_exact_mut(a).zip(acc.chunks_exact(FLAT_STRIDE)) {
+        for (k, &c) in slots.iter().enumerate() {
+            if c != 0 {
+                row[lut[(k >> 3) | (k & 7) << 7] as usize] += c;
+            }
+        }
+    }
+    let ctxs: Vec<u32> = (lo2..lo2 + n_ctx as u32).collect();
+    Hist::from_rows(space, &ctxs, &rows)
+}
+
+/// Count one chunk into `acc` (see [`histogram`]); `idx` and `sub` are scratch, `sub` four
+/// zeroed tables of `size` slots, left zeroed.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn count_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    lo2: u32,
+    size: usize,
+    acc: &mut [u64],
+    idx: &mut Vec<u32>,
+    sub: &mut [u32],
+) {
+    // Every slot is written below: no clearing memset when the buffer is already as long.
+    idx.truncate(d.len());
+    idx.resize(d.len(), 0);
+    for ((o, &d), &i) in idx.iter_mut().zip(d).zip(info) {
+        // `word::value` and `word::code` in 32 bits (widths <= 32).
+        let sd = ((d.get() as u32) << (32 - T::BITS)) as i32 >> (32 - T::BITS);
+        let (v, neg) = (sd.unsigned_abs(), (sd < 0) as u32);
+        let b = 32 - v.leading_zeros();
+        let q1 = (v >> b.saturating_sub(2)) & 1 & (b >= 2) as u32;
+        let q2 = (v >> b.saturating_sub(3)) & 1 & (b >= 3) as u32;
+        let ctx = ((i & 255) as u32 * 2 + ((i >> 8) & 1) as u32).wrapping_sub(lo2);
+        *o = ctx * FLAT_STRIDE as u32 + b * 8 + q1 + q2 * 2 + neg * 4;
+    }
+    let (s01, s23) = sub.split_at_mut(2 * size);
+    let (s0, s1) = s01.split_at_mut(size);
+    let (s2, s3) = s23.split_at_mut(size);
+    let mut q = idx.chunks_exact(4);
+    for k in &mut q {
+        s0[k[0] as usize] += 1;
+        s1[k[1] as usize] += 1;
+        s2[k[2] as usize] += 1;
+        s3[k[3] as usize] += 1;
+    }
+    for &k in q.remainder() {
+        s0[k as usize] += 1;
+    }
+    if idx.len() >= size {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc += (s0[j] + s1[j] + s2[j] + s3[j]) as u64;
+        }
+        sub.fill(0);
+    } else {
+        // Fewer elements than slots (small tensors): move only the slots they hit.
+        for &k in idx.iter() {
+            let k = k as usize;
+            acc[k] += (s0[k] + s1[k] + s2[k] + s3[k]) as u64;
+            (s0[k], s1[k], s2[k], s3[k]) = (0, 0, 0, 0);
+        }
+    }
+}
+
+/// The exponent classes `info` spans, `(0, 0)` when empty.
+#[inline(always)]
+fn er_range(info: &[u16]) -> (usize, usize) {
+    // As bytes (an exponent class is the low byte): unsigned byte minima and maxima
+    // vectorize even at baseline x86-64.
+    let (mut lo, mut hi) = (u8::MAX, 0u8);
+    for &i in info {
+        lo = lo.min(i as u8);
+        hi = hi.max(i as u8);
+    }
+    if lo > hi {
+        (0, 0)
+    } else {
+        (lo as usize, hi as usize)
+    }
+}
+
+/// [`histogram`] for any width, one table lookup per element (wider than 32 bits the
+/// layout is not defined: their codes' J is whatever `joint_of_code` says).
+fn histogram_wide<T: Word>(d: &[T], info: &[u16], width: u32) -> Hist {
     let space = Space::new(Stage::J, width, false);
     let a = space.alphabet();
     let lut = joint_of_code();
@@ -129,12 +259,16 @@ pub fn encode_chunk<T: Word>(
 }
 
 /// Decoder tables: per row, a dense slot table, so a lane finds its symbol, frequency and
-/// offset in one load.
+/// offset in one load (two for the vector decoders: context -> row, then the slot).
 pub struct JointDec {
     /// Context -> row, [`JointDec::NONE`] where no row covers it.
     pub map: Vec<u32>,
     /// `J | (freq - 1) << 8 | (slot - start) << 20` per row and slot.
     pub slots: Vec<u32>,
+    /// Whether every context the vector decoders compute (`er·2 + rs < 512`) indexes `map`,
+    /// and every row in it `slots`: checked once here, so their gathers need no per-lane
+    /// bounds checks.
+    pub vector_ok: bool,
 }
 
 impl JointDec {
@@ -142,24 +276,32 @@ impl JointDec {
 
     pub fn new(t: &StageTable) -> Self {
         let n_rows = t.explicit.len() + t.backoff.len();
-        let mut slots = vec![0u32; n_rows * PROB_TOTAL as usize];
+        // Written in slot order, without zeroing first (a row's symbols cover its slots in
+        // order: starts are the running sums of the frequencies).
+        let mut slots = Vec::with_capacity(n_rows * PROB_TOTAL as usize);
         for ri in 0..n_rows {
             let row = t.row(ri as u32);
-            let dense = &mut slots[ri * PROB_TOTAL as usize..][..PROB_TOTAL as usize];
-            for (j, (&f, &start)) in row.freq.iter().zip(&row.start).enumerate() {
-                for k in 0..f {
-                    dense[(start + k) as usize] = j as u32 | (f - 1) << 8 | k << 20;
-                }
+            for (j, &f) in row.freq.iter().enumerate() {
+                slots.extend((0..f).map(|k| j as u32 | (f - 1) << 8 | k << 20));
             }
+            // Exactly one row's slots whatever the frequencies.
+            slots.resize((ri + 1) * PROB_TOTAL as usize, 0);
         }
+        let vector_ok = t.map.len() >= 2 * 256
+            && n_rows < (1 << 18)
+            && t.map
+                .iter()
+                .all(|&r| r == Self::NONE || (r as usize) < n_rows);
         JointDec {
             map: t.map.clone(),
             slots,
+            vector_ok,
         }
     }
 }
 
-/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements).
+/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements), from
+/// element `done` on (a multiple of `LANES`: the steps a vector decoder left).
 #[inline(always)]
 pub fn decode_lanes(
     table: &JointDec,
@@ -167,10 +309,11 @@ pub fn decode_lanes(
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
+    done: usize,
 ) -> Result<()> {
     let lut = code_of_joint();
     let n = codes.len();
-    for step in 0..n.div_ceil(LANES) {
+    for step in done / LANES..n.div_ceil(LANES) {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let xs = &mut states[..lanes];
@@ -188,4 +331,63 @@ pub fn decode_lanes(
         st.refill(xs)?;
     }
     Ok(())
+}
+
+/// Per-element codes of joint symbols 0..16, for the vector decoders (above 6 the code
+/// follows from `J + 17 = 8·b + 4·q1 + 2·q2 + neg` by shifts).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub fn small_codes() -> [u32; 16] {
+    let lut = code_of_joint();
+    std::array::from_fn(|j| lut[j])
+}
+
+/// Bit lengths' code slots per context in [`JointFlat`]: `b·8 + (code >> 7 & 7)`, b <= 32.
+pub const FLAT_STRIDE: usize = 33 * 8;
+
+/// The encoders' flat table: the packed symbol (`freq | start << 16`) of every per-element
+/// code under every context of the tensor's exponent classes, so a lane needs one lookup
+/// (no context -> row -> code -> J chain).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub struct JointFlat {
+    /// The lowest exponent class covered; entries are at `((er - lo)·2 + rs)·FLAT_STRIDE +
+    /// b·8 + (code >> 7 & 7)`.
+    pub lo: u32,
+    pub packed: Vec<u32>,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl JointFlat {
+    /// The table for the exponent classes of `info` (a tensor's elements); `None` where it
+    /// would have more entries than twice the elements (small tensors: building it would
+    /// cost more than the lookups it saves).
+    pub fn new(t: &EncStage, info: &[u16]) -> Option<JointFlat> {
+        let (lo, hi) = er_range(info);
+        let size = (hi - lo + 1) * 2 * FLAT_STRIDE;
+        if size > 2 * info.len() {
+            return None;
+        }
+        let lut = joint_of_code();
+        // Codes the passes never make (q bits above b) are never looked up.
+        let j_of: [usize; FLAT_STRIDE] =
+            std::array::from_fn(|k| lut[(k >> 3) | (k & 7) << 7] as usize);
+        let a = t.alphabet;
+        let mut packed = Vec::with_capacity(size);
+        for ctx in lo * 2..hi * 2 + 2 {
+            let row = match t.map.get(ctx) {
+                Some(&r) if r != u32::MAX => t.packed.get(r as usize * a..(r as usize + 1) * a),
+                _ => None,
+            };
+            match row {
+                Some(row) => packed.extend(
+                    j_of.iter()
+                        .map(|&j| row.get(j).copied().unwrap_or(PACKED_IDENTITY)),
+                ),
+                None => packed.extend([PACKED_IDENTITY; FLAT_STRIDE]),
+            }
+        }
+        Some(JointFlat {
+            lo: lo as u32,
+            packed,
+        })
+    }
 }

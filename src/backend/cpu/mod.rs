@@ -215,11 +215,7 @@ impl<T: Word> Resident for CpuResident<T> {
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         if layout == Layout::Joint {
             let (d, info, w) = (&self.d, &self.info, self.fl.width);
-            return Ok(vec![fast(
-                self.isa,
-                #[inline(always)]
-                || joint::histogram(d, info, w),
-            )]);
+            return Ok(vec![joint::histogram(self.isa, d, info, w)]);
         }
         let signed = layout == Layout::Signed;
         if !signed {
@@ -264,10 +260,28 @@ impl<T: Word> Resident for CpuResident<T> {
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
         if layout == Layout::Joint {
+            // The flat table serves both vector encoders (small tensors: the portable lanes).
+            #[cfg(target_arch = "x86_64")]
+            let flat = (self.isa >= Isa::Avx2)
+                .then(|| joint::JointFlat::new(&stages[0], &self.info))
+                .flatten();
             return Ok(chunk_ranges(self.d.len())
                 .into_par_iter()
                 .map_init(encode::Scratch::default, |scratch, r| {
                     let (d, info) = (&self.d[r.clone()], &self.info[r]);
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(flat) = &flat {
+                        // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever
+                        // a level `Isa::available` confirmed on this CPU; `Avx512` and `Avx2`
+                        // require the features the two `encode_chunk`s are compiled for.
+                        return unsafe {
+                            if self.isa == Isa::Avx512 {
+                                avx512::joint::encode_chunk(d, info, flat, scratch)
+                            } else {
+                                avx2::joint::encode_chunk(d, info, flat, scratch)
+                            }
+                        };
+                    }
                     fast(
                         self.isa,
                         #[inline(always)]

@@ -28,7 +28,7 @@ const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;
 /// 8-lane vectors per chunk.
 const NV: usize = LANES / 8;
 
-fn overrun() -> Error {
+pub(in crate::backend::cpu) fn overrun() -> Error {
     Error::format(
         "tensor blob chunk",
         "rANS word stream ended early".to_string(),
@@ -59,7 +59,11 @@ static EXPAND: [u32; 256] = {
 /// Refill the lanes of `x` whose state fell below `RANS_L` (= 2^16: its top half is zero)
 /// from the stream, in lane order.
 #[inline(always)]
-unsafe fn refill(x: __m256i, words: *const u16, pos: &mut usize) -> __m256i {
+pub(in crate::backend::cpu) unsafe fn refill(
+    x: __m256i,
+    words: *const u16,
+    pos: &mut usize,
+) -> __m256i {
     let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(x), _mm256_setzero_si256());
     let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
     // The stream is padded with LANES words and `pos <= len` held after the last stage, so

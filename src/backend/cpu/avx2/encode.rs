@@ -41,7 +41,7 @@ use crate::entropy::rans::RANS_L;
 
 /// Words kept below the stream in the word buffer: [`put4`] stores 8-word blocks that end at
 /// the cursor, so up to 7 words under the lowest stream word are written too.
-const SLACK: usize = 8;
+pub(in crate::backend::cpu) const SLACK: usize = 8;
 
 /// One chunk, as `super::super::encode::chunk` codes it, with explicit AVX2 lanes.
 ///
@@ -82,7 +82,7 @@ pub unsafe fn chunk<T: Word>(
 /// All-ones in lanes `0..cnt`, zero above.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn first(cnt: usize) -> __m256i {
+pub(in crate::backend::cpu) fn first(cnt: usize) -> __m256i {
     _mm256_cmpgt_epi32(
         _mm256_set1_epi32(cnt as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -93,7 +93,7 @@ fn first(cnt: usize) -> __m256i {
 /// end, so they take a copy rather than masked loads (AVX2 has none for 16-bit elements).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load_u16(s: &[u16], at: usize, cnt: usize) -> __m128i {
+pub(in crate::backend::cpu) fn load_u16(s: &[u16], at: usize, cnt: usize) -> __m128i {
     let mut tmp = [0u16; 8];
     let src = if cnt == 8 {
         &s[at..at + 8]
@@ -108,7 +108,7 @@ fn load_u16(s: &[u16], at: usize, cnt: usize) -> __m128i {
 /// `s[at..at + cnt]` (`cnt <= 8`), zeros above.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load_u32(s: &[u32], at: usize, cnt: usize) -> __m256i {
+pub(in crate::backend::cpu) fn load_u32(s: &[u32], at: usize, cnt: usize) -> __m256i {
     let mut tmp = [0u32; 8];
     let src = if cnt == 8 {
         &s[at..at + 8]
@@ -143,7 +143,12 @@ fn store_u32(s: &mut [u32], v: __m256i) {
 /// # Safety
 /// The CPU must support AVX2 and POPCNT.
 #[target_feature(enable = "avx2,popcnt")]
-unsafe fn codes16(d: &[u16], signed: bool, out: &mut Vec<u32>, tail: &mut BitWriter) {
+pub(in crate::backend::cpu) unsafe fn codes16(
+    d: &[u16],
+    signed: bool,
+    out: &mut Vec<u32>,
+    tail: &mut BitWriter,
+) {
     let n = d.len();
     // Every slot is written below; no clearing memset when the buffer is already as long.
     out.truncate(n);
@@ -416,7 +421,11 @@ pub unsafe fn lanes(
 /// `table[idx]` for the lanes in `k` (indices clamped to the table), the identity elsewhere.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn gather_flat(table: &[u32], k: __m256i, idx: __m256i) -> __m256i {
+pub(in crate::backend::cpu) unsafe fn gather_flat(
+    table: &[u32],
+    k: __m256i,
+    idx: __m256i,
+) -> __m256i {
     let idx = _mm256_min_epu32(idx, _mm256_set1_epi32(table.len() as i32 - 1));
     // SAFETY: the lanes in `k` read `table[idx]` with `idx < table.len()`.
     unsafe {
@@ -491,7 +500,12 @@ const fn compress_table() -> [[u8; 16]; 256] {
 /// this call flushes (at most 32) and the `SLACK` under them.
 #[inline]
 #[target_feature(enable = "avx2,popcnt")]
-unsafe fn put4(x: &mut [__m256i; 4], p: [__m256i; 4], out: *mut u16, pos: &mut usize) {
+pub(in crate::backend::cpu) unsafe fn put4(
+    x: &mut [__m256i; 4],
+    p: [__m256i; 4],
+    out: *mut u16,
+    pos: &mut usize,
+) {
     let m16 = _mm256_set1_epi32(0xFFFF);
     let f = p.map(|p| _mm256_and_si256(p, m16));
     // Lanes that keep their state: x < freq << 20, as x >> 20 < freq (both below 2^16, so

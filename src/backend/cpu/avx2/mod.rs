@@ -6,3 +6,4 @@
 
 pub mod decode;
 pub mod encode;
+pub mod joint;

@@ -19,7 +19,7 @@ use crate::{Error, Result};
 
 const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;
 
-fn overrun() -> Error {
+pub(in crate::backend::cpu) fn overrun() -> Error {
     Error::format(
         "tensor blob chunk",
         "rANS word stream ended early".to_string(),
@@ -52,7 +52,11 @@ unsafe fn count_le<const N: usize>(row: *const u16, slot: u32) -> u32 {
 
 /// Refill the lanes of `x` below `RANS_L` from the stream, in lane order.
 #[inline(always)]
-unsafe fn refill(x: __m512i, words: *const u16, pos: &mut usize) -> __m512i {
+pub(in crate::backend::cpu) unsafe fn refill(
+    x: __m512i,
+    words: *const u16,
+    pos: &mut usize,
+) -> __m512i {
     let need = _mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(RANS_L as i32));
     // The stream is padded with LANES words, and `pos <= len` held after the last stage, so
     // these 16 words are in bounds; the caller checks `pos` against `len` after the stage.

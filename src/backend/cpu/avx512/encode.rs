@@ -67,7 +67,12 @@ pub unsafe fn chunk<T: Word>(
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL, CD.
 #[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
-unsafe fn codes16(d: &[u16], signed: bool, out: &mut Vec<u32>, tail: &mut BitWriter) {
+pub(in crate::backend::cpu) unsafe fn codes16(
+    d: &[u16],
+    signed: bool,
+    out: &mut Vec<u32>,
+    tail: &mut BitWriter,
+) {
     let n = d.len();
     // Every slot is written below; no clearing memset when the buffer is already as long.
     out.truncate(n);
@@ -452,7 +457,11 @@ pub unsafe fn lanes(
 /// `table[idx]` for the lanes in `k` (indices clamped to the table), the identity elsewhere.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn gather_flat(table: &[u32], k: __mmask16, idx: __m512i) -> __m512i {
+pub(in crate::backend::cpu) unsafe fn gather_flat(
+    table: &[u32],
+    k: __mmask16,
+    idx: __m512i,
+) -> __m512i {
     let idx = _mm512_min_epu32(idx, _mm512_set1_epi32(table.len() as i32 - 1));
     // SAFETY: the lanes in `k` read `table[idx]` with `idx < table.len()`.
     unsafe {
@@ -503,7 +512,12 @@ unsafe fn gather(t: &EncStage, k: __mmask16, ctx: __m512i, sym: __m512i) -> __m5
 /// `out[..*pos]` must have room for every word this call flushes (at most 32).
 #[inline]
 #[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl")]
-unsafe fn put2(x: &mut [__m512i; 2], p: [__m512i; 2], out: *mut u16, pos: &mut usize) {
+pub(in crate::backend::cpu) unsafe fn put2(
+    x: &mut [__m512i; 2],
+    p: [__m512i; 2],
+    out: *mut u16,
+    pos: &mut usize,
+) {
     let m16 = _mm512_set1_epi32(0xFFFF);
     let f = [_mm512_and_si512(p[0], m16), _mm512_and_si512(p[1], m16)];
     // x >= freq << 20, as x >> 20 >= freq: the identity's freq 2^12 never flushes.

@@ -1,0 +1,228 @@
+//! Single-thread speed of the Joint (`--layout fast`) layout against the default (Signed,
+//! neighbor contexts) on the CPU backend, per ISA level, in one process with the layouts'
+//! runs alternating, so a noisy machine hits both alike. Times CPU seconds of the process
+//! (`CLOCK_PROCESS_CPUTIME_ID`; wall time where that is missing) and prints MB/s of target
+//! bytes for:
+//!
+//! - `hist`: the histogram pass (`Resident::histograms`);
+//! - `lanes`: the encoder's lanes, codes and tails (`Resident::encode`);
+//! - `encode`: residuals + histograms + table selection + lanes (no blob framing, no
+//!   layout trial: what one layout costs on its own);
+//! - `decode`: `Backend::decode` (tables, lanes, tails, inverse transform); every output is
+//!   compared with the target outside the timed region;
+//! - `blob enc` / `blob dec`: the whole per-tensor pipeline, `encode_unverified` (with its
+//!   layout trials: the default layout tries Signed and Paper) and `decode_tensor_with`
+//!   (blob parsing, tables, checks), as `examples/bench_table.rs` times it.
+//!
+//! `cargo run --release --example fast_times [portable|avx2|avx512 ...]` (default: every
+//! level this CPU runs); `ROUNDS=n` (default 5); `DTYPE=fp32` times the fp32 pair. Prints
+//! each round and then the best and median of the rounds; `ONLY=default|fast` runs one layout.
+use std::time::Instant;
+
+use lockstep::backend::cpu::{CpuAt, Isa};
+use lockstep::backend::{Backend, DecodeJob, EncodeJob};
+use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::blob::{encode_unverified, neighbor_distance};
+use lockstep::delta::model::{StageTable, Tables};
+use lockstep::delta::{decode_tensor_with, EncodeOptions, Layout, LayoutChoice, TensorPair};
+
+const LAYOUTS: [(Layout, &str); 2] = [(Layout::Signed, "default"), (Layout::Joint, "fast")];
+
+/// Process CPU seconds (all threads; the timed passes run on one rayon thread while the
+/// main thread sleeps in the pool), or wall seconds where unavailable.
+fn cpu_now() -> f64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is a valid timespec to write.
+        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } == 0 {
+            return t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
+        }
+    }
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+fn timed<R>(f: impl FnOnce() -> R) -> (R, f64) {
+    let c = cpu_now();
+    let r = f();
+    (r, cpu_now() - c)
+}
+
+struct Tensor<'a> {
+    pair: TensorPair<'a>,
+    fl: lockstep::dtype::FloatLayout,
+    reference: &'a [u8],
+    target: &'a [u8],
+    d: usize,
+}
+
+fn main() {
+    lockstep::memory::reuse_freed_memory();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build_global()
+        .unwrap();
+    let mut isas: Vec<Isa> = std::env::args()
+        .skip(1)
+        .map(|a| match a.as_str() {
+            "portable" => Isa::Portable,
+            "avx2" => Isa::Avx2,
+            "avx512" => Isa::Avx512,
+            other => panic!("unknown ISA {other} (portable, avx2, avx512)"),
+        })
+        .collect();
+    if isas.is_empty() {
+        isas = Isa::ALL.into_iter().filter(|i| i.available()).collect();
+    }
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/trajectory-gpt2"
+    );
+    let dt = std::env::var("DTYPE").unwrap_or_else(|_| "bf16".into());
+    let r = Checkpoint::open(format!("{dir}/gpt2_step000600_{dt}.safetensors")).unwrap();
+    let t = Checkpoint::open(format!("{dir}/gpt2_step000800_{dt}.safetensors")).unwrap();
+    let tensors: Vec<Tensor> = t
+        .tensors
+        .iter()
+        .filter(|e| e.dtype.is_float())
+        .map(|e| Tensor {
+            pair: TensorPair {
+                dtype: e.dtype,
+                shape: &e.shape,
+                reference: r.data(r.get(&e.name).unwrap()),
+                target: t.data(e),
+            },
+            fl: e.dtype.float_layout().unwrap(),
+            reference: r.data(r.get(&e.name).unwrap()),
+            target: t.data(e),
+            d: neighbor_distance(&e.shape),
+        })
+        .collect();
+    let mb = tensors.iter().map(|t| t.target.len()).sum::<usize>() as f64 / 1e6;
+    println!(
+        "{dt} 600 -> 800: {} float tensors, {mb:.1} MB, 1 thread, {rounds} rounds, MB/s of CPU time",
+        tensors.len()
+    );
+    // ONLY=default or ONLY=fast: one layout (for profiling).
+    let only = std::env::var("ONLY").ok();
+    let distance = |layout: Layout, t: &Tensor| (layout == Layout::Signed).then_some(t.d);
+    for isa in isas {
+        let cpu = CpuAt::new(isa).expect("ISA not available on this CPU");
+        // [layout][metric] -> per-round MB/s; metrics: hist, lanes, encode, decode.
+        let mut rates = vec![vec![Vec::new(); 6]; LAYOUTS.len()];
+        let mut sizes = [0usize; 2];
+        for round in 0..rounds {
+            for (li, &(layout, name)) in LAYOUTS.iter().enumerate() {
+                if only.as_deref().is_some_and(|o| o != name) {
+                    continue;
+                }
+                // Whole encode of this layout: residuals, histograms, tables, lanes.
+                let (mut t_res, mut t_hist, mut t_sel, mut t_lanes) = (0.0, 0.0, 0.0, 0.0);
+                let mut coded = Vec::with_capacity(tensors.len());
+                for t in &tensors {
+                    let job = EncodeJob {
+                        fl: t.fl,
+                        reference: t.reference,
+                        target: t.target,
+                        condition: true,
+                    };
+                    let (res, s) = timed(|| cpu.residuals(&job).unwrap());
+                    t_res += s;
+                    let (hs, s) = timed(|| res.histograms(layout, distance(layout, t)).unwrap());
+                    t_hist += s;
+                    let (tables, s) = timed(|| Tables {
+                        stages: hs.iter().map(|h| StageTable::select(h, true)).collect(),
+                    });
+                    t_sel += s;
+                    let (chunks, s) =
+                        timed(|| res.encode(layout, &tables, distance(layout, t)).unwrap());
+                    t_lanes += s;
+                    coded.push((tables, chunks));
+                }
+                sizes[li] = coded
+                    .iter()
+                    .flat_map(|(_, c)| c)
+                    .map(|c| c.words.len() * 2 + c.tail.len() + 4 * c.states.len())
+                    .sum();
+                // Decode every tensor; compare outside the timed region.
+                let mut t_dec = 0.0;
+                for (t, (tables, chunks)) in tensors.iter().zip(&coded) {
+                    let job = DecodeJob {
+                        fl: t.fl,
+                        layout,
+                        condition: true,
+                        distance: distance(layout, t),
+                        tables,
+                        chunks,
+                        reference: t.reference,
+                    };
+                    let (got, s) = timed(|| cpu.decode(&job).unwrap());
+                    t_dec += s;
+                    assert!(got == t.target, "{name} decode differs");
+                }
+                // The whole pipeline, blobs in and out.
+                let opts = EncodeOptions {
+                    layout: if layout == Layout::Joint {
+                        LayoutChoice::Fast
+                    } else {
+                        LayoutChoice::Auto
+                    },
+                    ..EncodeOptions::default()
+                };
+                let (mut t_benc, mut t_bdec) = (0.0, 0.0);
+                for t in &tensors {
+                    let (blob, s) = timed(|| encode_unverified(&t.pair, &opts, &cpu).unwrap().0);
+                    t_benc += s;
+                    let (got, s) = timed(|| decode_tensor_with(&blob, t.reference, &cpu).unwrap());
+                    t_bdec += s;
+                    assert!(got == t.target, "{name} blob decode differs");
+                }
+                let enc = t_res + t_hist + t_sel + t_lanes;
+                for (m, s) in [t_hist, t_lanes, enc, t_dec, t_benc, t_bdec]
+                    .into_iter()
+                    .enumerate()
+                {
+                    rates[li][m].push(mb / s);
+                }
+                println!(
+                    "{:>8} {:>7} round {round}: hist {:7.1}  lanes {:7.1}  encode {:7.1} (res {:.1} ms, select {:.1} ms)  decode {:7.1}  blob enc {:7.1}  blob dec {:7.1}",
+                    isa.name(),
+                    name,
+                    mb / t_hist,
+                    mb / t_lanes,
+                    mb / enc,
+                    t_res * 1e3,
+                    t_sel * 1e3,
+                    mb / t_dec,
+                    mb / t_benc,
+                    mb / t_bdec
+                );
+            }
+        }
+        println!("{} summary, MB/s best / median of {rounds}:", isa.name());
+        for (li, &(_, name)) in LAYOUTS.iter().enumerate() {
+            if rates[li][0].is_empty() {
+                continue;
+            }
+            let stat = |m: usize| {
+                let mut v = rates[li][m].clone();
+                v.sort_by(|a: &f64, b| a.partial_cmp(b).unwrap());
+                (v[v.len() - 1], v[v.len() / 2])
+            };
+            let [h, l, e, d, be, bd] = [0, 1, 2, 3, 4, 5].map(stat);
+            println!(
+                "  {name:>7}: hist {:7.1} / {:7.1}  lanes {:7.1} / {:7.1}  encode {:7.1} / {:7.1}  decode {:7.1} / {:7.1}  blob enc {:7.1} / {:7.1}  blob dec {:7.1} / {:7.1}  (payload ratio {:.4}, tables excluded)",
+                h.0, h.1, l.0, l.1, e.0, e.1, d.0, d.1, be.0, be.1, bd.0, bd.1,
+                sizes[li] as f64 / (mb * 1e6)
+            );
+        }
+    }
+}

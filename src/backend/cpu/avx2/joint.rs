@@ -1,0 +1,241 @@
+//! AVX2 lanes of the Joint layout: `super::super::avx512::joint` on four 8-lane vectors,
+//! with this module's refill (a permutation keyed by the refill mask) and flush (a byte
+//! shuffle keyed by the flush mask, block stores ending at the cursor).
+
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+use std::any::TypeId;
+
+use super::super::decode::{no_row, Stream};
+use super::super::encode::{codes, Scratch};
+use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
+use super::super::word::Word;
+use super::decode::{overrun, refill};
+use super::encode::{codes16, first, gather_flat, load_u16, load_u32, put4, SLACK};
+use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::entropy::rans::RANS_L;
+use crate::Result;
+
+/// 8-lane vectors per chunk.
+const NV: usize = LANES / 8;
+
+/// The J contexts `er·2 + rs` of 8 elements' reference facts.
+#[inline(always)]
+unsafe fn contexts(inf: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_slli_epi32::<1>(_mm256_and_si256(inf, _mm256_set1_epi32(255))),
+        _mm256_and_si256(_mm256_srli_epi32::<8>(inf), _mm256_set1_epi32(1)),
+    )
+}
+
+/// Per-element codes of 8 joint symbols (as the AVX-512 `code_of`): by shifts of
+/// `J + 17` above J = 6, from `small` (`small_codes()[..8]`) below 8.
+#[inline(always)]
+unsafe fn code_of(j: __m256i, small: __m256i) -> __m256i {
+    let u = _mm256_add_epi32(j, _mm256_set1_epi32(17));
+    let c = _mm256_or_si256(
+        _mm256_or_si256(
+            _mm256_srli_epi32::<3>(u),
+            _mm256_slli_epi32::<5>(_mm256_and_si256(u, _mm256_set1_epi32(4))),
+        ),
+        _mm256_or_si256(
+            _mm256_slli_epi32::<7>(_mm256_and_si256(u, _mm256_set1_epi32(2))),
+            _mm256_slli_epi32::<9>(_mm256_and_si256(u, _mm256_set1_epi32(1))),
+        ),
+    );
+    // J < 8 (J is below 256: the signed compare is exact).
+    let lt8 = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), j);
+    _mm256_blendv_epi8(c, _mm256_permutevar8x32_epi32(small, j), lt8)
+}
+
+/// Decode every full step of the chunk, exactly as `super::super::joint::decode_lanes`
+/// would; returns the number of elements done (0 when the tables do not have the shapes the
+/// gathers assume).
+///
+/// # Safety
+/// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT, and `st.words` must hold `LANES`
+/// padding words past `st.len`.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+pub unsafe fn decode(
+    table: &JointDec,
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+) -> Result<usize> {
+    let n = codes.len().min(info.len());
+    let full = n / LANES * LANES;
+    if full == 0 || !table.vector_ok {
+        return Ok(0);
+    }
+    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    let words = st.words.as_ptr();
+    let mut pos = st.pos;
+    let mut x = [_mm256_setzero_si256(); NV];
+    for (v, xv) in x.iter_mut().enumerate() {
+        *xv = _mm256_loadu_si256(states.as_ptr().add(8 * v).cast());
+    }
+    let small_a = small_codes();
+    let small = _mm256_loadu_si256(small_a.as_ptr().cast());
+    let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
+    let none = _mm256_set1_epi32(JointDec::NONE as i32);
+    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    for base in (0..full).step_by(LANES) {
+        let mut row = [_mm256_setzero_si256(); NV];
+        let mut missing = _mm256_setzero_si256();
+        for (v, r) in row.iter_mut().enumerate() {
+            let inf = _mm256_cvtepu16_epi32(_mm_loadu_si128(ip.add(base + 8 * v).cast()));
+            // In bounds: contexts are below 512 <= `map.len()` (`vector_ok`).
+            *r = _mm256_i32gather_epi32::<4>(map.cast(), contexts(inf));
+            missing = _mm256_or_si256(missing, _mm256_cmpeq_epi32(*r, none));
+        }
+        if _mm256_testz_si256(missing, missing) == 0 {
+            return Err(no_row());
+        }
+        for v in 0..NV {
+            let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
+            // In bounds: rows are below the row count (`vector_ok`), slots below 2^12.
+            let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(row[v]), slot);
+            let e = _mm256_i32gather_epi32::<4>(slots.cast(), idx);
+            let f = _mm256_add_epi32(
+                _mm256_and_si256(_mm256_srli_epi32::<8>(e), _mm256_set1_epi32(0xFFF)),
+                _mm256_set1_epi32(1),
+            );
+            let xs = _mm256_add_epi32(
+                _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v])),
+                _mm256_srli_epi32::<20>(e),
+            );
+            // Vectors refill in lane order, as the portable lanes do.
+            x[v] = refill(xs, words, &mut pos);
+            let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
+            _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j, small));
+        }
+        if pos > st.len {
+            return Err(overrun());
+        }
+    }
+    for (v, xv) in x.iter().enumerate() {
+        _mm256_storeu_si256(states.as_mut_ptr().add(8 * v).cast(), *xv);
+    }
+    st.pos = pos;
+    Ok(full)
+}
+
+/// One chunk, as `super::super::joint::encode_chunk` codes it, with AVX2 lanes.
+///
+/// # Safety
+/// The CPU must support AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx2` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+pub unsafe fn encode_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    flat: &JointFlat,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    s.tail.clear();
+    if TypeId::of::<T>() == TypeId::of::<u16>() {
+        // SAFETY: `T` is `u16`: same layout. Features: the caller's.
+        unsafe {
+            let d = std::slice::from_raw_parts(d.as_ptr() as *const u16, d.len());
+            codes16(d, true, &mut s.codes, &mut s.tail);
+        }
+    } else {
+        codes(d, true, &mut s.codes, Some(&mut s.tail));
+    }
+    // SAFETY: the caller guarantees the features.
+    let (states, at) = unsafe { lanes(&s.codes, info, flat, &mut s.words) };
+    EncodedChunk {
+        words: s.words[at..SLACK + s.codes.len()].to_vec(),
+        states,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
+}
+
+/// The interleaved lanes of one chunk; the words are left in `words[at..SLACK +
+/// codes.len()]` in stream order, `at` returned with the final states.
+///
+/// # Safety
+/// The CPU must support AVX2 and POPCNT.
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn lanes(
+    codes: &[u32],
+    info: &[u16],
+    flat: &JointFlat,
+    words: &mut Vec<u16>,
+) -> ([u32; LANES], usize) {
+    let n = codes.len();
+    assert!(info.len() >= n);
+    // At most one word per symbol, and the slack below. Grown, never cleared: every slot
+    // from the final cursor up is written.
+    let end = SLACK + n;
+    if words.len() < end {
+        words.resize(end, 0);
+    }
+    let out = words.as_mut_ptr();
+    let mut pos = end;
+    let lo2 = _mm256_set1_epi32(2 * flat.lo as i32);
+    let syms = inlined(
+        #[inline(always)]
+        |step: usize| -> [__m256i; NV] {
+            let base = step * LANES;
+            let lanes = LANES.min(n - base);
+            let mut p = [_mm256_set1_epi32(PROB_TOTAL as i32); NV];
+            for (k, p) in p.iter_mut().enumerate() {
+                // Vectors past the chunk's end code the identity in every lane.
+                let at = base + 8 * k;
+                let cnt = lanes.saturating_sub(8 * k).min(8);
+                if cnt == 0 {
+                    continue;
+                }
+                let valid = first(cnt);
+                let (c, i) = (
+                    load_u32(codes, at, cnt),
+                    _mm256_cvtepu16_epi32(load_u16(info, at, cnt)),
+                );
+                // ((er - lo)·2 + rs)·FLAT_STRIDE + b·8 + (code >> 7 & 7)
+                let ctx = _mm256_sub_epi32(contexts(i), lo2);
+                let idx = _mm256_add_epi32(
+                    _mm256_mullo_epi32(ctx, _mm256_set1_epi32(FLAT_STRIDE as i32)),
+                    _mm256_add_epi32(
+                        _mm256_slli_epi32::<3>(_mm256_and_si256(c, _mm256_set1_epi32(127))),
+                        _mm256_and_si256(_mm256_srli_epi32::<7>(c), _mm256_set1_epi32(7)),
+                    ),
+                );
+                // SAFETY: features as this function's (indices clamped inside).
+                *p = unsafe { gather_flat(&flat.packed, valid, idx) };
+            }
+            p
+        },
+    );
+    let mut x = [_mm256_set1_epi32(RANS_L as i32); NV];
+    let steps = n.div_ceil(LANES);
+    if steps == 0 {
+        return ([RANS_L; LANES], end);
+    }
+    let mut next = syms(steps - 1);
+    for step in (0..steps).rev() {
+        let cur = next;
+        if step > 0 {
+            next = syms(step - 1);
+        }
+        // SAFETY: `pos` never drops below `SLACK`: one word at most per symbol.
+        unsafe { put4(&mut x, cur, out, &mut pos) };
+    }
+    let mut states = [0u32; LANES];
+    // SAFETY: 4 × 8 `u32` into the 32 of `states`.
+    unsafe {
+        for (h, x) in x.iter().enumerate() {
+            _mm256_storeu_si256(states.as_mut_ptr().add(8 * h).cast(), *x);
+        }
+    }
+    (states, pos)
+}
+
+/// `f` itself: lets a closure carry `#[inline(always)]` (and so this module's features).
+#[inline(always)]
+fn inlined<F: Fn(usize) -> [__m256i; NV]>(f: F) -> F {
+    f
+}

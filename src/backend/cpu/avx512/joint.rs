@@ -1,0 +1,300 @@
+//! AVX-512 lanes of the Joint layout (`super::super::joint`): per 16 lanes one gather for
+//! the rows of the elements' contexts and one for their slots in the dense slot table, when
+//! decoding; one gather from the flat table of packed symbols, when encoding. The refill
+//! (expanding load) and the flush (compress, narrow, masked store) are the other layouts'.
+
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+use std::any::TypeId;
+
+use super::super::decode::{no_row, Stream};
+use super::super::encode::{codes, Scratch};
+use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
+use super::super::word::Word;
+use super::decode::{overrun, refill};
+use super::encode::{codes16, gather_flat, put2};
+use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::entropy::rans::RANS_L;
+use crate::Result;
+
+/// The J contexts `er·2 + rs` of 16 elements' reference facts.
+#[inline(always)]
+unsafe fn contexts(inf: __m512i) -> __m512i {
+    _mm512_or_si512(
+        _mm512_slli_epi32::<1>(_mm512_and_si512(inf, _mm512_set1_epi32(255))),
+        _mm512_and_si512(_mm512_srli_epi32::<8>(inf), _mm512_set1_epi32(1)),
+    )
+}
+
+/// Per-element codes (`b | q1 << 7 | q2 << 8 | neg << 9`) of 16 joint symbols: from
+/// `u = J + 17 = 8·b + 4·q1 + 2·q2 + neg` by shifts above J = 6, from `small` below 16.
+#[inline(always)]
+unsafe fn code_of(j: __m512i, small: __m512i) -> __m512i {
+    let u = _mm512_add_epi32(j, _mm512_set1_epi32(17));
+    let c = _mm512_or_si512(
+        _mm512_or_si512(
+            _mm512_srli_epi32::<3>(u),
+            _mm512_slli_epi32::<5>(_mm512_and_si512(u, _mm512_set1_epi32(4))),
+        ),
+        _mm512_or_si512(
+            _mm512_slli_epi32::<7>(_mm512_and_si512(u, _mm512_set1_epi32(2))),
+            _mm512_slli_epi32::<9>(_mm512_and_si512(u, _mm512_set1_epi32(1))),
+        ),
+    );
+    let lt16 = _mm512_cmplt_epu32_mask(j, _mm512_set1_epi32(16));
+    _mm512_mask_permutexvar_epi32(c, lt16, j, small)
+}
+
+/// The lowest and highest J context of `info` (`(u16::MAX, 0)` when empty), 32 at a time.
+#[inline(always)]
+unsafe fn context_range(info: &[u16]) -> (u16, u16) {
+    let (mut lo, mut hi) = (_mm512_set1_epi16(-1), _mm512_setzero_si512());
+    let mut blocks = info.chunks_exact(32);
+    for b in &mut blocks {
+        // SAFETY: `b` holds 32 `u16`.
+        let i = unsafe { _mm512_loadu_si512(b.as_ptr().cast()) };
+        let c = _mm512_or_si512(
+            _mm512_slli_epi16::<1>(_mm512_and_si512(i, _mm512_set1_epi16(255))),
+            _mm512_and_si512(_mm512_srli_epi16::<8>(i), _mm512_set1_epi16(1)),
+        );
+        lo = _mm512_min_epu16(lo, c);
+        hi = _mm512_max_epu16(hi, c);
+    }
+    let (mut l, mut h) = ([0u16; 32], [0u16; 32]);
+    // SAFETY: 32 `u16` each.
+    unsafe {
+        _mm512_storeu_si512(l.as_mut_ptr().cast(), lo);
+        _mm512_storeu_si512(h.as_mut_ptr().cast(), hi);
+    }
+    let rest = blocks
+        .remainder()
+        .iter()
+        .map(|&i| (i & 255) << 1 | (i >> 8) & 1);
+    let lo = l
+        .iter()
+        .copied()
+        .chain(rest.clone())
+        .fold(u16::MAX, u16::min);
+    let hi = h.iter().copied().chain(rest).fold(0, u16::max);
+    (lo, hi)
+}
+
+/// Decode every full step of the chunk (all but a last partial one), exactly as
+/// `super::super::joint::decode_lanes` would; returns the number of elements done (0 when
+/// the tables do not have the shapes the gathers assume: the portable lanes do it all).
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VL, and `st.words` must hold `LANES` padding words
+/// past `st.len`.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl")]
+pub unsafe fn decode(
+    table: &JointDec,
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+) -> Result<usize> {
+    let n = codes.len().min(info.len());
+    let full = n / LANES * LANES;
+    if full == 0 || !table.vector_ok {
+        return Ok(0);
+    }
+    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    let words = st.words.as_ptr();
+    let mut pos = st.pos;
+    let mut x = [
+        _mm512_loadu_si512(states.as_ptr().cast()),
+        _mm512_loadu_si512(states.as_ptr().add(16).cast()),
+    ];
+    let small_a = small_codes();
+    let small = _mm512_loadu_si512(small_a.as_ptr().cast());
+    let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
+    let none = _mm512_set1_epi32(JointDec::NONE as i32);
+    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    // Where the chunk's contexts span at most 64 (most chunks: a tensor's exponent classes
+    // are few), their rows come from four registers by two permutes and a blend instead of a
+    // gather: one gather per 16 lanes is left, the one on the state chain.
+    let (lo, hi) = context_range(&info[..full]);
+    let in_regs = hi.wrapping_sub(lo) < 64;
+    let mut rows_a = [JointDec::NONE; 64];
+    if in_regs {
+        for (k, r) in rows_a.iter_mut().enumerate() {
+            *r = table
+                .map
+                .get(lo as usize + k)
+                .copied()
+                .unwrap_or(JointDec::NONE);
+        }
+    }
+    let rt = [0, 16, 32, 48].map(|k| _mm512_loadu_si512(rows_a.as_ptr().add(k).cast()));
+    let lo_v = _mm512_set1_epi32(lo as i32);
+    for base in (0..full).step_by(LANES) {
+        // Rows first (they depend only on the reference): off the state chain.
+        let mut row = [_mm512_setzero_si512(); 2];
+        for (h, r) in row.iter_mut().enumerate() {
+            let inf = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(base + 16 * h).cast()));
+            let ctx = contexts(inf);
+            *r = if in_regs {
+                // `ctx - lo < 64`: the permutes read bits 0..5, the blend bit 5.
+                let rel = _mm512_sub_epi32(ctx, lo_v);
+                let a = _mm512_permutex2var_epi32(rt[0], rel, rt[1]);
+                let b = _mm512_permutex2var_epi32(rt[2], rel, rt[3]);
+                _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rel, _mm512_set1_epi32(32)), a, b)
+            } else {
+                // In bounds: contexts are below 512 <= `map.len()` (`vector_ok`).
+                _mm512_i32gather_epi32::<4>(ctx, map.cast())
+            };
+            if _mm512_cmpeq_epi32_mask(*r, none) != 0 {
+                return Err(no_row());
+            }
+        }
+        for h in 0..2 {
+            let slot = _mm512_and_si512(x[h], _mm512_set1_epi32(PROB_TOTAL as i32 - 1));
+            // In bounds: rows are below the row count (`vector_ok`), slots below 2^12.
+            let idx = _mm512_or_si512(_mm512_slli_epi32::<{ PROB_BITS }>(row[h]), slot);
+            let e = _mm512_i32gather_epi32::<4>(idx, slots.cast());
+            let f = _mm512_add_epi32(
+                _mm512_and_si512(_mm512_srli_epi32::<8>(e), _mm512_set1_epi32(0xFFF)),
+                _mm512_set1_epi32(1),
+            );
+            let xs = _mm512_add_epi32(
+                _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[h])),
+                _mm512_srli_epi32::<20>(e),
+            );
+            // Lanes 0..16 refill before lanes 16..32: the portable lane order.
+            x[h] = refill(xs, words, &mut pos);
+            let j = _mm512_and_si512(e, _mm512_set1_epi32(255));
+            _mm512_storeu_si512(cp.add(base + 16 * h).cast(), code_of(j, small));
+        }
+        if pos > st.len {
+            return Err(overrun());
+        }
+    }
+    _mm512_storeu_si512(states.as_mut_ptr().cast(), x[0]);
+    _mm512_storeu_si512(states.as_mut_ptr().add(16).cast(), x[1]);
+    st.pos = pos;
+    Ok(full)
+}
+
+/// One chunk, as `super::super::joint::encode_chunk` codes it, with AVX-512 lanes.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW, VL, CD (`Isa::Avx512` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
+pub unsafe fn encode_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    flat: &JointFlat,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    s.tail.clear();
+    if TypeId::of::<T>() == TypeId::of::<u16>() {
+        // SAFETY: `T` is `u16`: same layout. Features: the caller's.
+        unsafe {
+            let d = std::slice::from_raw_parts(d.as_ptr() as *const u16, d.len());
+            codes16(d, true, &mut s.codes, &mut s.tail);
+        }
+    } else {
+        codes(d, true, &mut s.codes, Some(&mut s.tail));
+    }
+    // SAFETY: the caller guarantees the features.
+    let (states, at) = unsafe { lanes(&s.codes, info, flat, &mut s.words) };
+    EncodedChunk {
+        words: s.words[at..s.codes.len()].to_vec(),
+        states,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
+}
+
+/// The interleaved lanes of one chunk; the words are left in `words[at..codes.len()]` in
+/// stream order (filled from the end backwards, as `super::encode::lanes` does), `at`
+/// returned with the final states.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW, VL.
+#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl")]
+unsafe fn lanes(
+    codes: &[u32],
+    info: &[u16],
+    flat: &JointFlat,
+    words: &mut Vec<u16>,
+) -> ([u32; LANES], usize) {
+    let n = codes.len();
+    assert!(info.len() >= n);
+    // At most one word per symbol. Grown, never cleared: every slot from the final cursor
+    // up is written.
+    if words.len() < n {
+        words.resize(n, 0);
+    }
+    let out = words.as_mut_ptr();
+    let mut pos = n;
+    let lo_v = _mm512_set1_epi32(flat.lo as i32);
+    let syms = inlined(
+        #[inline(always)]
+        |step: usize| -> [__m512i; 2] {
+            let base = step * LANES;
+            let lanes = LANES.min(n - base);
+            let mut p = [_mm512_setzero_si512(); 2];
+            for (k, p) in p.iter_mut().enumerate() {
+                // Lanes of the upper half past the chunk's end have `cnt == 0`, `at == n`.
+                let at = (base + 16 * k).min(n);
+                let cnt = lanes.saturating_sub(16 * k).min(16);
+                let valid: __mmask16 = ((1u32 << cnt) - 1) as __mmask16;
+                // SAFETY: lanes `< cnt` are elements `at..at + cnt <= n` of `codes` and `info`;
+                // the masked-off lanes are not accessed.
+                let (c, i) = unsafe {
+                    (
+                        _mm512_maskz_loadu_epi32(valid, codes.as_ptr().add(at).cast()),
+                        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                            valid,
+                            info.as_ptr().add(at).cast(),
+                        )),
+                    )
+                };
+                // ((er - lo)·2 + rs)·FLAT_STRIDE + b·8 + (code >> 7 & 7)
+                let ctx = _mm512_sub_epi32(contexts(i), _mm512_slli_epi32::<1>(lo_v));
+                let idx = _mm512_add_epi32(
+                    _mm512_mullo_epi32(ctx, _mm512_set1_epi32(FLAT_STRIDE as i32)),
+                    _mm512_add_epi32(
+                        _mm512_slli_epi32::<3>(_mm512_and_si512(c, _mm512_set1_epi32(127))),
+                        _mm512_and_si512(_mm512_srli_epi32::<7>(c), _mm512_set1_epi32(7)),
+                    ),
+                );
+                // SAFETY: features as this function's (indices clamped inside).
+                *p = unsafe { gather_flat(&flat.packed, valid, idx) };
+            }
+            p
+        },
+    );
+    let mut x = [_mm512_set1_epi32(RANS_L as i32); 2];
+    let steps = n.div_ceil(LANES);
+    if steps == 0 {
+        return ([RANS_L; LANES], n);
+    }
+    let mut next = syms(steps - 1);
+    for step in (0..steps).rev() {
+        // The next step's lookups are issued before this step's state chain.
+        let cur = next;
+        if step > 0 {
+            next = syms(step - 1);
+        }
+        // SAFETY: `pos` never drops below 0: one word at most per symbol.
+        unsafe { put2(&mut x, cur, out, &mut pos) };
+    }
+    let mut states = [0u32; LANES];
+    // SAFETY: 2 × 16 `u32` into the 32 of `states`.
+    unsafe {
+        _mm512_storeu_si512(states.as_mut_ptr().cast(), x[0]);
+        _mm512_storeu_si512(states.as_mut_ptr().add(16).cast(), x[1]);
+    }
+    (states, pos)
+}
+
+/// `f` itself: lets a closure carry `#[inline(always)]` (and so this module's features).
+#[inline(always)]
+fn inlined<F: Fn(usize) -> [__m512i; 2]>(f: F) -> F {
+    f
+}
