@@ -150,39 +150,37 @@ fn cross() -> Result<(), String> {
         "demo/step0200_blocks_bf16.safetensors",
         "demo/step0400_blocks_bf16.safetensors",
     );
-    for arch in ["host", "aarch64"] {
-        let out = format!("{dir}/{arch}.lsd");
+    // Both the default layouts and the fast one (`--layout fast`).
+    for layout in ["auto", "fast"] {
+        for arch in ["host", "aarch64"] {
+            let out = format!("{dir}/{arch}-{layout}.lsd");
+            on(
+                arch,
+                &[
+                    "--backend",
+                    "cpu",
+                    "delta",
+                    "encode",
+                    "--layout",
+                    layout,
+                    "--reference",
+                    r,
+                    "--target",
+                    t,
+                    "-o",
+                    &out,
+                ],
+            )?;
+        }
+        let host = format!("{dir}/host-{layout}.lsd");
+        same(&host, &format!("{dir}/aarch64-{layout}.lsd"))?;
+        let back = format!("{dir}/host-{layout}-lsd-on-aarch64.safetensors");
         on(
-            arch,
-            &[
-                "--backend",
-                "cpu",
-                "delta",
-                "encode",
-                "--reference",
-                r,
-                "--target",
-                t,
-                "-o",
-                &out,
-            ],
+            "aarch64",
+            &["delta", "decode", "--reference", r, &host, "-o", &back],
         )?;
+        same(&back, t)?;
     }
-    same(&format!("{dir}/host.lsd"), &format!("{dir}/aarch64.lsd"))?;
-    let back = format!("{dir}/host-lsd-on-aarch64.safetensors");
-    on(
-        "aarch64",
-        &[
-            "delta",
-            "decode",
-            "--reference",
-            r,
-            &format!("{dir}/host.lsd"),
-            "-o",
-            &back,
-        ],
-    )?;
-    same(&back, t)?;
     // Text: a fixed excerpt of a shipped document (1.5 kB keeps the emulated run short).
     let doc =
         std::fs::read("docs/INTEGER_GPT2.md").map_err(|e| format!("docs/INTEGER_GPT2.md: {e}"))?;
