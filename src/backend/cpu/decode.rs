@@ -1,6 +1,8 @@
 //! Decoding one chunk: lanes step by step, stage by stage, then tails and the inverse
 //! transform in one forward pass.
 
+use std::mem::MaybeUninit;
+
 use super::bits::BitReader;
 use super::joint::JointDec;
 use super::tables::DecStage;
@@ -150,12 +152,13 @@ impl Lanes<'_> {
     }
 }
 
-/// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size).
+/// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size):
+/// on success every byte of `out` is written.
 #[inline(always)]
 pub fn chunk<T: Word>(
     c: &EncodedChunk,
     reference: &[u8],
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
     isa: Isa,
     info_fn: InfoFn,
     signed: bool,
@@ -262,7 +265,7 @@ fn finish<T: Word>(
     c: &EncodedChunk,
     codes: &[u32],
     reference: &[u8],
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
     isa: Isa,
     signed: bool,
 ) -> Result<()> {
@@ -323,7 +326,15 @@ fn finish<T: Word>(
         let delta = word::displacement::<T>(v, (code >> 9) & 1 != 0, signed);
         let x =
             word::from_key::<T>(word::key::<T>(T::read(r)).wrapping_add(delta) & word::mask::<T>());
-        T::write(x, o);
+        let mut b = [0u8; 8];
+        T::write(x, &mut b[..T::SIZE]);
+        for (o, &b) in o.iter_mut().zip(&b) {
+            o.write(b);
+        }
+    }
+    // Bytes past the last whole element (none for a well-formed reference) read as zeros.
+    for o in &mut out[codes.len().min(reference.len() / T::SIZE) * T::SIZE..] {
+        o.write(0);
     }
     if need != c.tail_bits {
         return Err(bad("raw tail longer than the bit lengths require"));

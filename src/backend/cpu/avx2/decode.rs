@@ -16,6 +16,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use core::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::super::decode::{no_row, Stream};
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
@@ -395,7 +396,7 @@ pub unsafe fn full_steps<T: Word>(
 pub unsafe fn finish_u16(
     codes: &[u32],
     reference: &[u8],
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
     tail: &[u8],
     signed: bool,
 ) -> (usize, u64) {
@@ -441,7 +442,7 @@ pub unsafe fn finish_u16(
 pub unsafe fn finish_u32(
     codes: &[u32],
     reference: &[u8],
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
     tail: &[u8],
     signed: bool,
 ) -> (usize, u64) {

@@ -8,6 +8,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use core::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::super::decode::{no_row, Stream};
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
@@ -339,20 +340,21 @@ pub unsafe fn full_steps<T: Word>(
 }
 
 /// Raw tails and the inverse transform for 16-bit elements, 16 at a time: each element's
-/// tail offset is a prefix sum of the tail lengths, its bits one gathered 32-bit load at the
-/// offset's byte (a 16-bit element's tail has at most 13 bits, so 7 + 13 bits fit), then
+/// tail offset is a prefix sum of the tail lengths, its bits two 16-bit words picked from the
+/// 32 bytes where the group's tails start (a 16-bit element's tail has at most 13 bits, so
+/// 15 + 13 bits fit), then
 /// the value is rebuilt from b, q1, q2 and the tail, turned back into a displacement and
 /// added to the reference's ordered key. Does every whole group of 16 and returns how many
 /// elements and tail bits it used; the caller finishes the rest.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW, VL; `tail` must be padded with at least 4 bytes past the
-/// `need` bits the codes' lengths sum to (checked by the caller).
+/// The CPU must have AVX-512 F, BW, VL; `tail` must hold the `need` bits the codes' lengths
+/// sum to (checked by the caller; the window's load is masked to `tail`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub unsafe fn finish_u16(
     codes: &[u32],
     reference: &[u8],
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
     tail: &[u8],
     signed: bool,
 ) -> (usize, u64) {
@@ -366,10 +368,24 @@ pub unsafe fn finish_u16(
         let b = _mm512_and_si512(c, _mm512_set1_epi32(127));
         let len = _mm512_subs_epu16(b, three); // b <= 16: max(b - 3, 0)
         let (off, total) = tail_offsets(len);
-        let base = tail.as_ptr().add((bits / 8) as usize);
+        // The 16 tails lie in the 32 bytes from the first one's byte (at most 7 + 16 × 13
+        // bits): one load, then each lane picks the two 16-bit words its tail starts in with
+        // a word permute. A gather here cost as much as the lanes' own (it is off the
+        // chains, but a 16-lane gather's many loads bound the loop).
+        let at = (bits / 8) as usize;
+        let rest = tail.len().saturating_sub(at);
+        let m = if rest >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << rest) - 1
+        };
+        let window =
+            _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(m, tail.as_ptr().add(at).cast()));
         let off = _mm512_add_epi32(off, _mm512_set1_epi32((bits % 8) as i32));
-        let raw = _mm512_i32gather_epi32::<1>(_mm512_srli_epi32::<3>(off), base.cast());
-        let raw = _mm512_srlv_epi32(raw, _mm512_and_si512(off, _mm512_set1_epi32(7)));
+        let w = _mm512_srli_epi32::<4>(off);
+        let pick = _mm512_or_si512(w, _mm512_slli_epi32::<16>(_mm512_add_epi32(w, one)));
+        let raw = _mm512_permutexvar_epi16(pick, window);
+        let raw = _mm512_srlv_epi32(raw, _mm512_and_si512(off, _mm512_set1_epi32(15)));
         let t = _mm512_and_si512(raw, _mm512_sub_epi32(_mm512_sllv_epi32(one, len), one));
         bits += total as u64;
         let delta = displacement(c, b, t, signed);
@@ -398,7 +414,7 @@ pub unsafe fn finish_u16(
 pub unsafe fn finish_u32(
     codes: &[u32],
     reference: &[u8],
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
     tail: &[u8],
     signed: bool,
 ) -> (usize, u64) {
