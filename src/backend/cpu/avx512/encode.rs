@@ -25,6 +25,25 @@ use crate::delta::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 
+/// A chunk's per-element codes into `s.codes` and raw tails into `s.tail` (every layout's
+/// first encoding step): 16-bit elements by the vector pass, others by the portable one.
+///
+/// # Safety
+/// The CPU must support the features this level is compiled for.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
+pub unsafe fn codes_and_tails<T: Word>(d: &[T], signed: bool, s: &mut Scratch) {
+    s.tail.clear();
+    if TypeId::of::<T>() == TypeId::of::<u16>() {
+        // SAFETY: `T` is `u16`: same layout. Features: the caller's.
+        unsafe {
+            let d = std::slice::from_raw_parts(d.as_ptr() as *const u16, d.len());
+            codes16(d, signed, &mut s.codes, &mut s.tail);
+        }
+    } else {
+        codes(d, signed, &mut s.codes, Some(&mut s.tail));
+    }
+}
+
 /// One chunk, as `super::super::encode::chunk` codes it, with explicit AVX-512 lanes.
 ///
 /// # Safety
@@ -40,16 +59,8 @@ pub unsafe fn chunk<T: Word>(
     distance: Option<usize>,
     s: &mut Scratch,
 ) -> EncodedChunk {
-    s.tail.clear();
-    if TypeId::of::<T>() == TypeId::of::<u16>() {
-        // SAFETY: `T` is `u16`: same layout. Features: the caller's.
-        unsafe {
-            let d = std::slice::from_raw_parts(d.as_ptr() as *const u16, d.len());
-            codes16(d, signed, &mut s.codes, &mut s.tail);
-        }
-    } else {
-        codes(d, signed, &mut s.codes, Some(&mut s.tail));
-    }
+    // SAFETY: the caller guarantees the features.
+    unsafe { codes_and_tails(d, signed, s) };
     // SAFETY: the caller guarantees the features.
     let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, flat, distance, &mut s.words) };
     EncodedChunk {

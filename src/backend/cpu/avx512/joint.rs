@@ -6,14 +6,13 @@
 #![cfg(target_arch = "x86_64")]
 
 use core::arch::x86_64::*;
-use std::any::TypeId;
 
 use super::super::decode::{no_row, Stream};
-use super::super::encode::{codes, Scratch};
+use super::super::encode::Scratch;
 use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::decode::{overrun, refill};
-use super::encode::{codes16, gather_flat, put2};
+use super::encode::{codes_and_tails, gather_flat, put2};
 use crate::delta::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
@@ -189,16 +188,8 @@ pub unsafe fn encode_chunk<T: Word>(
     flat: &JointFlat,
     s: &mut Scratch,
 ) -> EncodedChunk {
-    s.tail.clear();
-    if TypeId::of::<T>() == TypeId::of::<u16>() {
-        // SAFETY: `T` is `u16`: same layout. Features: the caller's.
-        unsafe {
-            let d = std::slice::from_raw_parts(d.as_ptr() as *const u16, d.len());
-            codes16(d, true, &mut s.codes, &mut s.tail);
-        }
-    } else {
-        codes(d, true, &mut s.codes, Some(&mut s.tail));
-    }
+    // SAFETY: the caller guarantees the features.
+    unsafe { codes_and_tails(d, true, s) };
     // SAFETY: the caller guarantees the features.
     let (states, at) = unsafe { lanes(&s.codes, info, flat, &mut s.words) };
     EncodedChunk {
