@@ -10,12 +10,13 @@ use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::parity::{first_difference, stages};
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
-use lockstep::backend::Backend;
+use lockstep::backend::{Backend, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_modeled_only_on;
+use lockstep::delta::model::Tables;
 use lockstep::delta::{
-    decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, LayoutChoice,
-    TensorPair, CHUNK_ELEMS, LANES,
+    decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, Layout,
+    LayoutChoice, TensorPair, CHUNK_ELEMS, LANES,
 };
 use lockstep::dtype::DType;
 
@@ -276,8 +277,29 @@ pub fn every_pattern_modeled(backend: &dyn Backend) {
     }
 }
 
-/// A corrupted stream (valid checksum, wrong content) is an error on every backend.
+/// A corrupted stream (valid checksum, wrong content) is an error on every backend; so is
+/// the joint layout asked of floats wider than it is defined for.
 pub fn corrupt_streams_error(backend: &dyn Backend) {
+    let (r, x) = pair_bytes(DType::F64, 100, 50, 3);
+    let fl = DType::F64.float_layout().unwrap();
+    let job = EncodeJob {
+        fl,
+        reference: &r,
+        target: &x,
+        condition: true,
+    };
+    let resident = backend.residuals(&job).unwrap();
+    let e = resident
+        .histograms(Layout::Joint, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("joint (fast) layout for 64-bit floats"), "{e}");
+    let e = resident
+        .encode(Layout::Joint, &Tables { stages: vec![] }, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("joint (fast) layout for 64-bit floats"), "{e}");
+
     let (r, x) = pair_bytes(DType::BF16, 3000, 48, 5);
     let shape = [3000u64];
     let pair = TensorPair {

@@ -27,7 +27,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::delta::chunk::EncodedChunk;
 use crate::delta::model::{Hist, Space, Tables};
-use crate::delta::symbols::Layout;
+use crate::delta::symbols::{Layout, JOINT_MAX_WIDTH};
 use crate::dtype::FloatLayout;
 use crate::Result;
 
@@ -101,6 +101,17 @@ pub fn layout_spaces(layout: Layout, width: u32, distance: Option<usize>) -> Vec
         .iter()
         .map(|&s| Space::new(s, width, distance.is_some()))
         .collect()
+}
+
+/// Whether `layout` is defined for `width`-bit floats: the Joint layout only up to 32 bits
+/// (docs/FORMAT.md); every backend refuses it above, with this error.
+pub fn check_layout(layout: Layout, width: u32) -> Result<()> {
+    if layout == Layout::Joint && width > JOINT_MAX_WIDTH {
+        return Err(crate::Error::Unsupported(format!(
+            "the joint (fast) layout for {width}-bit floats"
+        )));
+    }
+    Ok(())
 }
 
 static DEFAULT: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
+use super::{check_layout, layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
 use crate::delta::chunk::{chunk_ranges, decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS};
 use crate::delta::model::{Hist, Space, Stage, Tables, STAGES};
 use crate::delta::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
@@ -133,6 +133,7 @@ impl Resident for RefResident {
     }
 
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
+        check_layout(layout, self.fl.width)?;
         let syms = self.syms(layout);
         let distance = distance.filter(|_| layout == Layout::Signed);
         let spaces = layout_spaces(layout, self.fl.width, distance);
@@ -145,6 +146,7 @@ impl Resident for RefResident {
         tables: &Tables,
         distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
+        check_layout(layout, self.fl.width)?;
         let syms = self.syms(layout);
         Ok(chunk_ranges(syms.len())
             .into_par_iter()
@@ -178,6 +180,7 @@ impl Backend for ReferenceBackend {
     }
 
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
+        check_layout(job.layout, job.fl.width)?;
         let fl = job.fl;
         let size = (fl.width / 8) as usize;
         let refs = elements(job.reference, size);

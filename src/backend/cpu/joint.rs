@@ -64,9 +64,8 @@ pub fn context(info: u16) -> usize {
 /// symbol does not wait on its own increments), then folded into J rows once per tensor.
 #[inline(always)]
 pub fn histogram<T: Word>(isa: Isa, d: &[T], info: &[u16], width: u32) -> Hist {
-    if T::BITS > 32 {
-        return histogram_wide(d, info, width);
-    }
+    // Wider floats never get here (`check_layout`); the indices below assume b <= 32.
+    debug_assert!(T::BITS <= 32);
     let space = Space::new(Stage::J, width, false);
     let a = space.alphabet();
     let (lo, hi) = er_range(info);
@@ -185,40 +184,6 @@ fn er_range(info: &[u16]) -> (usize, usize) {
     } else {
         (lo as usize, hi as usize)
     }
-}
-
-/// [`histogram`] for any width, one table lookup per element (wider than 32 bits the
-/// layout is not defined: their codes' J is whatever `joint_of_code` says).
-fn histogram_wide<T: Word>(d: &[T], info: &[u16], width: u32) -> Hist {
-    let space = Space::new(Stage::J, width, false);
-    let a = space.alphabet();
-    let lut = joint_of_code();
-    let n_ctx = space.n_primary();
-    // Counts over the contexts a chunk actually spans (few exponent classes): small
-    // tensors do not pay for the whole context space.
-    let per_chunk = |r: std::ops::Range<usize>| {
-        let (d, info) = (&d[r.clone()], &info[r]);
-        let lo = info.iter().map(|&i| context(i)).min().unwrap_or(0);
-        let hi = info.iter().map(|&i| context(i)).max().unwrap_or(0);
-        let mut counts = vec![0u32; (hi - lo + 1) * a];
-        let mut c = Vec::new();
-        codes(d, true, &mut c, None);
-        for (&c, &i) in c.iter().zip(info) {
-            counts[(context(i) - lo) * a + lut[c as usize] as usize] += 1;
-        }
-        let ctxs: Vec<u32> = (lo..=hi).map(|c| c as u32).collect();
-        let rows: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
-        debug_assert!(hi < n_ctx);
-        Hist::from_rows(space, &ctxs, &rows)
-    };
-    chunk_ranges(d.len())
-        .into_par_iter()
-        .map(per_chunk)
-        .reduce_with(|mut a, b| {
-            a.add(&b);
-            a
-        })
-        .unwrap_or_else(|| Hist::new(space))
 }
 
 /// Code one chunk: per-element codes and raw tails as in the other layouts, then one joint

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::reference::layout_stages;
-use super::{layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
+use super::{check_layout, layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
 use crate::delta::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS};
 use crate::delta::model::{Hist, Tables};
 use crate::delta::symbols::Layout;
@@ -213,6 +213,7 @@ impl<T: Word> Resident for CpuResident<T> {
     }
 
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
+        check_layout(layout, self.fl.width)?;
         if layout == Layout::Joint {
             let (d, info, w) = (&self.d, &self.info, self.fl.width);
             return Ok(vec![joint::histogram(self.isa, d, info, w)]);
@@ -256,6 +257,7 @@ impl<T: Word> Resident for CpuResident<T> {
         tables: &Tables,
         distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
+        check_layout(layout, self.fl.width)?;
         check_tables(layout, tables)?;
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
@@ -342,6 +344,7 @@ fn resident<'a>(isa: Isa, job: &EncodeJob) -> Result<Box<dyn Resident + 'a>> {
 }
 
 fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
+    check_layout(job.layout, job.fl.width)?;
     check_tables(job.layout, job.tables)?;
     let n = job.reference.len() / T::SIZE;
     if chunk_ranges(n).len() != job.chunks.len() {

@@ -1,9 +1,10 @@
 //! The uniform parameter block and the tables as the shaders read them.
 
 use super::super::reference::layout_stages;
+use crate::backend::check_layout;
 use crate::delta::chunk::CHUNK_ELEMS;
 use crate::delta::model::{Space, Tables};
-use crate::delta::symbols::{Layout, JOINT_MAX_WIDTH};
+use crate::delta::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::entropy::freq::PROB_TOTAL;
 use crate::{Error, Result};
@@ -77,12 +78,7 @@ impl Params {
     pub fn layout(mut self, layout: Layout, distance: Option<usize>) -> Result<Params> {
         // The decoder's slot tables hold one byte per symbol; the format stops the Joint
         // layout at 32-bit floats for the same reason.
-        if layout == Layout::Joint && self.fl_width > JOINT_MAX_WIDTH {
-            return Err(Error::Unsupported(format!(
-                "the joint layout for {}-bit floats",
-                self.fl_width
-            )));
-        }
+        check_layout(layout, self.fl_width)?;
         self.layout_id = layout as u32;
         self.n_stages = layout_stages(layout).len() as u32;
         // Only the Signed layout has neighbor contexts.
