@@ -169,48 +169,129 @@ pub fn chunk<T: Word>(
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
-    let (info, codes) = (&mut scratch.0, &mut scratch.1);
-    info_fn.fill::<T>(reference, info);
+    let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
     // Every lane writes its element's code before anything reads it: no clearing memset
     // when the buffer is already as long (every chunk but a tensor's first).
     codes.truncate(n);
     codes.resize(n, 0);
-    let mut states = c.states;
-    let padded = &mut scratch.2;
-    padded.clear();
-    padded.extend_from_slice(&c.words);
-    padded.resize(c.words.len() + LANES, 0);
-    let mut st = Stream {
-        words: padded,
-        len: c.words.len(),
-        pos: 0,
-    };
-    let d = distance.unwrap_or(usize::MAX);
-    let d_s = match stages.get(3) {
-        Some(t) if t.neighbor => d,
-        _ => usize::MAX,
-    };
     if let Some(table) = joint {
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-        let mut done = 0;
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 {
-            // SAFETY: `Isa::Avx512` is only used where `Isa::available` confirmed it; the
-            // stream is padded with `LANES` words.
-            done =
-                unsafe { super::avx512::joint::decode(table, info, codes, &mut states, &mut st)? };
-        } else if isa == Isa::Avx2 {
-            // SAFETY: as above, for `Isa::Avx2`.
-            done = unsafe { super::avx2::joint::decode(table, info, codes, &mut states, &mut st)? };
-        }
-        super::joint::decode_lanes(table, info, codes, &mut states, &mut st, done)?;
+        joint_lanes::<T>(c, reference, isa, info_fn, table, codes, info, padded)?;
     } else {
+        info_fn.fill::<T>(reference, info);
+        let mut states = c.states;
+        padded.clear();
+        padded.extend_from_slice(&c.words);
+        padded.resize(c.words.len() + LANES, 0);
+        let mut st = Stream {
+            words: padded,
+            len: c.words.len(),
+            pos: 0,
+        };
+        let d = distance.unwrap_or(usize::MAX);
+        let d_s = match stages.get(3) {
+            Some(t) if t.neighbor => d,
+            _ => usize::MAX,
+        };
         chain_lanes::<T>(info, codes, &mut states, &mut st, isa, stages, w1, d, d_s)?;
+        check_end(&st, &states)?;
     }
+    finish::<T>(c, codes, reference, out, isa, signed)
+}
+
+/// Every lane back in its initial state and every word read: what the encoder started from.
+fn check_end(st: &Stream, states: &[u32; LANES]) -> Result<()> {
     if st.pos != st.len || states.iter().any(|&s| s != RANS_L) {
         return Err(bad("rANS lanes did not end in their initial state"));
     }
-    finish::<T>(c, codes, reference, out, isa, signed)
+    Ok(())
+}
+
+/// The Joint layout's lanes. The vector decoders read the contexts straight from the
+/// reference (no per-element facts written and read back) and the words straight from the
+/// chunk, while a whole step's worth (`LANES` words) is left; then from a padded copy of the
+/// few words left (copying whole streams was 5% of a decode). The portable lanes decode the
+/// last partial step, or all of them where no vector level runs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn joint_lanes<T: Word>(
+    c: &EncodedChunk,
+    reference: &[u8],
+    isa: Isa,
+    info_fn: InfoFn,
+    table: &JointDec,
+    codes: &mut [u32],
+    info: &mut Vec<u16>,
+    padded: &mut Vec<u16>,
+) -> Result<()> {
+    let mut states = c.states;
+    let mut st = Stream {
+        words: &c.words,
+        len: c.words.len(),
+        pos: 0,
+    };
+    let first = joint_vector::<T>(
+        isa,
+        table,
+        reference,
+        info_fn,
+        codes,
+        &mut states,
+        &mut st,
+        true,
+    )?;
+    let left = &c.words[st.pos..];
+    padded.clear();
+    padded.extend_from_slice(left);
+    padded.resize(left.len() + LANES, 0);
+    let mut st = Stream {
+        words: padded,
+        len: left.len(),
+        pos: 0,
+    };
+    let (r, codes) = (&reference[first * T::SIZE..], &mut codes[first..]);
+    let then = joint_vector::<T>(isa, table, r, info_fn, codes, &mut states, &mut st, false)?;
+    info_fn.fill::<T>(&r[then * T::SIZE..], info);
+    super::joint::decode_lanes(table, info, &mut codes[then..], &mut states, &mut st)?;
+    check_end(&st, &states)
+}
+
+/// The whole steps a vector decoder does from the start of `codes` (0 where none runs);
+/// `guarded`: `st.words` is not padded, so stop while a step's worth of words is left.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn joint_vector<T: Word>(
+    isa: Isa,
+    table: &JointDec,
+    reference: &[u8],
+    info_fn: InfoFn,
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    guarded: bool,
+) -> Result<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let params = info_fn.joint_params();
+        if isa == Isa::Avx512 {
+            // SAFETY: `Isa::Avx512` is only used where `Isa::available` confirmed it; the
+            // stream is padded with `LANES` words unless `guarded`.
+            return unsafe {
+                super::avx512::joint::decode::<T>(
+                    table, reference, params, codes, states, st, guarded,
+                )
+            };
+        }
+        if isa == Isa::Avx2 {
+            // SAFETY: as above, for `Isa::Avx2`.
+            return unsafe {
+                super::avx2::joint::decode::<T>(
+                    table, reference, params, codes, states, st, guarded,
+                )
+            };
+        }
+    }
+    let _ = (isa, table, reference, info_fn, codes, states, st, guarded);
+    Ok(0)
 }
 
 /// The B, Q1, Q2 (, S) lanes of the Paper and Signed layouts, vector steps first.
@@ -270,10 +351,13 @@ fn finish<T: Word>(
     signed: bool,
 ) -> Result<()> {
     // The bit lengths say how long the tail is: check that once, then read it unchecked.
-    let need: u64 = codes
+    // In 32 bits (twice the lanes of a 64-bit sum): whatever the codes, a chunk's lengths
+    // sum to less than 2^18 × 128.
+    const _: () = assert!(crate::delta::chunk::CHUNK_ELEMS as u64 * 127 < 1 << 32);
+    let need = codes
         .iter()
-        .map(|&c| (c & 127).saturating_sub(3) as u64)
-        .sum();
+        .map(|&c| (c & 127).saturating_sub(3))
+        .sum::<u32>() as u64;
     if need > c.tail_bits.min(c.tail.len() as u64 * 8) {
         return Err(bad("raw tail shorter than the bit lengths require"));
     }

@@ -224,10 +224,11 @@ pub fn encode_chunk<T: Word>(
 }
 
 /// Decoder tables: per row, a dense slot table, so a lane finds its symbol, frequency and
-/// offset in one load (two for the vector decoders: context -> row, then the slot).
-pub struct JointDec {
+/// offset in one load (two for the vector decoders: context -> row, then the slot). (Small
+/// tensors searching the rows' starts instead of filling slots gained nothing measurable.)
+pub struct JointDec<'a> {
     /// Context -> row, [`JointDec::NONE`] where no row covers it.
-    pub map: Vec<u32>,
+    pub map: &'a [u32],
     /// `J | (freq - 1) << 8 | (slot - start) << 20` per row and slot.
     pub slots: Vec<u32>,
     /// Whether every context the vector decoders compute (`er·2 + rs < 512`) indexes `map`,
@@ -236,10 +237,10 @@ pub struct JointDec {
     pub vector_ok: bool,
 }
 
-impl JointDec {
+impl<'a> JointDec<'a> {
     pub const NONE: u32 = u32::MAX;
 
-    pub fn new(t: &StageTable) -> Self {
+    pub fn new(t: &'a StageTable) -> Self {
         let n_rows = t.explicit.len() + t.backoff.len();
         // Written in slot order, without zeroing first (a row's symbols cover its slots in
         // order: starts are the running sums of the frequencies).
@@ -258,15 +259,15 @@ impl JointDec {
                 .iter()
                 .all(|&r| r == Self::NONE || (r as usize) < n_rows);
         JointDec {
-            map: t.map.clone(),
+            map: &t.map,
             slots,
             vector_ok,
         }
     }
 }
 
-/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements), from
-/// element `done` on (a multiple of `LANES`: the steps a vector decoder left).
+/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements, `info` their
+/// facts), from a step boundary: the steps a vector decoder left, or all of them.
 #[inline(always)]
 pub fn decode_lanes(
     table: &JointDec,
@@ -274,11 +275,10 @@ pub fn decode_lanes(
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
-    done: usize,
 ) -> Result<()> {
     let lut = code_of_joint();
     let n = codes.len();
-    for step in done / LANES..n.div_ceil(LANES) {
+    for step in 0..n.div_ceil(LANES) {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let xs = &mut states[..lanes];

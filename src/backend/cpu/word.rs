@@ -156,6 +156,14 @@ impl InfoFn {
         }
     }
 
+    /// `(mant, emask)` with which an element `r` of a float up to 32 bits wide has the J
+    /// context `((r >> mant) & emask)·2 + sign` (`joint::context` of its facts): for the
+    /// vector joint decoders, which read contexts straight from the reference.
+    pub fn joint_params(&self) -> (u32, u32) {
+        debug_assert!(!self.wide);
+        (self.mant, self.emask as u32 * self.condition as u32)
+    }
+
     /// Whether the exponent class is used (`COND` of [`InfoFn::info_as`]).
     pub fn condition(&self) -> bool {
         self.condition

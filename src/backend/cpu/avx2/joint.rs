@@ -49,27 +49,41 @@ unsafe fn code_of(j: __m256i, small: __m256i) -> __m256i {
     _mm256_blendv_epi8(c, _mm256_permutevar8x32_epi32(small, j), lt8)
 }
 
-/// Decode every full step of the chunk, exactly as `super::super::joint::decode_lanes`
-/// would; returns the number of elements done (0 when the tables do not have the shapes the
-/// gathers assume).
+/// The J contexts of elements `j..j + 8` of `reference` (as the AVX-512 `ref_contexts`).
+#[inline(always)]
+unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: __m256i) -> __m256i {
+    let r = match T::BITS {
+        8 => _mm256_cvtepu8_epi32(_mm_loadl_epi64(rp.add(j).cast())),
+        16 => _mm256_cvtepu16_epi32(_mm_loadu_si128(rp.add(2 * j).cast())),
+        _ => _mm256_loadu_si256(rp.add(4 * j).cast()),
+    };
+    let er = _mm256_and_si256(_mm256_srl_epi32(r, mant), emask);
+    let sign = _mm256_srl_epi32(r, _mm_cvtsi32_si128(T::BITS as i32 - 1));
+    _mm256_or_si256(_mm256_slli_epi32::<1>(er), sign)
+}
+
+/// Decode whole steps of the chunk from its start, as the AVX-512 `decode` does (same
+/// arguments, same result).
 ///
 /// # Safety
-/// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT, and `st.words` must hold `LANES`
-/// padding words past `st.len`.
+/// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT; `T` at most 32 bits; unless
+/// `guarded`, `st.words` must hold `LANES` padding words past `st.len`.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub unsafe fn decode(
+pub unsafe fn decode<T: Word>(
     table: &JointDec,
-    info: &[u16],
+    reference: &[u8],
+    (mant, emask): (u32, u32),
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
+    guarded: bool,
 ) -> Result<usize> {
-    let n = codes.len().min(info.len());
+    let n = codes.len().min(reference.len() / T::SIZE);
     let full = n / LANES * LANES;
-    if full == 0 || !table.vector_ok {
+    if full == 0 || !table.vector_ok || T::BITS > 32 {
         return Ok(0);
     }
-    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    assert!(st.words.len() >= st.len + if guarded { 0 } else { LANES } && st.pos <= st.len);
     let words = st.words.as_ptr();
     let mut pos = st.pos;
     let mut x = [_mm256_setzero_si256(); NV];
@@ -80,14 +94,23 @@ pub unsafe fn decode(
     let small = _mm256_loadu_si256(small_a.as_ptr().cast());
     let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
     let none = _mm256_set1_epi32(JointDec::NONE as i32);
-    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
-    for base in (0..full).step_by(LANES) {
+    let (rp, cp) = (reference.as_ptr(), codes.as_mut_ptr());
+    let (mant, emask) = (
+        _mm_cvtsi32_si128(mant as i32),
+        _mm256_set1_epi32(emask as i32),
+    );
+    let mut done = 0;
+    while done < full {
+        if guarded && st.len - pos < LANES {
+            break;
+        }
+        let base = done;
         let mut row = [_mm256_setzero_si256(); NV];
         let mut missing = _mm256_setzero_si256();
         for (v, r) in row.iter_mut().enumerate() {
-            let inf = _mm256_cvtepu16_epi32(_mm_loadu_si128(ip.add(base + 8 * v).cast()));
+            let ctx = ref_contexts::<T>(rp, base + 8 * v, mant, emask);
             // In bounds: contexts are below 512 <= `map.len()` (`vector_ok`).
-            *r = _mm256_i32gather_epi32::<4>(map.cast(), contexts(inf));
+            *r = _mm256_i32gather_epi32::<4>(map.cast(), ctx);
             missing = _mm256_or_si256(missing, _mm256_cmpeq_epi32(*r, none));
         }
         if _mm256_testz_si256(missing, missing) == 0 {
@@ -106,7 +129,8 @@ pub unsafe fn decode(
                 _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v])),
                 _mm256_srli_epi32::<20>(e),
             );
-            // Vectors refill in lane order, as the portable lanes do.
+            // Vectors refill in lane order, as the portable lanes do. In bounds: `LANES`
+            // words are left (`guarded`) or padded.
             x[v] = refill(xs, words, &mut pos);
             let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
             _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j, small));
@@ -114,12 +138,13 @@ pub unsafe fn decode(
         if pos > st.len {
             return Err(overrun());
         }
+        done += LANES;
     }
     for (v, xv) in x.iter().enumerate() {
         _mm256_storeu_si256(states.as_mut_ptr().add(8 * v).cast(), *xv);
     }
     st.pos = pos;
-    Ok(full)
+    Ok(done)
 }
 
 /// One chunk, as `super::super::joint::encode_chunk` codes it, with AVX2 lanes.

@@ -46,61 +46,45 @@ unsafe fn code_of(j: __m512i, small: __m512i) -> __m512i {
     _mm512_mask_permutexvar_epi32(c, lt16, j, small)
 }
 
-/// The lowest and highest J context of `info` (`(u16::MAX, 0)` when empty), 32 at a time.
+/// The J contexts of elements `j..j + 16` of `reference` (`joint_params`: the exponent
+/// field's shift and mask, the mask zero when not conditioning).
 #[inline(always)]
-unsafe fn context_range(info: &[u16]) -> (u16, u16) {
-    let (mut lo, mut hi) = (_mm512_set1_epi16(-1), _mm512_setzero_si512());
-    let mut blocks = info.chunks_exact(32);
-    for b in &mut blocks {
-        // SAFETY: `b` holds 32 `u16`.
-        let i = unsafe { _mm512_loadu_si512(b.as_ptr().cast()) };
-        let c = _mm512_or_si512(
-            _mm512_slli_epi16::<1>(_mm512_and_si512(i, _mm512_set1_epi16(255))),
-            _mm512_and_si512(_mm512_srli_epi16::<8>(i), _mm512_set1_epi16(1)),
-        );
-        lo = _mm512_min_epu16(lo, c);
-        hi = _mm512_max_epu16(hi, c);
-    }
-    let (mut l, mut h) = ([0u16; 32], [0u16; 32]);
-    // SAFETY: 32 `u16` each.
-    unsafe {
-        _mm512_storeu_si512(l.as_mut_ptr().cast(), lo);
-        _mm512_storeu_si512(h.as_mut_ptr().cast(), hi);
-    }
-    let rest = blocks
-        .remainder()
-        .iter()
-        .map(|&i| (i & 255) << 1 | (i >> 8) & 1);
-    let lo = l
-        .iter()
-        .copied()
-        .chain(rest.clone())
-        .fold(u16::MAX, u16::min);
-    let hi = h.iter().copied().chain(rest).fold(0, u16::max);
-    (lo, hi)
+unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: __m512i) -> __m512i {
+    let r = match T::BITS {
+        8 => _mm512_cvtepu8_epi32(_mm_loadu_si128(rp.add(j).cast())),
+        16 => _mm512_cvtepu16_epi32(_mm256_loadu_si256(rp.add(2 * j).cast())),
+        _ => _mm512_loadu_si512(rp.add(4 * j).cast()),
+    };
+    let er = _mm512_and_si512(_mm512_srl_epi32(r, mant), emask);
+    let sign = _mm512_srl_epi32(r, _mm_cvtsi32_si128(T::BITS as i32 - 1));
+    _mm512_or_si512(_mm512_slli_epi32::<1>(er), sign)
 }
 
-/// Decode every full step of the chunk (all but a last partial one), exactly as
-/// `super::super::joint::decode_lanes` would; returns the number of elements done (0 when
-/// the tables do not have the shapes the gathers assume: the portable lanes do it all).
+/// Decode whole steps of the chunk from its start, exactly as
+/// `super::super::joint::decode_lanes` would, with contexts read from `reference` (the
+/// chunk's elements from the first step on); returns the number of elements done: every
+/// whole step, or when `guarded`, those before fewer than `LANES` words are left (0 when the
+/// tables do not have the shapes the gathers assume).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VL, and `st.words` must hold `LANES` padding words
-/// past `st.len`.
+/// The CPU must have AVX-512 F, BW, VL; `T` at most 32 bits; unless `guarded`, `st.words`
+/// must hold `LANES` padding words past `st.len`.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl")]
-pub unsafe fn decode(
+pub unsafe fn decode<T: Word>(
     table: &JointDec,
-    info: &[u16],
+    reference: &[u8],
+    (mant, emask): (u32, u32),
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
+    guarded: bool,
 ) -> Result<usize> {
-    let n = codes.len().min(info.len());
+    let n = codes.len().min(reference.len() / T::SIZE);
     let full = n / LANES * LANES;
-    if full == 0 || !table.vector_ok {
+    if full == 0 || !table.vector_ok || T::BITS > 32 {
         return Ok(0);
     }
-    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    assert!(st.words.len() >= st.len + if guarded { 0 } else { LANES } && st.pos <= st.len);
     let words = st.words.as_ptr();
     let mut pos = st.pos;
     let mut x = [
@@ -111,30 +95,43 @@ pub unsafe fn decode(
     let small = _mm512_loadu_si512(small_a.as_ptr().cast());
     let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
     let none = _mm512_set1_epi32(JointDec::NONE as i32);
-    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    let (rp, cp) = (reference.as_ptr(), codes.as_mut_ptr());
+    let (mant, emask) = (
+        _mm_cvtsi32_si128(mant as i32),
+        _mm512_set1_epi32(emask as i32),
+    );
     // Where the chunk's contexts span at most 64 (most chunks: a tensor's exponent classes
     // are few), their rows come from four registers by two permutes and a blend instead of a
     // gather: one gather per 16 lanes is left, the one on the state chain.
-    let (lo, hi) = context_range(&info[..full]);
-    let in_regs = hi.wrapping_sub(lo) < 64;
+    let (mut lo_v, mut hi_v) = (_mm512_set1_epi32(-1), _mm512_setzero_si512());
+    for j in (0..full).step_by(16) {
+        let ctx = ref_contexts::<T>(rp, j, mant, emask);
+        lo_v = _mm512_min_epu32(lo_v, ctx);
+        hi_v = _mm512_max_epu32(hi_v, ctx);
+    }
+    let (lo, hi) = (
+        _mm512_reduce_min_epu32(lo_v) as usize,
+        _mm512_reduce_max_epu32(hi_v) as usize,
+    );
+    let in_regs = hi - lo < 64;
     let mut rows_a = [JointDec::NONE; 64];
     if in_regs {
         for (k, r) in rows_a.iter_mut().enumerate() {
-            *r = table
-                .map
-                .get(lo as usize + k)
-                .copied()
-                .unwrap_or(JointDec::NONE);
+            *r = table.map.get(lo + k).copied().unwrap_or(JointDec::NONE);
         }
     }
     let rt = [0, 16, 32, 48].map(|k| _mm512_loadu_si512(rows_a.as_ptr().add(k).cast()));
     let lo_v = _mm512_set1_epi32(lo as i32);
-    for base in (0..full).step_by(LANES) {
+    let mut done = 0;
+    while done < full {
+        if guarded && st.len - pos < LANES {
+            break;
+        }
+        let base = done;
         // Rows first (they depend only on the reference): off the state chain.
         let mut row = [_mm512_setzero_si512(); 2];
         for (h, r) in row.iter_mut().enumerate() {
-            let inf = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(base + 16 * h).cast()));
-            let ctx = contexts(inf);
+            let ctx = ref_contexts::<T>(rp, base + 16 * h, mant, emask);
             *r = if in_regs {
                 // `ctx - lo < 64`: the permutes read bits 0..5, the blend bit 5.
                 let rel = _mm512_sub_epi32(ctx, lo_v);
@@ -162,7 +159,8 @@ pub unsafe fn decode(
                 _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[h])),
                 _mm512_srli_epi32::<20>(e),
             );
-            // Lanes 0..16 refill before lanes 16..32: the portable lane order.
+            // Lanes 0..16 refill before lanes 16..32: the portable lane order. In bounds:
+            // `LANES` words are left (`guarded`) or padded.
             x[h] = refill(xs, words, &mut pos);
             let j = _mm512_and_si512(e, _mm512_set1_epi32(255));
             _mm512_storeu_si512(cp.add(base + 16 * h).cast(), code_of(j, small));
@@ -170,11 +168,12 @@ pub unsafe fn decode(
         if pos > st.len {
             return Err(overrun());
         }
+        done += LANES;
     }
     _mm512_storeu_si512(states.as_mut_ptr().cast(), x[0]);
     _mm512_storeu_si512(states.as_mut_ptr().add(16).cast(), x[1]);
     st.pos = pos;
-    Ok(full)
+    Ok(done)
 }
 
 /// One chunk, as `super::super::joint::encode_chunk` codes it, with AVX-512 lanes.
