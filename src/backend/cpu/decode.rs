@@ -174,8 +174,15 @@ pub fn chunk<T: Word>(
     // when the buffer is already as long (every chunk but a tensor's first).
     codes.truncate(n);
     codes.resize(n, 0);
+    // Where the joint lanes leave joint symbols for the tail pass to expand.
+    #[cfg(target_arch = "x86_64")]
+    let j_codes = joint.is_some() && isa == Isa::Avx512 && super::avx512::joint::stores_j::<T>();
+    #[cfg(not(target_arch = "x86_64"))]
+    let j_codes = false;
     if let Some(table) = joint {
-        joint_lanes::<T>(c, reference, isa, info_fn, table, codes, info, padded)?;
+        joint_lanes::<T>(
+            c, reference, isa, info_fn, table, codes, info, padded, j_codes,
+        )?;
     } else {
         info_fn.fill::<T>(reference, info);
         let mut states = c.states;
@@ -195,7 +202,7 @@ pub fn chunk<T: Word>(
         chain_lanes::<T>(info, codes, &mut states, &mut st, isa, stages, w1, d, d_s)?;
         check_end(&st, &states)?;
     }
-    finish::<T>(c, codes, reference, out, isa, signed)
+    finish::<T>(c, codes, j_codes, reference, out, isa, signed)
 }
 
 /// Every lane back in its initial state and every word read: what the encoder started from.
@@ -222,6 +229,7 @@ fn joint_lanes<T: Word>(
     codes: &mut [u32],
     info: &mut Vec<u16>,
     padded: &mut Vec<u16>,
+    j_codes: bool,
 ) -> Result<()> {
     let mut states = c.states;
     let mut st = Stream {
@@ -251,7 +259,14 @@ fn joint_lanes<T: Word>(
     let (r, codes) = (&reference[first * T::SIZE..], &mut codes[first..]);
     let then = joint_vector::<T>(isa, table, r, info_fn, codes, &mut states, &mut st, false)?;
     info_fn.fill::<T>(&r[then * T::SIZE..], info);
-    super::joint::decode_lanes(table, info, &mut codes[then..], &mut states, &mut st)?;
+    super::joint::decode_lanes(
+        table,
+        info,
+        &mut codes[then..],
+        &mut states,
+        &mut st,
+        j_codes,
+    )?;
     check_end(&st, &states)
 }
 
@@ -342,9 +357,11 @@ fn chain_lanes<T: Word>(
 
 /// Raw tails and the inverse transform, from the per-element codes every layout decodes to.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn finish<T: Word>(
     c: &EncodedChunk,
     codes: &[u32],
+    j_codes: bool,
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
     isa: Isa,
@@ -354,10 +371,16 @@ fn finish<T: Word>(
     // In 32 bits (twice the lanes of a 64-bit sum): whatever the codes, a chunk's lengths
     // sum to less than 2^18 × 128.
     const _: () = assert!(crate::delta::chunk::CHUNK_ELEMS as u64 * 127 < 1 << 32);
-    let need = codes
-        .iter()
-        .map(|&c| (c & 127).saturating_sub(3))
-        .sum::<u32>() as u64;
+    let need = if j_codes {
+        // Joint symbols (`j_codes`): `J + 17 = 8·b + …` from J = 7 (b = 3) on, so the tail
+        // length max(b - 3, 0) is `max(J - 7, 0) >> 3`.
+        codes.iter().map(|&j| j.saturating_sub(7) >> 3).sum::<u32>()
+    } else {
+        codes
+            .iter()
+            .map(|&c| (c & 127).saturating_sub(3))
+            .sum::<u32>()
+    } as u64;
     if need > c.tail_bits.min(c.tail.len() as u64 * 8) {
         return Err(bad("raw tail shorter than the bit lengths require"));
     }
@@ -368,7 +391,7 @@ fn finish<T: Word>(
     if isa == Isa::Avx512 && T::BITS == 16 {
         // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
         let (elems, bits) = unsafe {
-            super::avx512::decode::finish_u16(codes, reference, out, tail.padded(), signed)
+            super::avx512::decode::finish_u16(codes, j_codes, reference, out, tail.padded(), signed)
         };
         done = elems;
         tail.consumed = bits;
@@ -395,11 +418,19 @@ fn finish<T: Word>(
         done = elems;
         tail.consumed = bits;
     }
+    // The other vector passes read per-element codes (`j_codes` is AVX-512, 16-bit only).
+    debug_assert!(!j_codes || done == codes.len() / 32 * 32);
+    let of_j = super::joint::code_of_joint();
     for ((&code, r), o) in codes[done..]
         .iter()
         .zip(reference.chunks_exact(T::SIZE).skip(done))
         .zip(out.chunks_exact_mut(T::SIZE).skip(done))
     {
+        let code = if j_codes {
+            of_j[code as usize & 255]
+        } else {
+            code
+        };
         let len = (code & 127).saturating_sub(3);
         let t = if T::BITS > 32 {
             tail.take::<true>(len)

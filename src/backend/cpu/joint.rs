@@ -235,6 +235,10 @@ pub struct JointDec<'a> {
     /// and every row in it `slots`: checked once here, so their gathers need no per-lane
     /// bounds checks.
     pub vector_ok: bool,
+    /// The first of 64 contexts whose rows the vector decoders keep in registers: the 64
+    /// up to the highest context with a row of its own (a tensor's exponent classes are
+    /// few; the top ones hold most weights).
+    pub window: u32,
 }
 
 impl<'a> JointDec<'a> {
@@ -258,16 +262,22 @@ impl<'a> JointDec<'a> {
             && t.map
                 .iter()
                 .all(|&r| r == Self::NONE || (r as usize) < n_rows);
+        let window = match (t.explicit.first(), t.explicit.last()) {
+            (Some(&(first, _)), Some(&(last, _))) => first.max(last.saturating_sub(63)),
+            _ => 0,
+        };
         JointDec {
             map: &t.map,
             slots,
             vector_ok,
+            window,
         }
     }
 }
 
 /// Decode the lanes of one chunk into per-element codes (`codes.len()` elements, `info` their
-/// facts), from a step boundary: the steps a vector decoder left, or all of them.
+/// facts), or into joint symbols where `store_j`, from a step boundary: the steps a vector
+/// decoder left, or all of them.
 #[inline(always)]
 pub fn decode_lanes(
     table: &JointDec,
@@ -275,6 +285,7 @@ pub fn decode_lanes(
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
+    store_j: bool,
 ) -> Result<()> {
     let lut = code_of_joint();
     let n = codes.len();
@@ -291,7 +302,11 @@ pub fn decode_lanes(
             let slot = *x & (PROB_TOTAL - 1);
             let e = table.slots[ri as usize * PROB_TOTAL as usize + slot as usize];
             *x = (((e >> 8) & 0xFFF) + 1) * (*x >> PROB_BITS) + (e >> 20);
-            codes[base + lane] = lut[(e & 255) as usize];
+            codes[base + lane] = if store_j {
+                e & 255
+            } else {
+                lut[(e & 255) as usize]
+            };
         }
         st.refill(xs)?;
     }

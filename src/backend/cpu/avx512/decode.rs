@@ -11,6 +11,7 @@ use core::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::super::decode::{no_row, Stream};
+use super::super::joint::code_of_joint;
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
 use crate::delta::chunk::LANES;
@@ -339,12 +340,12 @@ pub unsafe fn full_steps<T: Word>(
     Ok(full)
 }
 
-/// Raw tails and the inverse transform for 16-bit elements, 16 at a time: each element's
-/// tail offset is a prefix sum of the tail lengths, its bits two 16-bit words picked from the
-/// 32 bytes where the group's tails start (a 16-bit element's tail has at most 13 bits, so
-/// 15 + 13 bits fit), then
+/// Raw tails and the inverse transform for 16-bit elements, 32 at a time in 16-bit lanes
+/// (half the instructions per element of 32-bit lanes; a 16-bit element's tail has at most
+/// 13 bits, and 32 of them fit a 64-byte window): each element's tail offset is a prefix sum
+/// of the tail lengths, its bits picked from the two 16-bit words of the window it spans, then
 /// the value is rebuilt from b, q1, q2 and the tail, turned back into a displacement and
-/// added to the reference's ordered key. Does every whole group of 16 and returns how many
+/// added to the reference's ordered key. Does every whole group of 32 and returns how many
 /// elements and tail bits it used; the caller finishes the rest.
 ///
 /// # Safety
@@ -353,54 +354,160 @@ pub unsafe fn full_steps<T: Word>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub unsafe fn finish_u16(
     codes: &[u32],
+    j_codes: bool,
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
     tail: &[u8],
     signed: bool,
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
-    let full = n / 16 * 16;
-    let one = _mm512_set1_epi32(1);
-    let three = _mm512_set1_epi32(3);
+    let full = n / 32 * 32;
+    let one = _mm512_set1_epi16(1);
+    let three = _mm512_set1_epi16(3);
+    // Word 2i of the pair (c0, c1): the low halves of 32 codes (every code fits 16 bits).
+    let lows = _mm512_loadu_si512(LOW_WORDS.as_ptr().cast());
+    let small_a: [u16; 32] = std::array::from_fn(|j| code_of_joint()[j] as u16);
+    let small = _mm512_loadu_si512(small_a.as_ptr().cast());
     let mut bits = 0u64;
-    for j in (0..full).step_by(16) {
-        let c = _mm512_loadu_si512(codes.as_ptr().add(j).cast());
-        let b = _mm512_and_si512(c, _mm512_set1_epi32(127));
-        let len = _mm512_subs_epu16(b, three); // b <= 16: max(b - 3, 0)
-        let (off, total) = tail_offsets(len);
-        // The 16 tails lie in the 32 bytes from the first one's byte (at most 7 + 16 × 13
-        // bits): one load, then each lane picks the two 16-bit words its tail starts in with
-        // a word permute. A gather here cost as much as the lanes' own (it is off the
-        // chains, but a 16-lane gather's many loads bound the loop).
+    for j in (0..full).step_by(32) {
+        let c0 = _mm512_loadu_si512(codes.as_ptr().add(j).cast());
+        let c1 = _mm512_loadu_si512(codes.as_ptr().add(j + 16).cast());
+        let c = _mm512_permutex2var_epi16(c0, lows, c1);
+        let c = if j_codes { code_of_j16(c, small) } else { c };
+        let b = _mm512_and_si512(c, _mm512_set1_epi16(127));
+        let len = _mm512_subs_epu16(b, three); // b <= 16: max(b - 3, 0) <= 13
+        let (off, total) = tail_offsets16(len);
         let at = (bits / 8) as usize;
         let rest = tail.len().saturating_sub(at);
-        let m = if rest >= 32 {
-            u32::MAX
+        let m = if rest >= 64 {
+            u64::MAX
         } else {
-            (1u32 << rest) - 1
+            (1u64 << rest) - 1
         };
-        let window =
-            _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(m, tail.as_ptr().add(at).cast()));
-        let off = _mm512_add_epi32(off, _mm512_set1_epi32((bits % 8) as i32));
-        let w = _mm512_srli_epi32::<4>(off);
-        let pick = _mm512_or_si512(w, _mm512_slli_epi32::<16>(_mm512_add_epi32(w, one)));
-        let raw = _mm512_permutexvar_epi16(pick, window);
-        let raw = _mm512_srlv_epi32(raw, _mm512_and_si512(off, _mm512_set1_epi32(15)));
-        let t = _mm512_and_si512(raw, _mm512_sub_epi32(_mm512_sllv_epi32(one, len), one));
+        // 7 + 32 × 13 bits: the 32 tails lie in the 64 bytes from the first one's byte.
+        let window = _mm512_maskz_loadu_epi8(m, tail.as_ptr().add(at).cast());
+        let off = _mm512_add_epi16(off, _mm512_set1_epi16((bits % 8) as i16));
+        let w = _mm512_srli_epi16::<4>(off);
+        let s = _mm512_and_si512(off, _mm512_set1_epi16(15));
+        let lo = _mm512_permutexvar_epi16(w, window);
+        let hi = _mm512_permutexvar_epi16(_mm512_add_epi16(w, one), window);
+        // A shift by 16 (s = 0) gives 0, as the tail then lies in `lo` alone.
+        let raw = _mm512_or_si512(
+            _mm512_srlv_epi16(lo, s),
+            _mm512_sllv_epi16(hi, _mm512_sub_epi16(_mm512_set1_epi16(16), s)),
+        );
+        let t = _mm512_and_si512(raw, _mm512_sub_epi16(_mm512_sllv_epi16(one, len), one));
         bits += total as u64;
-        let delta = displacement(c, b, t, signed);
-        let r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reference.as_ptr().add(2 * j).cast()));
+        let delta = displacement16(c, b, t, signed);
+        let r = _mm512_loadu_si512(reference.as_ptr().add(2 * j).cast());
         // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
-        let h = _mm512_set1_epi32(0x8000);
-        let ffff = _mm512_set1_epi32(0xFFFF);
-        let r_neg = _mm512_test_epi32_mask(r, h);
-        let key = _mm512_xor_si512(r, _mm512_mask_blend_epi32(r_neg, h, ffff));
-        let k = _mm512_and_si512(_mm512_add_epi32(key, delta), ffff);
-        let k_pos = _mm512_test_epi32_mask(k, h);
-        let x = _mm512_xor_si512(k, _mm512_mask_blend_epi32(k_pos, ffff, h));
-        _mm256_storeu_si256(out.as_mut_ptr().add(2 * j).cast(), _mm512_cvtepi32_epi16(x));
+        let h = _mm512_set1_epi16(i16::MIN);
+        let ffff = _mm512_set1_epi16(-1);
+        let key = _mm512_xor_si512(r, _mm512_mask_blend_epi16(_mm512_movepi16_mask(r), h, ffff));
+        let k = _mm512_add_epi16(key, delta);
+        let x = _mm512_xor_si512(k, _mm512_mask_blend_epi16(_mm512_movepi16_mask(k), ffff, h));
+        _mm512_storeu_si512(out.as_mut_ptr().add(2 * j).cast(), x);
     }
     (full, bits)
+}
+
+/// Per-element codes (`b | q1 << 7 | q2 << 8 | neg << 9`) of 32 joint symbols in 16-bit
+/// lanes: from `u = J + 17 = 8·b + 4·q1 + 2·q2 + neg` by shifts from J = 7 on, from `small`
+/// (the codes of J < 32) below.
+#[inline(always)]
+unsafe fn code_of_j16(j: __m512i, small: __m512i) -> __m512i {
+    let u = _mm512_add_epi16(j, _mm512_set1_epi16(17));
+    let c = _mm512_or_si512(
+        _mm512_or_si512(
+            _mm512_srli_epi16::<3>(u),
+            _mm512_slli_epi16::<5>(_mm512_and_si512(u, _mm512_set1_epi16(4))),
+        ),
+        _mm512_or_si512(
+            _mm512_slli_epi16::<7>(_mm512_and_si512(u, _mm512_set1_epi16(2))),
+            _mm512_slli_epi16::<9>(_mm512_and_si512(u, _mm512_set1_epi16(1))),
+        ),
+    );
+    let lt7 = _mm512_cmplt_epu16_mask(j, _mm512_set1_epi16(7));
+    _mm512_mask_permutexvar_epi16(c, lt7, j, small)
+}
+
+/// `2i` for word `i`: [`finish_u16`]'s selection of the codes' low halves.
+static LOW_WORDS: [u16; 32] = {
+    let mut a = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        a[i] = 2 * i as u16;
+        i += 1;
+    }
+    a
+};
+
+/// Bit offsets of 32 consecutive raw tails of lengths `len` (16-bit lanes), relative to the
+/// first (an exclusive prefix sum), and their total length (at most 32 × 13).
+#[inline(always)]
+unsafe fn tail_offsets16(len: __m512i) -> (__m512i, u32) {
+    // Within each 128-bit lane by byte shifts, then the lanes' totals carried across.
+    let mut p = len;
+    p = _mm512_add_epi16(p, _mm512_bslli_epi128::<2>(p));
+    p = _mm512_add_epi16(p, _mm512_bslli_epi128::<4>(p));
+    p = _mm512_add_epi16(p, _mm512_bslli_epi128::<8>(p));
+    // Word 7 of the previous 128-bit lane (lanes 1..4), then of the one two before (2..4).
+    let prev1 = _mm512_set_epi64(
+        0x0017_0017_0017_0017,
+        0x0017_0017_0017_0017,
+        0x000F_000F_000F_000F,
+        0x000F_000F_000F_000F,
+        0x0007_0007_0007_0007,
+        0x0007_0007_0007_0007,
+        0,
+        0,
+    );
+    p = _mm512_add_epi16(p, _mm512_maskz_permutexvar_epi16(!0xFF, prev1, p));
+    let prev2 = _mm512_set_epi64(
+        0x000F_000F_000F_000F,
+        0x000F_000F_000F_000F,
+        0x0007_0007_0007_0007,
+        0x0007_0007_0007_0007,
+        0,
+        0,
+        0,
+        0,
+    );
+    p = _mm512_add_epi16(p, _mm512_maskz_permutexvar_epi16(!0xFFFF, prev2, p));
+    let total = _mm_extract_epi16::<7>(_mm512_extracti32x4_epi32::<3>(p)) as u32;
+    (_mm512_sub_epi16(p, len), total)
+}
+
+/// [`displacement`] of 32 16-bit elements in 16-bit lanes (values and keys of 16-bit floats
+/// wrap the same way there).
+#[inline(always)]
+unsafe fn displacement16(c: __m512i, b: __m512i, t: __m512i, signed: bool) -> __m512i {
+    let (zero, one, three) = (
+        _mm512_setzero_si512(),
+        _mm512_set1_epi16(1),
+        _mm512_set1_epi16(3),
+    );
+    let top = _mm512_or_si512(
+        _mm512_set1_epi16(4),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<6>(c), _mm512_set1_epi16(2)),
+            _mm512_and_si512(_mm512_srli_epi16::<8>(c), one),
+        ),
+    );
+    let ge3 = _mm512_cmpge_epu16_mask(b, three);
+    let up = _mm512_sllv_epi16(top, _mm512_sub_epi16(b, three));
+    let down = _mm512_srlv_epi16(top, _mm512_sub_epi16(three, b));
+    let v = _mm512_or_si512(_mm512_mask_blend_epi16(ge3, down, up), t);
+    if signed {
+        let neg = _mm512_test_epi16_mask(c, _mm512_set1_epi16(1 << 9));
+        _mm512_mask_sub_epi16(v, neg, zero, v)
+    } else {
+        // ZigZag: (v >> 1) ^ -(v & 1)
+        _mm512_xor_si512(
+            _mm512_srli_epi16::<1>(v),
+            _mm512_sub_epi16(zero, _mm512_and_si512(v, one)),
+        )
+    }
 }
 
 /// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of

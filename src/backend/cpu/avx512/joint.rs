@@ -60,8 +60,15 @@ unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: _
     _mm512_or_si512(_mm512_slli_epi32::<1>(er), sign)
 }
 
+/// Whether [`decode`] stores joint symbols rather than per-element codes for `T`: for
+/// 16-bit floats, whose AVX-512 tail pass turns 32 symbols into codes in the instructions
+/// the lanes would spend on 16 (the lanes are bound by instruction count).
+pub const fn stores_j<T: Word>() -> bool {
+    T::BITS == 16
+}
+
 /// Decode whole steps of the chunk from its start, exactly as
-/// `super::super::joint::decode_lanes` would, with contexts read from `reference` (the
+/// `super::super::joint::decode_lanes` would (storing J where [`stores_j`]), with contexts read from `reference` (the
 /// chunk's elements from the first step on); returns the number of elements done: every
 /// whole step, or when `guarded`, those before fewer than `LANES` words are left (0 when the
 /// tables do not have the shapes the gathers assume).
@@ -100,25 +107,13 @@ pub unsafe fn decode<T: Word>(
         _mm_cvtsi32_si128(mant as i32),
         _mm512_set1_epi32(emask as i32),
     );
-    // Where the chunk's contexts span at most 64 (most chunks: a tensor's exponent classes
-    // are few), their rows come from four registers by two permutes and a blend instead of a
-    // gather: one gather per 16 lanes is left, the one on the state chain.
-    let (mut lo_v, mut hi_v) = (_mm512_set1_epi32(-1), _mm512_setzero_si512());
-    for j in (0..full).step_by(16) {
-        let ctx = ref_contexts::<T>(rp, j, mant, emask);
-        lo_v = _mm512_min_epu32(lo_v, ctx);
-        hi_v = _mm512_max_epu32(hi_v, ctx);
-    }
-    let (lo, hi) = (
-        _mm512_reduce_min_epu32(lo_v) as usize,
-        _mm512_reduce_max_epu32(hi_v) as usize,
-    );
-    let in_regs = hi - lo < 64;
+    // The rows of the 64 contexts from `table.window` come from four registers by two
+    // permutes and a blend instead of a gather: one gather per 16 lanes is left, the one on
+    // the state chain. 16 lanes with a context outside gather their rows.
+    let lo = table.window as usize;
     let mut rows_a = [JointDec::NONE; 64];
-    if in_regs {
-        for (k, r) in rows_a.iter_mut().enumerate() {
-            *r = table.map.get(lo + k).copied().unwrap_or(JointDec::NONE);
-        }
+    for (k, r) in rows_a.iter_mut().enumerate() {
+        *r = table.map.get(lo + k).copied().unwrap_or(JointDec::NONE);
     }
     let rt = [0, 16, 32, 48].map(|k| _mm512_loadu_si512(rows_a.as_ptr().add(k).cast()));
     let lo_v = _mm512_set1_epi32(lo as i32);
@@ -132,9 +127,9 @@ pub unsafe fn decode<T: Word>(
         let mut row = [_mm512_setzero_si512(); 2];
         for (h, r) in row.iter_mut().enumerate() {
             let ctx = ref_contexts::<T>(rp, base + 16 * h, mant, emask);
-            *r = if in_regs {
+            let rel = _mm512_sub_epi32(ctx, lo_v);
+            *r = if _mm512_cmpge_epu32_mask(rel, _mm512_set1_epi32(64)) == 0 {
                 // `ctx - lo < 64`: the permutes read bits 0..5, the blend bit 5.
-                let rel = _mm512_sub_epi32(ctx, lo_v);
                 let a = _mm512_permutex2var_epi32(rt[0], rel, rt[1]);
                 let b = _mm512_permutex2var_epi32(rt[2], rel, rt[3]);
                 _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rel, _mm512_set1_epi32(32)), a, b)
@@ -163,7 +158,13 @@ pub unsafe fn decode<T: Word>(
             // `LANES` words are left (`guarded`) or padded.
             x[h] = refill(xs, words, &mut pos);
             let j = _mm512_and_si512(e, _mm512_set1_epi32(255));
-            _mm512_storeu_si512(cp.add(base + 16 * h).cast(), code_of(j, small));
+            // 16-bit floats: J itself (`stores_j`), for the tail pass to expand 32 at a time.
+            let c = if stores_j::<T>() {
+                j
+            } else {
+                code_of(j, small)
+            };
+            _mm512_storeu_si512(cp.add(base + 16 * h).cast(), c);
         }
         if pos > st.len {
             return Err(overrun());
