@@ -70,7 +70,7 @@ fn main() {
                 condition: true,
                 distance: Some(*d),
                 tables,
-                chunks,
+                chunks: &lockstep::delta::chunk::views(chunks),
                 reference: rd,
             };
             let got = cpu.decode(&job).unwrap();

@@ -433,7 +433,7 @@ mod proto {
                         condition: true,
                         distance: Some(*d),
                         tables,
-                        chunks,
+                        chunks: &lockstep::delta::chunk::views(chunks),
                         reference: rd,
                     };
                     let got = CpuBackend.decode(&job).unwrap();

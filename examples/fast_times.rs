@@ -161,7 +161,7 @@ fn main() {
                         condition: true,
                         distance: distance(layout, t),
                         tables,
-                        chunks,
+                        chunks: &lockstep::delta::chunk::views(chunks),
                         reference: t.reference,
                     };
                     let (got, s) = timed(|| cpu.decode(&job).unwrap());

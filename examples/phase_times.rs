@@ -66,7 +66,7 @@ fn main() {
                 condition: true,
                 distance: Some(d),
                 tables: &tables,
-                chunks: &chunks,
+                chunks: &lockstep::delta::chunk::views(&chunks),
                 reference: rd,
             };
             CpuBackend.decode(&job).unwrap();

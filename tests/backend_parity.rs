@@ -491,7 +491,7 @@ pub fn quiet_chunks(backend: &dyn Backend) {
                     condition: true,
                     distance: None,
                     tables: &tables,
-                    chunks: &chunks,
+                    chunks: &lockstep::delta::chunk::views(&chunks),
                     reference: &r,
                 })
                 .unwrap_or_else(|e| panic!("{dtype}: {} failed: {e}", backend.name()));

@@ -25,7 +25,7 @@ pub mod wgpu;
 
 use std::sync::{Arc, RwLock};
 
-use crate::delta::chunk::EncodedChunk;
+use crate::delta::chunk::{DecodeChunk, EncodedChunk};
 use crate::delta::model::{Hist, Space, Tables};
 use crate::delta::symbols::{Layout, JOINT_MAX_WIDTH};
 use crate::dtype::FloatLayout;
@@ -55,7 +55,7 @@ pub struct DecodeJob<'a> {
     pub distance: Option<usize>,
     pub tables: &'a Tables,
     /// One per chunk of `CHUNK_ELEMS` elements, in order.
-    pub chunks: &'a [EncodedChunk],
+    pub chunks: &'a [DecodeChunk<'a>],
     pub reference: &'a [u8],
 }
 
@@ -72,6 +72,26 @@ pub trait Backend: Send + Sync {
     /// rANS lane decoding, raw-tail unpacking and the inverse transform: the target's bytes.
     /// Malformed streams give an error, never a panic.
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>>;
+    /// [`Backend::decode`] with the CRC-32 of its output and of the reference, which the
+    /// blob checks. Hashing each chunk while it is in cache (and on every thread) instead of
+    /// both whole tensors afterwards saved the CPU backend two passes over memory.
+    fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
+        let out = self.decode(job)?;
+        Ok(Checked {
+            crc: crc32fast::hash(&out),
+            reference_crc: crc32fast::hash(job.reference),
+            out,
+        })
+    }
+}
+
+/// What [`Backend::decode_checked`] returns.
+pub struct Checked {
+    pub out: Vec<u8>,
+    /// CRC-32 of `out`.
+    pub crc: u32,
+    /// CRC-32 of the job's reference.
+    pub reference_crc: u32,
 }
 
 /// One tensor's residuals, resident on a backend.

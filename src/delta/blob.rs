@@ -1,11 +1,13 @@
 //! The tensor blob: one self-contained, checksummed unit per tensor (docs/FORMAT.md).
 
-use super::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
+use std::borrow::Cow;
+
+use super::chunk::{chunk_ranges, DecodeChunk, CHUNK_ELEMS, LANES};
 use super::model::{Hist, Space, Stage, StageTable, Tables};
 use super::symbols::{joint_parts, Layout, JOINT_MAX_WIDTH};
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
 use crate::backend::reference::layout_stages;
-use crate::backend::{Backend, DecodeJob, EncodeJob, Resident};
+use crate::backend::{Backend, Checked, DecodeJob, EncodeJob, Resident};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::{COST_ONE_BIT, PROB_BITS};
@@ -423,15 +425,27 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
                 h.shape
             )));
         }
-        let crc = crc32fast::hash(reference);
+    }
+    // A wrong reference is named as such, before any other error of the decode (the
+    // modeled decode hashes the reference as it goes, so it is checked after that).
+    let check_reference = |crc: Option<u32>| -> Result<()> {
+        if !h.mode.uses_reference() {
+            return Ok(());
+        }
+        let crc = crc.unwrap_or_else(|| crc32fast::hash(reference));
         if crc != h.reference_crc {
             return Err(Error::Mismatch(format!(
                 "wrong reference tensor: its CRC-32 is {crc:#010x}, the blob was coded against {:#010x}",
                 h.reference_crc
             )));
         }
+        Ok(())
+    };
+    if h.mode != Mode::Modeled {
+        check_reference(None)?;
     }
     let mut r = ByteReader::new(payload, "tensor blob payload");
+    let mut crc = None;
     let out = match h.mode {
         Mode::Identical => reference.to_vec(),
         Mode::Raw => r.take(raw_bytes as usize)?.to_vec(),
@@ -449,11 +463,21 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
                 .dtype
                 .float_layout()
                 .ok_or_else(|| r.err(format!("modeled blob of non-float dtype {}", h.dtype)))?;
-            decode_modeled(&mut r, &h, fl, reference, backend)?
+            match decode_modeled(&mut r, &h, fl, reference, backend) {
+                Ok(checked) => {
+                    check_reference(Some(checked.reference_crc))?;
+                    crc = Some(checked.crc);
+                    checked.out
+                }
+                Err(e) => {
+                    check_reference(None)?;
+                    return Err(e);
+                }
+            }
         }
     };
     r.expect_end()?;
-    let crc = crc32fast::hash(&out);
+    let crc = crc.unwrap_or_else(|| crc32fast::hash(&out));
     if crc != h.target_crc {
         return Err(Error::Checksum {
             what: "decoded tensor".into(),
@@ -464,13 +488,30 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
     Ok(out)
 }
 
+/// Little-endian 16-bit words, copied in one go (an element-wise rebuild, or zeroing first,
+/// cost 4% and 2% of a fast decode), swapped in place on a big-endian host.
+fn le_words(bytes: &[u8]) -> Vec<u16> {
+    let n = bytes.len() / 2;
+    let mut words: Vec<u16> = Vec::with_capacity(n);
+    // SAFETY: `2 * n` bytes of `bytes` fill the capacity exactly; every `u16` bit pattern is
+    // valid, and the buffers are distinct allocations.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast::<u8>(), 2 * n);
+        words.set_len(n);
+    }
+    if cfg!(target_endian = "big") {
+        words.iter_mut().for_each(|w| *w = u16::from_le(*w));
+    }
+    words
+}
+
 fn decode_modeled(
     r: &mut ByteReader,
     h: &BlobHeader,
     fl: FloatLayout,
     reference: &[u8],
     backend: &dyn Backend,
-) -> Result<Vec<u8>> {
+) -> Result<Checked> {
     let layout = match r.u8()? {
         0 => Layout::Paper,
         1 => Layout::Signed,
@@ -534,24 +575,13 @@ fn decode_modeled(
                 .checked_mul(2)
                 .ok_or_else(|| r.err("word count overflows"))?,
         )?;
-        // One copy of the little-endian words (an element-wise rebuild, or zeroing first,
-        // cost 4% and 2% of a fast decode); swapped in place on a big-endian host.
-        let mut words: Vec<u16> = Vec::with_capacity(n_words);
-        // SAFETY: `bytes` is `2 * n_words` bytes, exactly the capacity's; every `u16` bit
-        // pattern is valid, and the buffers are distinct allocations.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                words.as_mut_ptr().cast::<u8>(),
-                2 * n_words,
-            );
-            words.set_len(n_words);
-        }
-        if cfg!(target_endian = "big") {
-            words.iter_mut().for_each(|w| *w = u16::from_le(*w));
-        }
-        let tail = r.take(tail_bits.div_ceil(8) as usize)?.to_vec();
-        coded.push(EncodedChunk {
+        let words = match bytemuck::try_cast_slice::<u8, u16>(bytes) {
+            // Little-endian words in place, where the blob's bytes are aligned.
+            Ok(w) if cfg!(target_endian = "little") => Cow::Borrowed(w),
+            _ => Cow::Owned(le_words(bytes)),
+        };
+        let tail = r.take(tail_bits.div_ceil(8) as usize)?;
+        coded.push(DecodeChunk {
             words,
             states,
             tail,
@@ -559,7 +589,7 @@ fn decode_modeled(
         });
     }
 
-    backend.decode(&DecodeJob {
+    backend.decode_checked(&DecodeJob {
         fl,
         layout,
         condition,

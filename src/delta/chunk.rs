@@ -34,6 +34,34 @@ pub struct EncodedChunk {
     pub tail_bits: u64,
 }
 
+/// One chunk's coded input to a decoder, borrowed from the blob where it can be: the tail
+/// always (bytes), the words where the blob's bytes happen to be aligned on a little-endian
+/// host (copied otherwise). Copying whole tails and streams was 10% of an fp32 decode.
+#[derive(Clone, Debug)]
+pub struct DecodeChunk<'a> {
+    pub words: std::borrow::Cow<'a, [u16]>,
+    pub states: [u32; LANES],
+    pub tail: &'a [u8],
+    pub tail_bits: u64,
+}
+
+impl EncodedChunk {
+    /// This chunk as a decoder's input.
+    pub fn view(&self) -> DecodeChunk<'_> {
+        DecodeChunk {
+            words: std::borrow::Cow::Borrowed(&self.words),
+            states: self.states,
+            tail: &self.tail,
+            tail_bits: self.tail_bits,
+        }
+    }
+}
+
+/// [`EncodedChunk::view`] of every chunk.
+pub fn views(chunks: &[EncodedChunk]) -> Vec<DecodeChunk<'_>> {
+    chunks.iter().map(EncodedChunk::view).collect()
+}
+
 pub fn encode_chunk(
     syms: &[Sym],
     info: &[RefInfo],
@@ -82,7 +110,7 @@ pub fn decode_chunk(
     info: &[RefInfo],
     tables: &Tables,
     distance: Option<usize>,
-    chunk: &EncodedChunk,
+    chunk: &DecodeChunk,
 ) -> Result<Vec<Sym>> {
     let bad = |detail: &str| Error::format("tensor blob chunk", detail.to_string());
     let n = info.len();
@@ -126,7 +154,7 @@ pub fn decode_chunk(
     if pos != words.len() || states.iter().any(|&s| s != RANS_L) {
         return Err(bad("rANS lanes did not end in their initial state"));
     }
-    let mut tail = BitReader::new(&chunk.tail, chunk.tail_bits);
+    let mut tail = BitReader::new(chunk.tail, chunk.tail_bits);
     for s in syms.iter_mut().filter(|s| s.b >= 4) {
         s.tail = tail
             .get((s.b - 3) as u32)

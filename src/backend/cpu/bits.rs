@@ -65,26 +65,22 @@ impl BitWriter {
     }
 }
 
-/// Reads what [`BitWriter`] wrote. Callers check the total length first (the bit lengths
-/// say how long the tail must be), so single reads are unchecked: past the end they give
-/// zeros from the padding or panic, never undefined behavior.
-pub struct BitReader {
-    /// The tail, padded with 16 zero bytes so every read is one unaligned load.
-    buf: Vec<u8>,
+/// Reads what [`BitWriter`] wrote, in place. Callers check the total length first (the bit
+/// lengths say how long the tail must be), so reads need no error path: past the end they
+/// give zeros, never undefined behavior or a panic.
+pub struct BitReader<'a> {
+    tail: &'a [u8],
     pub consumed: u64,
 }
 
-impl BitReader {
-    pub fn new(tail: &[u8]) -> Self {
-        let mut buf = Vec::with_capacity(tail.len() + 16);
-        buf.extend_from_slice(tail);
-        buf.resize(tail.len() + 16, 0);
-        BitReader { buf, consumed: 0 }
+impl<'a> BitReader<'a> {
+    pub fn new(tail: &'a [u8]) -> Self {
+        BitReader { tail, consumed: 0 }
     }
-    /// The tail followed by its 16 zero bytes of padding (for the x86 vector tail passes).
+    /// The whole tail (for the x86 vector tail passes).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fn padded(&self) -> &[u8] {
-        &self.buf
+    pub fn bytes(&self) -> &'a [u8] {
+        self.tail
     }
     /// The next `nbits` bits: at most 57, or 61 with `WIDE` (a 16-byte load).
     #[inline(always)]
@@ -92,11 +88,24 @@ impl BitReader {
         let at = (self.consumed / 8) as usize;
         let shift = self.consumed % 8;
         let v = if WIDE {
-            (u128::from_le_bytes(self.buf[at..at + 16].try_into().unwrap()) >> shift) as u64
+            (u128::from_le_bytes(self.load(at)) >> shift) as u64
         } else {
-            u64::from_le_bytes(self.buf[at..at + 8].try_into().unwrap()) >> shift
+            u64::from_le_bytes(self.load(at)) >> shift
         };
         self.consumed += nbits as u64;
         v & ((1u64 << nbits) - 1)
+    }
+    /// `N` bytes from `at`, zeros past the end (one unaligned load but near the end).
+    #[inline(always)]
+    fn load<const N: usize>(&self, at: usize) -> [u8; N] {
+        match self.tail.get(at..at + N) {
+            Some(b) => b.try_into().unwrap(),
+            None => {
+                let mut b = [0u8; N];
+                let rest = self.tail.get(at..).unwrap_or(&[]);
+                b[..rest.len()].copy_from_slice(rest);
+                b
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use super::joint::JointDec;
 use super::tables::DecStage;
 use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
 use super::Isa;
-use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::delta::chunk::{DecodeChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::{Error, Result};
@@ -156,7 +156,7 @@ impl Lanes<'_> {
 /// on success every byte of `out` is written.
 #[inline(always)]
 pub fn chunk<T: Word>(
-    c: &EncodedChunk,
+    c: &DecodeChunk,
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
     isa: Isa,
@@ -221,7 +221,7 @@ fn check_end(st: &Stream, states: &[u32; LANES]) -> Result<()> {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn joint_lanes<T: Word>(
-    c: &EncodedChunk,
+    c: &DecodeChunk,
     reference: &[u8],
     isa: Isa,
     info_fn: InfoFn,
@@ -359,7 +359,7 @@ fn chain_lanes<T: Word>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn finish<T: Word>(
-    c: &EncodedChunk,
+    c: &DecodeChunk,
     codes: &[u32],
     j_codes: bool,
     reference: &[u8],
@@ -384,26 +384,26 @@ fn finish<T: Word>(
     if need > c.tail_bits.min(c.tail.len() as u64 * 8) {
         return Err(bad("raw tail shorter than the bit lengths require"));
     }
-    let mut tail = BitReader::new(&c.tail);
+    let mut tail = BitReader::new(c.tail);
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && T::BITS == 16 {
-        // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
+        // SAFETY: as above; `need` was checked.
         let (elems, bits) = unsafe {
-            super::avx512::decode::finish_u16(codes, j_codes, reference, out, tail.padded(), signed)
+            super::avx512::decode::finish_u16(codes, j_codes, reference, out, tail.bytes(), signed)
         };
         done = elems;
         tail.consumed = bits;
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && matches!(T::BITS, 16 | 32) {
-        // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
+        // SAFETY: as above; `need` was checked.
         let (elems, bits) = unsafe {
             if T::BITS == 16 {
-                super::avx2::decode::finish_u16(codes, reference, out, tail.padded(), signed)
+                super::avx2::decode::finish_u16(codes, reference, out, tail.bytes(), signed)
             } else {
-                super::avx2::decode::finish_u32(codes, reference, out, tail.padded(), signed)
+                super::avx2::decode::finish_u32(codes, reference, out, tail.bytes(), signed)
             }
         };
         done = elems;
@@ -411,9 +411,9 @@ fn finish<T: Word>(
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && T::BITS == 32 {
-        // SAFETY: as above; the tail is padded with 16 bytes and `need` was checked.
+        // SAFETY: as above; `need` was checked.
         let (elems, bits) = unsafe {
-            super::avx512::decode::finish_u32(codes, reference, out, tail.padded(), signed)
+            super::avx512::decode::finish_u32(codes, reference, out, tail.bytes(), signed)
         };
         done = elems;
         tail.consumed = bits;

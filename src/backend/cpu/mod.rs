@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::reference::layout_stages;
-use super::{check_layout, layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
+use super::{check_layout, layout_spaces, Backend, Checked, DecodeJob, EncodeJob, Resident};
 use crate::delta::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS};
 use crate::delta::model::{Hist, Tables};
 use crate::delta::symbols::Layout;
@@ -343,7 +343,8 @@ fn resident<'a>(isa: Isa, job: &EncodeJob) -> Result<Box<dyn Resident + 'a>> {
     })
 }
 
-fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
+/// Decode every chunk; with `hash`, the CRC-32s too (0 without).
+fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> {
     check_layout(job.layout, job.fl.width)?;
     check_tables(job.layout, job.tables)?;
     let n = job.reference.len() / T::SIZE;
@@ -366,13 +367,19 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
     // writes all of its bytes when it succeeds.
     let len = job.reference.len();
     let mut out: Vec<u8> = Vec::with_capacity(len);
-    out.spare_capacity_mut()[..len]
+    // Each chunk's reference bytes are hashed before the chunk is decoded (which brings
+    // them into cache for the lanes and the tail pass), its output right after.
+    let crcs = out.spare_capacity_mut()[..len]
         .par_chunks_mut(CHUNK_ELEMS * T::SIZE)
         .zip(job.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
         .zip(job.chunks.par_iter())
-        .try_for_each_init(
+        .map_init(
             || (Vec::new(), Vec::new(), Vec::new()),
-            |scratch, ((o, r), c)| {
+            |scratch, ((o, r), c)| -> Result<[crc32fast::Hasher; 2]> {
+                let mut rh = crc32fast::Hasher::new();
+                if hash {
+                    rh.update(r);
+                }
                 fast(
                     isa,
                     #[inline(always)]
@@ -391,13 +398,52 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob) -> Result<Vec<u8>> {
                             scratch,
                         )
                     },
-                )
+                )?;
+                // SAFETY: the chunk's successful decode wrote all of its bytes
+                // (`decode::chunk`).
+                let o = unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) };
+                let mut oh = crc32fast::Hasher::new();
+                if hash {
+                    oh.update(o);
+                }
+                Ok([rh, oh])
             },
-        )?;
+        )
+        .collect::<Result<Vec<_>>>()?;
     // SAFETY: the chunks cover `..len` and each one's successful decode wrote all its bytes
     // (`decode::chunk`); an error returned above, before this.
     unsafe { out.set_len(len) };
-    Ok(out)
+    let [mut reference, mut target] = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
+    for [r, o] in &crcs {
+        reference.combine(r);
+        target.combine(o);
+    }
+    // A reference longer than the chunks cover (never for a well-formed job) is hashed whole.
+    let reference_crc = if !hash {
+        0
+    } else if job.reference.len() == len {
+        reference.finalize()
+    } else {
+        crc32fast::hash(job.reference)
+    };
+    Ok(Checked {
+        out,
+        crc: target.finalize(),
+        reference_crc,
+    })
+}
+
+impl CpuAt {
+    fn decode_hashing(&self, job: &DecodeJob, hash: bool) -> Result<Checked> {
+        let isa = self.0;
+        match job.fl.width {
+            8 => decode_as::<u8>(isa, job, hash),
+            16 => decode_as::<u16>(isa, job, hash),
+            32 => decode_as::<u32>(isa, job, hash),
+            64 => decode_as::<u64>(isa, job, hash),
+            w => Err(Error::Unsupported(format!("{w}-bit floats"))),
+        }
+    }
 }
 
 impl Backend for CpuAt {
@@ -422,14 +468,11 @@ impl Backend for CpuAt {
     }
 
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
-        let isa = self.0;
-        match job.fl.width {
-            8 => decode_as::<u8>(isa, job),
-            16 => decode_as::<u16>(isa, job),
-            32 => decode_as::<u32>(isa, job),
-            64 => decode_as::<u64>(isa, job),
-            w => Err(Error::Unsupported(format!("{w}-bit floats"))),
-        }
+        Ok(self.decode_hashing(job, false)?.out)
+    }
+
+    fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
+        self.decode_hashing(job, true)
     }
 }
 
@@ -454,5 +497,9 @@ impl Backend for CpuBackend {
 
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
         self.at().decode(job)
+    }
+
+    fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
+        self.at().decode_checked(job)
     }
 }

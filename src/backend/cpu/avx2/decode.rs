@@ -390,8 +390,8 @@ pub unsafe fn full_steps<T: Word>(
 /// Does every whole group of 8 and returns how many elements and tail bits it used.
 ///
 /// # Safety
-/// The CPU must have AVX2; `tail` must be padded with at least 4 bytes past the `need` bits
-/// the codes' lengths sum to (checked by the caller).
+/// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
+/// (checked by the caller).
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 pub unsafe fn finish_u16(
     codes: &[u32],
@@ -405,6 +405,11 @@ pub unsafe fn finish_u16(
     let one = _mm256_set1_epi32(1);
     let mut bits = 0u64;
     for j in (0..full).step_by(8) {
+        // The tail is not padded: where a group's loads could pass its end, the caller's
+        // scalar pass does the rest (a group reads at most 7 + 8 × 29 bits plus 8 bytes).
+        if tail.len().saturating_sub((bits / 8) as usize) < 40 {
+            return (j, bits);
+        }
         let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
         let b = _mm256_and_si256(c, _mm256_set1_epi32(127));
         let len = _mm256_subs_epu16(b, _mm256_set1_epi32(3)); // b <= 16: max(b - 3, 0)
@@ -436,8 +441,8 @@ pub unsafe fn finish_u16(
 /// its byte offset it is read as a gathered 64-bit load (two gathers of 4 lanes).
 ///
 /// # Safety
-/// The CPU must have AVX2; `tail` must be padded with at least 8 bytes past the `need` bits
-/// the codes' lengths sum to (checked by the caller).
+/// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
+/// (checked by the caller).
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 pub unsafe fn finish_u32(
     codes: &[u32],
@@ -450,6 +455,11 @@ pub unsafe fn finish_u32(
     let full = n / 8 * 8;
     let mut bits = 0u64;
     for j in (0..full).step_by(8) {
+        // The tail is not padded: where a group's loads could pass its end, the caller's
+        // scalar pass does the rest (a group reads at most 7 + 8 × 29 bits plus 8 bytes).
+        if tail.len().saturating_sub((bits / 8) as usize) < 40 {
+            return (j, bits);
+        }
         let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
         let b = _mm256_and_si256(c, _mm256_set1_epi32(127));
         // max(b - 3, 0): at most 29 for b <= 32 (and never more than the caller's `need`
