@@ -114,8 +114,15 @@ fn main() {
             )
             .into(),
         );
+    // `--paired`: only the fast layout on the best CPU level, one thread (the rows
+    // `cargo xtask bench delta --rounds` alternates with ZipNN).
+    let paired = args.iter().any(|a| a == "--paired");
     let reps = if quick { 1 } else { 3 };
-    let wgpu = WgpuBackend::new(false).ok();
+    let wgpu = if paired {
+        None
+    } else {
+        WgpuBackend::new(false).ok()
+    };
     for (a, b) in [
         (
             "gpt2_step000600_bf16.safetensors",
@@ -147,6 +154,17 @@ fn main() {
             "|-----------------------------------|--------|-----------|-----------|------------|"
         );
         let best_isa = Isa::detect();
+        if paired {
+            layout_row(
+                &format!("lockstep --fast cpu {}, 1 thr", best_isa.name()),
+                &CpuBackend,
+                1,
+                &pairs,
+                reps,
+                LayoutChoice::Fast,
+            );
+            continue;
+        }
         lockstep_row(
             &format!("lockstep cpu {}, 1 thread", best_isa.name()),
             &CpuBackend,

@@ -5,10 +5,13 @@
 //! - `cross`: the same bytes on another architecture: lockstep built for aarch64 and run
 //!   under qemu must write byte-identical delta and text files to the host build's, decode
 //!   the host's files, and pass `lockstep parity` (tools missing: it says which, and skips).
-//! - `bench delta [DIR] [--zipnn]`: the speed and ratio table of docs/BENCHMARKS.md: every
-//!   lockstep backend present and zstd -19 on byte-grouped XOR, in one run; with `--zipnn`,
-//!   also ZipNN from PyPI, installed on first use into target/zipnn-venv (it pulls in torch,
-//!   several GB).
+//! - `bench delta [DIR] [--zipnn] [--rounds N]`: the speed and ratio table of
+//!   docs/BENCHMARKS.md: every lockstep backend present and zstd -19 on byte-grouped XOR, in
+//!   one run; with `--zipnn`, also ZipNN from PyPI, installed on first use into
+//!   target/zipnn-venv (without torch, which its byte path never uses); with `--rounds N`,
+//!   then N rounds alternating lockstep `--fast` (best CPU level, one thread) and ZipNN,
+//!   with each round's speed ratios and their medians (a shared machine's noise hits
+//!   both sides of a round alike).
 
 use std::process::{Command, ExitCode};
 
@@ -20,7 +23,7 @@ fn main() -> ExitCode {
         "cross" => cross(),
         "bench" if args.get(1).map(String::as_str) == Some("delta") => bench_delta(&args[2..]),
         _ => {
-            eprintln!("usage: cargo xtask ci | cross | bench delta [DIR] [--zipnn]");
+            eprintln!("usage: cargo xtask ci | cross | bench delta [DIR] [--zipnn] [--rounds N]");
             return ExitCode::from(2);
         }
     };
@@ -43,6 +46,45 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("`{cmd} {}` exited with {status}", args.join(" ")))
+    }
+}
+
+/// Run a command, its stderr shown, and return its stdout.
+fn capture(cmd: &str, args: &[&str]) -> Result<String, String> {
+    eprintln!("+ {cmd} {}", args.join(" "));
+    let out = Command::new(cmd)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start {cmd}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{cmd} {}` exited with {}",
+            args.join(" "),
+            out.status
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|e| format!("{cmd} printed non-UTF-8: {e}"))
+}
+
+/// The enc and dec MB/s (columns 3 and 4) of the Markdown table rows in `text`, in order.
+fn speeds(text: &str) -> Vec<(f64, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split('|').map(str::trim).collect();
+            let num = |i: usize| cols.get(i)?.parse::<f64>().ok();
+            Some((num(3)?, num(4)?))
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 
@@ -227,10 +269,12 @@ const PAIRS: [(&str, &str); 2] = [
 
 fn bench_delta(args: &[String]) -> Result<(), String> {
     let zipnn = args.iter().any(|a| a == "--zipnn");
+    // The one argument that is neither a flag nor the number after `--rounds`.
     let dir = args
         .iter()
-        .find(|a| !a.starts_with("--"))
-        .cloned()
+        .enumerate()
+        .find(|&(i, a)| !a.starts_with("--") && (i == 0 || args[i - 1] != "--rounds"))
+        .map(|(_, a)| a.clone())
         .unwrap_or_else(|| TRAJECTORY.to_string());
     run(
         "cargo",
@@ -258,6 +302,13 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
         run(pip, &["install", "-q", "--no-deps", "zipnn"])?;
     }
     std::env::set_var("PYTHONPATH", "scripts/torch_stub");
+    let rounds: usize = match args.iter().position(|a| a == "--rounds") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .ok_or("--rounds needs a number")?,
+        None => 0,
+    };
     for (a, b) in PAIRS {
         println!("\nZipNN on {a} -> {b}:");
         run(
@@ -268,6 +319,77 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
                 &format!("{dir}/{b}"),
             ],
         )?;
+    }
+    if rounds > 0 {
+        paired_rounds(&dir, py, rounds)?;
+    }
+    Ok(())
+}
+
+/// `rounds` rounds of lockstep `--fast` (best CPU level, one thread) then ZipNN, on every
+/// pair: each round's speeds and lockstep/ZipNN ratios, then the ratios' medians.
+fn paired_rounds(dir: &str, py: &str, rounds: usize) -> Result<(), String> {
+    let mut table = Vec::new();
+    for round in 1..=rounds {
+        let ours = speeds(&capture(
+            "cargo",
+            &[
+                "run",
+                "--release",
+                "--quiet",
+                "--example",
+                "bench_table",
+                "--",
+                dir,
+                "--paired",
+            ],
+        )?);
+        for (k, (a, b)) in PAIRS.iter().enumerate() {
+            let theirs = speeds(&capture(
+                py,
+                &[
+                    "xtask/zipnn_bench.py",
+                    &format!("{dir}/{a}"),
+                    &format!("{dir}/{b}"),
+                ],
+            )?);
+            let (Some(&l), Some(&z)) = (ours.get(k), theirs.first()) else {
+                return Err(format!("round {round}: no speeds parsed for {a}"));
+            };
+            table.push((round, *b, l, z));
+        }
+    }
+    println!(
+        "\nPaired rounds: lockstep --fast (best CPU level, 1 thread), then ZipNN (1 thread), MB/s:"
+    );
+    println!(
+        "| round | target | lockstep enc | ZipNN enc | enc × | lockstep dec | ZipNN dec | dec × |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for &(round, b, l, z) in &table {
+        println!(
+            "| {round} | {b} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            l.0,
+            z.0,
+            l.0 / z.0,
+            l.1,
+            z.1,
+            l.1 / z.1
+        );
+    }
+    for (_, b) in PAIRS {
+        let of = |f: fn(&(f64, f64)) -> f64| {
+            table
+                .iter()
+                .filter(|r| r.1 == b)
+                .map(|r| f(&r.2) / f(&r.3))
+                .collect::<Vec<_>>()
+        };
+        println!(
+            "median over {rounds} rounds, {b}: encode {:.2}× ZipNN, decode {:.2}× ZipNN",
+            median(of(|s| s.0)),
+            median(of(|s| s.1))
+        );
     }
     Ok(())
 }
