@@ -152,7 +152,7 @@ pub fn open_checked<'a>(
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     let stored = u32::from_le_bytes(crc.try_into().unwrap());
-    let computed = crc32fast::hash(body);
+    let computed = crc32(body);
     if stored != computed {
         return Err(Error::Checksum {
             what: what.into(),
@@ -187,5 +187,47 @@ mod tests {
         assert!(r.varint().is_err());
         let mut r = ByteReader::new(&[1, 2, 3], "test");
         assert!(r.u32().is_err());
+    }
+}
+
+/// CRC-32 (the `crc32fast::hash` value) of `bytes`: large inputs in 1 MiB pieces on the
+/// rayon pool, their CRCs combined in order, so hashing a big tensor or blob does not hold
+/// the other threads up.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 20;
+    if bytes.len() <= 2 * PIECE || rayon::current_num_threads() == 1 {
+        return crc32fast::hash(bytes);
+    }
+    bytes
+        .par_chunks(PIECE)
+        .map(|c| {
+            let mut h = crc32fast::Hasher::new();
+            h.update(c);
+            h
+        })
+        .reduce(crc32fast::Hasher::new, |mut a, b| {
+            a.combine(&b);
+            a
+        })
+        .finalize()
+}
+
+#[cfg(test)]
+mod crc_tests {
+    #[test]
+    fn parallel_crc_is_the_serial_crc() {
+        let data: Vec<u8> = (0..5 * (1u32 << 20) + 123)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for len in [0, 1, 2 << 20, (2 << 20) + 1, 3 << 20, data.len()] {
+            let want = crc32fast::hash(&data[..len]);
+            assert_eq!(pool.install(|| super::crc32(&data[..len])), want, "{len}");
+            assert_eq!(super::crc32(&data[..len]), want, "{len}");
+        }
     }
 }

@@ -272,7 +272,7 @@ pub fn write_commit(c: &Commit) -> Vec<u8> {
     w.u64(c.prev_commit);
     w.varint(body.buf.len() as u64);
     w.bytes(&z);
-    let crc = crc32fast::hash(&w.buf);
+    let crc = crate::bytes::crc32(&w.buf);
     w.u32(crc);
     w.buf
 }
@@ -284,7 +284,7 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     let stored = u32::from_le_bytes(crc.try_into().unwrap());
-    let computed = crc32fast::hash(body);
+    let computed = crate::bytes::crc32(body);
     if stored != computed {
         return Err(Error::Checksum {
             what: "archive commit record".into(),
@@ -427,7 +427,7 @@ pub fn write_footer(f: &Footer) -> Vec<u8> {
     w.u64(f.commit_offset);
     w.u64(f.commit_len);
     w.u64(f.n_checkpoints);
-    let crc = crc32fast::hash(&w.buf);
+    let crc = crate::bytes::crc32(&w.buf);
     w.u32(crc);
     w.bytes(FOOTER_END);
     w.buf
@@ -444,7 +444,7 @@ pub fn read_footer(bytes: &[u8], end: usize) -> Option<Footer> {
         return None;
     }
     let crc = u32::from_le_bytes(b[32..36].try_into().unwrap());
-    if crc32fast::hash(&b[..32]) != crc {
+    if crate::bytes::crc32(&b[..32]) != crc {
         return None;
     }
     let f = Footer {

@@ -78,8 +78,8 @@ pub trait Backend: Send + Sync {
     fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
         let out = self.decode(job)?;
         Ok(Checked {
-            crc: crc32fast::hash(&out),
-            reference_crc: crc32fast::hash(job.reference),
+            crc: crate::bytes::crc32(&out),
+            reference_crc: crate::bytes::crc32(job.reference),
             out,
         })
     }

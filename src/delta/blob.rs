@@ -267,8 +267,8 @@ fn encode_with(
         dtype,
         shape: pair.shape.to_vec(),
         n_elements: n,
-        reference_crc: crc32fast::hash(pair.reference),
-        target_crc: crc32fast::hash(pair.target),
+        reference_crc: crate::bytes::crc32(pair.reference),
+        target_crc: crate::bytes::crc32(pair.target),
     };
     let mut report = Report {
         n_elements: n,
@@ -311,7 +311,7 @@ fn encode_with(
     let mut w = ByteWriter::new();
     write_header(&mut w, &header);
     w.bytes(&payload.buf);
-    let crc = crc32fast::hash(&w.buf);
+    let crc = crate::bytes::crc32(&w.buf);
     w.u32(crc);
     report.mode = Some(header.mode);
     report.blob_bytes = w.len() as u64;
@@ -432,7 +432,7 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
         if !h.mode.uses_reference() {
             return Ok(());
         }
-        let crc = crc.unwrap_or_else(|| crc32fast::hash(reference));
+        let crc = crc.unwrap_or_else(|| crate::bytes::crc32(reference));
         if crc != h.reference_crc {
             return Err(Error::Mismatch(format!(
                 "wrong reference tensor: its CRC-32 is {crc:#010x}, the blob was coded against {:#010x}",
@@ -477,7 +477,7 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
         }
     };
     r.expect_end()?;
-    let crc = crc.unwrap_or_else(|| crc32fast::hash(&out));
+    let crc = crc.unwrap_or_else(|| crate::bytes::crc32(&out));
     if crc != h.target_crc {
         return Err(Error::Checksum {
             what: "decoded tensor".into(),

@@ -5,6 +5,12 @@
 //! - `cross`: the same bytes on another architecture: lockstep built for aarch64 and run
 //!   under qemu must write byte-identical delta and text files to the host build's, decode
 //!   the host's files, and pass `lockstep parity` (tools missing: it says which, and skips).
+//! - `gpu-check [DIR]`: the one script to run where a GPU is lent: lists the devices, builds,
+//!   runs `lockstep parity` with every backend on the trajectory in DIR (default
+//!   ../shared/data/trajectory-gpt2, else the demo), the wgpu parity tests with `CI=true`
+//!   (no adapter is a failure), and the bench table whose wgpu rows then time a real GPU.
+//!   Logs go to `$OUT` when set. Each step runs even if one before failed; the exit status
+//!   says whether all passed.
 //! - `bench delta [DIR] [--zipnn] [--rounds N]`: the speed and ratio table of
 //!   docs/BENCHMARKS.md: every lockstep backend present and zstd -19 on byte-grouped XOR, in
 //!   one run; with `--zipnn`, also ZipNN from PyPI, installed on first use into
@@ -21,9 +27,12 @@ fn main() -> ExitCode {
     let result = match task {
         "ci" => ci(),
         "cross" => cross(),
+        "gpu-check" => gpu_check(&args[1..]),
         "bench" if args.get(1).map(String::as_str) == Some("delta") => bench_delta(&args[2..]),
         _ => {
-            eprintln!("usage: cargo xtask ci | cross | bench delta [DIR] [--zipnn] [--rounds N]");
+            eprintln!(
+                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N]"
+            );
             return ExitCode::from(2);
         }
     };
@@ -392,4 +401,116 @@ fn paired_rounds(dir: &str, py: &str, rounds: usize) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// See the module docs: everything a lent GPU machine should check, in one call.
+fn gpu_check(args: &[String]) -> Result<(), String> {
+    let out_dir = std::env::var("OUT").ok();
+    let log = |name: &str, text: &str| {
+        print!("{text}");
+        if let Some(d) = &out_dir {
+            let _ = std::fs::write(format!("{d}/{name}.log"), text);
+        }
+    };
+    // What the machine has (informational: missing tools are not failures).
+    for (cmd, a) in [("nvidia-smi", "-L"), ("vulkaninfo", "--summary")] {
+        match Command::new(cmd).arg(a).output() {
+            Ok(o) => log(cmd, &String::from_utf8_lossy(&o.stdout)),
+            Err(e) => eprintln!("({cmd} not available: {e})"),
+        }
+    }
+    let files: Vec<String> = {
+        let dir = args
+            .first()
+            .cloned()
+            .unwrap_or_else(|| TRAJECTORY.to_string());
+        let mut f: Vec<String> = ["200", "400", "600", "800"]
+            .iter()
+            .map(|s| format!("{dir}/gpt2_step000{s}_bf16.safetensors"))
+            .filter(|p| std::path::Path::new(p).exists())
+            .collect();
+        if f.len() < 2 {
+            eprintln!("no trajectory in {dir}: using the demo checkpoints");
+            f = ["0200", "0400", "0600", "0800"]
+                .iter()
+                .map(|s| format!("demo/step{s}_blocks_bf16.safetensors"))
+                .collect();
+        }
+        f
+    };
+    let mut failed = Vec::new();
+    let mut step = |name: &str, cmd: &str, args: &[&str], env: &[(&str, &str)]| {
+        eprintln!("+ {cmd} {}", args.join(" "));
+        let t = std::time::Instant::now();
+        match Command::new(cmd)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+        {
+            Ok(o) => {
+                let text = format!(
+                    "{}{}\n({name}: {} in {:.1} s)\n",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr),
+                    o.status,
+                    t.elapsed().as_secs_f64()
+                );
+                log(name, &text);
+                if !o.status.success() {
+                    failed.push(name.to_string());
+                }
+            }
+            Err(e) => {
+                eprintln!("could not start {cmd}: {e}");
+                failed.push(name.to_string());
+            }
+        }
+    };
+    step(
+        "build",
+        "cargo",
+        &["build", "--release", "--all-targets"],
+        &[],
+    );
+    let lockstep = "target/release/lockstep";
+    step("backends", lockstep, &["backends"], &[]);
+    let mut parity = vec!["parity"];
+    parity.extend(files.iter().map(String::as_str));
+    step("parity", lockstep, &parity, &[]);
+    step(
+        "wgpu-tests",
+        "cargo",
+        &[
+            "nextest",
+            "run",
+            "--release",
+            "--no-fail-fast",
+            "-E",
+            "test(/wgpu/)",
+        ],
+        &[("CI", "true")],
+    );
+    let dir = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| TRAJECTORY.to_string());
+    step(
+        "bench",
+        "cargo",
+        &[
+            "run",
+            "--release",
+            "--quiet",
+            "--example",
+            "bench_table",
+            "--",
+            &dir,
+        ],
+        &[],
+    );
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("failed steps: {}", failed.join(", ")))
+    }
 }
