@@ -9,7 +9,7 @@ use lockstep::backend::wgpu::WgpuBackend;
 use lockstep::backend::Backend;
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
-use lockstep::delta::{decode_tensor_with, EncodeOptions, TensorPair};
+use lockstep::delta::{decode_tensor_with, EncodeOptions, LayoutChoice, TensorPair};
 
 const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/demo");
 
@@ -27,7 +27,13 @@ fn checkpoints() -> (Checkpoint, Checkpoint) {
     )
 }
 
-fn bench_backend(c: &mut Criterion, b: &dyn Backend, label: &str, threads: usize) {
+fn bench_backend(
+    c: &mut Criterion,
+    b: &dyn Backend,
+    label: &str,
+    threads: usize,
+    layout: LayoutChoice,
+) {
     let (r, t) = checkpoints();
     let pairs: Vec<TensorPair> = t
         .tensors
@@ -41,7 +47,15 @@ fn bench_backend(c: &mut Criterion, b: &dyn Backend, label: &str, threads: usize
         })
         .collect();
     let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
-    let opts = EncodeOptions::default();
+    let opts = EncodeOptions {
+        layout,
+        ..EncodeOptions::default()
+    };
+    let fast = if layout == LayoutChoice::Fast {
+        "-fast"
+    } else {
+        ""
+    };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -50,7 +64,7 @@ fn bench_backend(c: &mut Criterion, b: &dyn Backend, label: &str, threads: usize
         .iter()
         .map(|p| encode_unverified(p, &opts, b).unwrap().0)
         .collect();
-    let mut g = c.benchmark_group(format!("delta-bf16/{label}-{threads}t"));
+    let mut g = c.benchmark_group(format!("delta-bf16/{label}-{threads}t{fast}"));
     g.throughput(Throughput::Bytes(raw as u64));
     g.sample_size(10);
     g.bench_function("encode", |bench| {
@@ -75,17 +89,20 @@ fn bench_backend(c: &mut Criterion, b: &dyn Backend, label: &str, threads: usize
 }
 
 fn backends(c: &mut Criterion) {
-    bench_backend(c, &CpuBackend, "cpu", 1);
-    bench_backend(c, &CpuBackend, "cpu", 2);
-    // Every instruction-set level this CPU runs, one thread (same bytes, different speed).
-    for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-        let label = format!("cpu-{}", isa.name().to_lowercase().replace('-', ""));
-        bench_backend(c, &CpuAt::new(isa).unwrap(), &label, 1);
-    }
-    bench_backend(c, &ReferenceBackend, "reference", 1);
-    match WgpuBackend::new(false) {
-        Ok(w) => bench_backend(c, &w, "wgpu", 1),
-        Err(e) => eprintln!("wgpu bench skipped: {e}"),
+    // The default layout and `--fast` (one symbol per weight).
+    for layout in [LayoutChoice::Auto, LayoutChoice::Fast] {
+        bench_backend(c, &CpuBackend, "cpu", 1, layout);
+        bench_backend(c, &CpuBackend, "cpu", 2, layout);
+        // Every instruction-set level this CPU runs, one thread (same bytes, different speed).
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            let label = format!("cpu-{}", isa.name().to_lowercase().replace('-', ""));
+            bench_backend(c, &CpuAt::new(isa).unwrap(), &label, 1, layout);
+        }
+        bench_backend(c, &ReferenceBackend, "reference", 1, layout);
+        match WgpuBackend::new(false) {
+            Ok(w) => bench_backend(c, &w, "wgpu", 1, layout),
+            Err(e) => eprintln!("wgpu bench skipped: {e}"),
+        }
     }
 }
 
