@@ -1,5 +1,5 @@
 //! Decode-only loop for A/B runs and profiles: encodes every float tensor of the 600 -> 800
-//! pair once with `--fast` (AVX-512), then decodes all the blobs against their references
+//! pair once with `--fast` (AVX-512, or `ISA=avx2|portable`), then decodes all the blobs against their references
 //! `ROUNDS` times (default 20) and prints the best pass's MB/s of target bytes (wall time).
 //! `DTYPE=fp32` for the fp32 pair, `THREADS=n` for the rayon pool (default 1). Every pass's
 //! output is compared with the target outside the timing.
@@ -30,7 +30,12 @@ fn main() {
     let dt = std::env::var("DTYPE").unwrap_or_else(|_| "bf16".into());
     let r = Checkpoint::open(format!("{dir}/gpt2_step000600_{dt}.safetensors")).unwrap();
     let t = Checkpoint::open(format!("{dir}/gpt2_step000800_{dt}.safetensors")).unwrap();
-    let cpu = CpuAt::new(Isa::Avx512).expect("this loop times the AVX-512 level");
+    let isa = match std::env::var("ISA").as_deref() {
+        Ok("avx2") => Isa::Avx2,
+        Ok("portable") => Isa::Portable,
+        _ => Isa::Avx512,
+    };
+    let cpu = CpuAt::new(isa).expect("that instruction-set level is not available here");
     let opts = EncodeOptions {
         layout: LayoutChoice::Fast,
         ..EncodeOptions::default()
