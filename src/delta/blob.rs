@@ -390,8 +390,13 @@ fn encode_modeled(
     }
     let mut stream = 0u64;
     for c in &chunks {
-        for &wd in &c.words {
-            out.u16(wd);
+        if cfg!(target_endian = "little") {
+            // The words as they lie in memory: one copy, not a push per word.
+            out.bytes(bytemuck::cast_slice(&c.words));
+        } else {
+            for &wd in &c.words {
+                out.u16(wd);
+            }
         }
         out.bytes(&c.tail);
         stream += 2 * c.words.len() as u64 + c.tail.len() as u64;
