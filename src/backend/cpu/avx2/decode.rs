@@ -454,7 +454,8 @@ pub unsafe fn finish_u16(
 }
 
 /// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of
-/// its byte offset it is read as a gathered 64-bit load (two gathers of 4 lanes).
+/// its bit offset it spans five bytes, shuffled out of a 32-byte window that holds the whole
+/// group's tails.
 ///
 /// # Safety
 /// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
@@ -470,10 +471,21 @@ pub unsafe fn finish_u32(
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
     let mut bits = 0u64;
+    // As in `finish_u16`: byte 0 of each 32-bit lane spread to all four, then + 0, 1, 2, 3
+    // (the lane's four bytes from its byte offset), or + 4 with the other three bytes made
+    // "zero" for both halves' shuffles (the fifth byte).
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
+        12, 12, 12,
+    );
+    let four = _mm256_set1_epi32(0x0302_0100);
+    let fifth = _mm256_set1_epi32(0xE0E0_E004_u32 as i32);
+    let (fifteen, sixteen) = (_mm256_set1_epi8(15), _mm256_set1_epi8(16));
     for j in (0..full).step_by(8) {
-        // The tail is not padded: where a group's loads could pass its end, the caller's
-        // scalar pass does the rest (a group reads at most 7 + 8 × 29 bits plus 8 bytes).
-        if tail.len().saturating_sub((bits / 8) as usize) < 40 {
+        // The tail is not padded: where the group's 32-byte window could pass its end, the
+        // caller's scalar pass does the rest.
+        let at = (bits / 8) as usize;
+        if tail.len().saturating_sub(at) < 32 {
             return (j, bits);
         }
         let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
@@ -485,35 +497,34 @@ pub unsafe fn finish_u32(
             _mm256_set1_epi32(29),
         );
         let (off, total) = tail_offsets(len);
-        let base = tail.as_ptr().add((bits / 8) as usize);
         let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
-        let at = _mm256_srli_epi32::<3>(off);
-        let sh = _mm256_and_si256(off, _mm256_set1_epi32(7));
-        // Low and high 4 lanes: 64-bit loads, shifted and masked to the tail, narrowed.
-        let half = |k: __m128i, s: __m128i, l: __m128i| {
-            let raw = _mm256_i32gather_epi64::<1>(base.cast(), k);
-            let raw = _mm256_srlv_epi64(raw, _mm256_cvtepu32_epi64(s));
-            let m = _mm256_sub_epi64(
-                _mm256_sllv_epi64(_mm256_set1_epi64x(1), _mm256_cvtepu32_epi64(l)),
-                _mm256_set1_epi64x(1),
-            );
-            let v = _mm256_and_si256(raw, m);
-            _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
-                v,
-                _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6),
-            ))
+        // The 8 tails lie in the 32 bytes from the first one's byte (7 + 8 × 29 bits), each
+        // lane's 7 + 29 bits in the five bytes from its own (byte offset at most 26): byte
+        // shuffles of the window's two halves, each broadcast, where two 64-bit gathers
+        // were. A shuffle index with bit 7 set gives 0: the low half takes indices below 16,
+        // the high half (index - 16) the rest.
+        let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
+        let (lo_w, hi_w) = (
+            _mm256_permute2x128_si256::<0x00>(w, w),
+            _mm256_permute2x128_si256::<0x11>(w, w),
+        );
+        let pick = |i: __m256i| {
+            _mm256_or_si256(
+                _mm256_shuffle_epi8(lo_w, _mm256_or_si256(i, _mm256_cmpgt_epi8(i, fifteen))),
+                _mm256_shuffle_epi8(hi_w, _mm256_sub_epi8(i, sixteen)),
+            )
         };
-        let lo = half(
-            _mm256_castsi256_si128(at),
-            _mm256_castsi256_si128(sh),
-            _mm256_castsi256_si128(len),
+        let byte = _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread);
+        let low4 = pick(_mm256_add_epi8(byte, four));
+        let next = pick(_mm256_add_epi8(byte, fifth));
+        let sh = _mm256_and_si256(off, _mm256_set1_epi32(7));
+        // A shift by 32 (sh = 0) gives 0, as the tail then lies in `low4` alone.
+        let raw = _mm256_or_si256(
+            _mm256_srlv_epi32(low4, sh),
+            _mm256_sllv_epi32(next, _mm256_sub_epi32(_mm256_set1_epi32(32), sh)),
         );
-        let hi = half(
-            _mm256_extracti128_si256::<1>(at),
-            _mm256_extracti128_si256::<1>(sh),
-            _mm256_extracti128_si256::<1>(len),
-        );
-        let t = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+        let one = _mm256_set1_epi32(1);
+        let t = _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
         bits += total as u64;
         let delta = displacement(c, b, t, signed);
         let r = _mm256_loadu_si256(reference.as_ptr().add(4 * j).cast());
