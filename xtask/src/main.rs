@@ -419,11 +419,11 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
             Err(e) => eprintln!("({cmd} not available: {e})"),
         }
     }
+    let dir = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| TRAJECTORY.to_string());
     let files: Vec<String> = {
-        let dir = args
-            .first()
-            .cloned()
-            .unwrap_or_else(|| TRAJECTORY.to_string());
         let mut f: Vec<String> = ["200", "400", "600", "800"]
             .iter()
             .map(|s| format!("{dir}/gpt2_step000{s}_bf16.safetensors"))
@@ -490,10 +490,6 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         ],
         &[("CI", "true")],
     );
-    let dir = args
-        .first()
-        .cloned()
-        .unwrap_or_else(|| TRAJECTORY.to_string());
     step(
         "bench",
         "cargo",
