@@ -124,6 +124,12 @@ impl<'a> ByteReader<'a> {
         }
         Ok(v)
     }
+    /// A count of items that follow, each at least `min_bytes` long: it must fit in the bytes
+    /// left, so no count read from a file can size an allocation beyond the file itself.
+    pub fn count(&mut self, min_bytes: usize, field: &str) -> Result<u64> {
+        let max = (self.remaining() / min_bytes.max(1)) as u64;
+        self.varint_max(max, field)
+    }
     pub fn blob(&mut self) -> Result<&'a [u8]> {
         let n = self.varint_max(self.remaining() as u64, "length")?;
         self.take(n as usize)
@@ -154,11 +160,11 @@ pub fn open_checked<'a>(
     let stored = u32::from_le_bytes(crc.try_into().unwrap());
     let computed = crc32(body);
     if stored != computed {
-        return Err(Error::Checksum {
-            what: what.into(),
-            stored: stored as u64,
-            computed: computed as u64,
-        });
+        return Err(Error::checksum32(
+            format!("{what} (CRC-32)"),
+            stored,
+            computed,
+        ));
     }
     let mut r = ByteReader::new(body, what);
     r.take(4)?;

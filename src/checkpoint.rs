@@ -1,6 +1,7 @@
 //! safetensors checkpoints, memory-mapped: tensors are borrowed from the mapping, never read
 //! into memory whole, so files of tens of GB work.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,8 @@ pub struct Checkpoint {
     header_end: usize,
     /// Tensors in file (data offset) order.
     pub tensors: Vec<TensorEntry>,
+    /// Name -> position in `tensors`: checkpoints with 10^5 tensors are looked up per tensor.
+    by_name: HashMap<String, usize>,
 }
 
 impl Checkpoint {
@@ -68,11 +71,17 @@ impl Checkpoint {
                 end,
             });
         }
+        let by_name = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
         Ok(Checkpoint {
             path,
             map,
             header_end,
             tensors,
+            by_name,
         })
     }
 
@@ -94,6 +103,6 @@ impl Checkpoint {
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorEntry> {
-        self.tensors.iter().find(|t| t.name == name)
+        self.by_name.get(name).map(|&i| &self.tensors[i])
     }
 }

@@ -14,6 +14,7 @@ fn main() {
     let args = cli::Cli::parse();
     if let Err(e) = cli::run(args) {
         eprintln!("error: {e}");
-        std::process::exit(1);
+        // The README's "Exit status" table: 3 damaged input, 4 incomplete archive, 5 limit.
+        std::process::exit(e.exit_code());
     }
 }

@@ -1,5 +1,10 @@
 //! Crash-safe output: write to a temporary file beside the destination, rename into place only
 //! when complete. On error or drop the temporary file is removed and the destination untouched.
+//!
+//! A process killed outright (SIGKILL, power loss) cannot remove its temporary file. Each
+//! writer therefore holds an exclusive lock (`flock`) on its temporary file while it lives;
+//! the next writer to the same destination removes the temporary files nobody holds
+//! ([`remove_stale_temps`]), so remains of dead runs do not pile up.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -11,27 +16,85 @@ pub struct AtomicFile {
     dest: PathBuf,
     tmp: PathBuf,
     file: Option<BufWriter<File>>,
+    /// Set once the temporary file has been renamed into place; until then, dropping this
+    /// removes it (also when a flush, fsync or rename fails).
+    committed: bool,
+}
+
+/// The hidden temporary name used for `dest` by this process: `.NAME.tmp-PID`.
+pub fn temp_path(dest: &Path) -> Result<PathBuf> {
+    let dir = parent_dir(dest);
+    let name = dest
+        .file_name()
+        .ok_or_else(|| Error::Invalid(format!("{} is not a file path", dest.display())))?;
+    Ok(dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+fn parent_dir(dest: &Path) -> PathBuf {
+    match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Create a temporary file for `dest` and lock it (see the module comment); removes stale
+/// temporary files of `dest` first. Returns the file and its path.
+pub fn create_temp(dest: &Path) -> Result<(File, PathBuf)> {
+    remove_stale_temps(dest);
+    let tmp = temp_path(dest)?;
+    let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    // Only fails where the file system has no locks; the file is still ours to write.
+    let _ = file.try_lock();
+    Ok((file, tmp))
+}
+
+/// Remove the temporary files of `dest` (`.NAME.tmp-PID`) that no living writer holds: the
+/// remains of runs that were killed. Returns the paths removed. Best effort: a directory that
+/// cannot be read is left alone (the write that follows reports its own error).
+pub fn remove_stale_temps(dest: &Path) -> Vec<PathBuf> {
+    let Some(name) = dest.file_name() else {
+        return Vec::new();
+    };
+    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(parent_dir(dest)) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let fname = e.file_name();
+        let fname = fname.to_string_lossy();
+        let Some(pid) = fname.strip_prefix(&prefix) else {
+            continue;
+        };
+        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let path = e.path();
+        // A writer that is alive holds the lock; one we can lock is dead.
+        let stale = File::open(&path).is_ok_and(|f| f.try_lock().is_ok());
+        if stale && std::fs::remove_file(&path).is_ok() {
+            eprintln!(
+                "note: removed {}, left by a run that was killed",
+                path.display()
+            );
+            removed.push(path);
+        }
+    }
+    removed
 }
 
 impl AtomicFile {
     pub fn create(dest: &Path) -> Result<AtomicFile> {
-        let dir = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = dest
-            .file_name()
-            .ok_or_else(|| Error::Invalid(format!("{} is not a file path", dest.display())))?;
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let (file, tmp) = create_temp(dest)?;
         Ok(AtomicFile {
             dest: dest.to_path_buf(),
             tmp,
             file: Some(BufWriter::with_capacity(1 << 20, file)),
+            committed: false,
         })
     }
 
@@ -40,21 +103,30 @@ impl AtomicFile {
         f.write_all(bytes).map_err(|e| Error::io(&self.tmp, e))
     }
 
-    /// Flush, fsync and rename into place.
+    /// Flush, fsync and rename into place. On any failure the temporary file is removed.
     pub fn commit(mut self) -> Result<()> {
         let f = self.file.take().expect("not committed");
         let file = f
             .into_inner()
             .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
+        self.committed = true;
+        // The lock goes with the file, after the rename: a concurrent cleaner never sees an
+        // unlocked temporary file of a live writer.
         drop(file);
-        std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))
+        Ok(())
     }
 }
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if self.file.take().is_some() {
+        if !self.committed {
+            // Drop the writer without flushing more into a file that is going away.
+            if let Some(w) = self.file.take() {
+                let (file, _) = w.into_parts();
+                drop(file);
+            }
             let _ = std::fs::remove_file(&self.tmp);
         }
     }

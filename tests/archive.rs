@@ -62,7 +62,7 @@ fn shared_bf16_trajectory_pack_append_extract_verify() {
         a.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(),
         [200, 400, 600]
     );
-    let v = a.verify(&|_| {});
+    let v = a.verify(&|_| {}).unwrap();
     assert!(v.damaged.is_empty(), "{:?}", v.damaged);
     assert_eq!(v.tensors, 3 * 52);
     for (step, f) in [200, 400, 600].iter().zip(&files) {
@@ -283,6 +283,7 @@ fn tensor_set_changes_between_checkpoints() {
     assert!(Archive::open(&ar)
         .unwrap()
         .verify(&|_| {})
+        .unwrap()
         .damaged
         .is_empty());
 }
@@ -411,7 +412,7 @@ fn damaged_blobs_are_reported_per_tensor_and_verify_keeps_going() {
     std::fs::write(&ar, &bytes).unwrap();
 
     let a = Archive::open(&ar).unwrap();
-    let v = a.verify(&|_| {});
+    let v = a.verify(&|_| {}).unwrap();
     let damaged: Vec<(u64, Option<String>)> = v
         .damaged
         .iter()
@@ -556,7 +557,7 @@ fn cli_fast_layout_pack_append_extract() {
         d_fast > d_small && d_fast < 1.2 * d_small,
         "{d_fast} vs {d_small}"
     );
-    assert!(a_fast.verify(&|_| {}).damaged.is_empty());
+    assert!(a_fast.verify(&|_| {}).unwrap().damaged.is_empty());
     assert_extracts(&fast, 600, &files[1], dir.path());
     // --fast and an explicit --layout are one choice, not two.
     let o = std::process::Command::new(bin())

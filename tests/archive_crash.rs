@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use lockstep::archive::{self, Archive, PackOptions};
+use lockstep::archive::{self, Archive, PackOptions, Tail};
 
 fn setup(dir: &Path, specs: &[Spec]) -> (std::path::PathBuf, std::path::PathBuf, Vec<u8>) {
     let a = dir.join("step1.safetensors");
@@ -34,9 +34,13 @@ fn assert_readable(ar: &Path, min: usize, max: usize) -> usize {
     let a = Archive::open(ar).unwrap();
     let n = a.checkpoints.len();
     assert!((min..=max).contains(&n), "{n} checkpoints");
-    let v = a.verify(&|_| {});
+    let v = a.verify(&|_| {}).unwrap();
     assert!(v.damaged.is_empty(), "{:?}", v.damaged);
     n
+}
+
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(bin()).args(args).output().unwrap()
 }
 
 #[test]
@@ -69,14 +73,66 @@ fn append_killed_at_any_byte_leaves_the_archive_readable_and_recoverable() {
         );
         assert_eq!(std::fs::metadata(&t).unwrap().len(), base.len() as u64 + n);
         assert_readable(&t, 1, 1);
-        assert_eq!(Archive::open(&t).unwrap().ignored_tail(), n);
-        // The next append cuts the remains off and writes exactly what a clean one writes.
-        assert!(append_cli(&t, &b, None), "append after a crash at {n}");
+        let a = Archive::open(&t).unwrap();
+        assert_eq!(a.ignored_tail(), n);
+        let ts = t.to_str().unwrap();
+        // `verify` passes only an archive that ends with its last footer.
+        let v = cli(&["verify", ts]);
+        assert_eq!(
+            v.status.code(),
+            Some(if n == 0 { 0 } else { 4 }),
+            "verify at {n}"
+        );
+        if n >= total - 40 {
+            // The commit record is complete: the checkpoint is all there, only its footer is
+            // missing. Append refuses to cut it off; repair writes the footer.
+            assert!(
+                matches!(a.tail(), Tail::CommitWithoutFooter { step: 2, .. }),
+                "{n}"
+            );
+            let before = std::fs::read(&t).unwrap();
+            let r = cli(&["append", ts, b.to_str().unwrap()]);
+            assert_eq!(
+                r.status.code(),
+                Some(4),
+                "append onto a footerless commit ({n})"
+            );
+            assert!(String::from_utf8_lossy(&r.stderr).contains("lockstep repair"));
+            assert!(
+                std::fs::read(&t).unwrap() == before,
+                "append changed the file ({n})"
+            );
+            let r = cli(&["repair", ts]);
+            assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        } else {
+            if n > 0 {
+                assert_eq!(a.tail(), Tail::Unfinished, "{n}");
+            }
+            // The next append cuts the remains off and writes exactly what a clean one writes.
+            assert!(append_cli(&t, &b, None), "append after a crash at {n}");
+        }
         assert!(
             std::fs::read(&t).unwrap() == good_bytes,
             "recovered archive differs ({n})"
         );
     }
+}
+
+#[test]
+fn repair_removes_an_unfinished_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, b, base) = setup(dir.path(), &small_model());
+    let t = dir.path().join("cut.lstp");
+    std::fs::write(&t, &base).unwrap();
+    assert!(!append_cli(&t, &b, Some(100)));
+    let ts = t.to_str().unwrap();
+    let r = cli(&["repair", ts, "--json"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    // stdout is one JSON document: verify's, after the repair.
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    assert!(String::from_utf8_lossy(&r.stderr).contains("removed 100 B"));
+    assert!(std::fs::read(&t).unwrap() == base);
 }
 
 #[test]
@@ -105,7 +161,10 @@ fn append_sigkilled_at_intervals_leaves_a_readable_archive() {
         let n = assert_readable(&t, 1, 2);
         outcomes.push(n);
         if n == 1 {
-            assert!(append_cli(&t, &b, None));
+            // Killed between its commit and its footer, the append is finished by repair.
+            if !append_cli(&t, &b, None) {
+                assert!(cli(&["repair", t.to_str().unwrap()]).status.success());
+            }
             assert_readable(&t, 2, 2);
         }
     }
@@ -187,8 +246,8 @@ fn random_damage_never_panics() {
                 outcomes[0] += 1;
             }
             Ok(a) => {
-                let v = a.verify(&|_| {});
-                outcomes[if v.damaged.is_empty() { 1 } else { 2 }] += 1;
+                let v = a.verify(&|_| {}).unwrap();
+                outcomes[if v.ok() { 1 } else { 2 }] += 1;
                 for c in &a.checkpoints {
                     let _ = a.extract(c.step, &dir.path().join("fuzz-out"), &|_| {});
                 }
@@ -217,7 +276,7 @@ fn a_damaged_last_footer_is_reported_append_keeps_the_data_and_repair_restores_i
         let a = Archive::open(&t).unwrap();
         assert_eq!(a.checkpoints.len(), 1, "earlier checkpoints stay readable");
         assert!(a.damaged_last_footer(), "flip at {}", n - at);
-        assert!(a.verify(&|_| {}).damaged_footer);
+        assert_eq!(a.verify(&|_| {}).unwrap().tail, Tail::DamagedFooter);
         let v = Command::new(bin())
             .args(["verify", t.to_str().unwrap()])
             .output()
@@ -246,10 +305,12 @@ fn a_damaged_last_footer_is_reported_append_keeps_the_data_and_repair_restores_i
         .output()
         .unwrap();
     assert!(r.status.success());
-    assert!(String::from_utf8_lossy(&r.stdout).contains("nothing to repair"));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("nothing to repair"));
     assert!(std::fs::read(&good).unwrap() == good_bytes);
     // An interrupted append is still what it was: ignored remains, no damage reported.
     let t = dir.path().join("torn.lstp");
     std::fs::write(&t, &good_bytes[..n - 1]).unwrap();
-    assert!(!Archive::open(&t).unwrap().damaged_last_footer());
+    let a = Archive::open(&t).unwrap();
+    assert!(!a.damaged_last_footer());
+    assert!(matches!(a.tail(), Tail::CommitWithoutFooter { .. }));
 }

@@ -182,13 +182,32 @@ pub fn read_header(bytes: &[u8]) -> Result<(AnchorHeader, &[u8])> {
 
 /// Decode an anchor blob to the tensor's bytes (checked against the stored CRC).
 pub fn decode(bytes: &[u8]) -> Result<Vec<u8>> {
+    decode_checked_len(bytes, None)
+}
+
+/// [`decode`] where the container says how many bytes the tensor has (an archive's commit
+/// record): a blob whose own shape disagrees is refused before anything is allocated.
+pub fn decode_sized(bytes: &[u8], expected_len: u64) -> Result<Vec<u8>> {
+    decode_checked_len(bytes, Some(expected_len))
+}
+
+fn decode_checked_len(bytes: &[u8], expected_len: Option<u64>) -> Result<Vec<u8>> {
     let (h, payload) = read_header(bytes)?;
     let raw_len = h
         .n_elements
         .checked_mul(h.dtype.size() as u64)
         .filter(|&l| l <= 1 << 46)
-        .ok_or_else(|| Error::format("anchor blob", "tensor size out of range"))?
-        as usize;
+        .ok_or_else(|| Error::format("anchor blob", "tensor size out of range"))?;
+    if let Some(want) = expected_len.filter(|&w| w != raw_len) {
+        return Err(Error::format(
+            "anchor blob",
+            format!(
+                "its {} {:?} tensor has {raw_len} bytes, the archive records {want}",
+                h.dtype, h.shape
+            ),
+        ));
+    }
+    let raw_len = raw_len as usize;
     let out = match h.mode {
         AnchorMode::Raw => {
             if payload.len() != raw_len {
@@ -222,11 +241,11 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<u8>> {
     };
     let crc = crc32fast::hash(&out);
     if crc != h.crc {
-        return Err(Error::Checksum {
-            what: "decoded anchor tensor".into(),
-            stored: h.crc as u64,
-            computed: crc as u64,
-        });
+        return Err(Error::checksum32(
+            "decoded anchor tensor (CRC-32)",
+            h.crc,
+            crc,
+        ));
     }
     Ok(out)
 }

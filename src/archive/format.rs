@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! file    = header blob-data* (commit footer blob-data*)* ...
-//! header  = "LSTPARCH" version:u8 0:u8 0:u8 0:u8 keyframe_interval:u32
+//! header  = "LSTPARCH" version:u8 = 2  0:u8 0:u8 0:u8 keyframe_interval:u32 crc32:u32
+//!           (version 1, written before the checksum existed: the same without crc32)
 //! commit  = "LSTC" version:u8 prev_end:u64 body_len:varint zstd(body) crc32:u32
 //!           (prev_end: the end of the previous footer, 0 for the first commit)
 //! footer  = "LSTPFOOT" commit_offset:u64 commit_len:u64 n_checkpoints:u64 crc32:u32 "LSTE"
@@ -18,14 +19,21 @@ use crate::dtype::DType;
 use crate::{Error, Result};
 
 pub const FILE_MAGIC: &[u8; 8] = b"LSTPARCH";
-pub const FORMAT_VERSION: u8 = 1;
-pub const HEADER_LEN: usize = 16;
+/// The header this build writes: version 2, checksummed.
+pub const HEADER_VERSION: u8 = 2;
+/// Length of a version-2 header.
+pub const HEADER_LEN: usize = 20;
+/// Length of a version-1 header (no checksum), the shortest header there is.
+pub const HEADER_LEN_V1: usize = 16;
+/// The commit record version this build writes and reads.
+pub const COMMIT_VERSION: u8 = 1;
 pub const COMMIT_MAGIC: &[u8; 4] = b"LSTC";
 pub const FOOTER_MAGIC: &[u8; 8] = b"LSTPFOOT";
 pub const FOOTER_END: &[u8; 4] = b"LSTE";
 pub const FOOTER_LEN: usize = 40;
-/// Bound on names, paths and counts read from a commit (they size allocations).
-const MAX_ITEMS: u64 = 1 << 24;
+/// A commit body may be at most this many times its compressed size (plus 64 KiB): counts and
+/// lengths read from a file never size an allocation far beyond the file.
+const MAX_BODY_RATIO: u64 = 64;
 
 /// How a blob's bytes are coded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -160,14 +168,27 @@ pub struct Commit {
 pub fn write_header(keyframe_interval: u32) -> Vec<u8> {
     let mut w = ByteWriter::new();
     w.bytes(FILE_MAGIC);
-    w.u8(FORMAT_VERSION);
+    w.u8(HEADER_VERSION);
     w.bytes(&[0, 0, 0]);
     w.u32(keyframe_interval);
+    let crc = crate::bytes::crc32(&w.buf);
+    w.u32(crc);
     w.buf
 }
 
-/// Parse the file header; returns the keyframe interval.
-pub fn read_header(bytes: &[u8]) -> Result<u32> {
+/// The parsed file header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub keyframe_interval: u32,
+    /// Its length in bytes: where the first blob may start.
+    pub len: usize,
+    /// Whether the header carries a checksum (version 2). A version-1 header has none: its
+    /// keyframe interval is checked against the commits instead.
+    pub checksummed: bool,
+}
+
+/// Parse the file header (version 2, or version 1 from before the checksum).
+pub fn read_header(bytes: &[u8]) -> Result<Header> {
     if bytes.len() < 8 || &bytes[..8] != FILE_MAGIC {
         return Err(Error::format(
             "archive",
@@ -177,10 +198,28 @@ pub fn read_header(bytes: &[u8]) -> Result<u32> {
     let mut r = ByteReader::new(bytes, "archive header");
     r.take(8)?;
     let version = r.u8()?;
-    if version != FORMAT_VERSION {
-        return Err(Error::Unsupported(format!(
-            "archive format version {version} (this build reads {FORMAT_VERSION})"
-        )));
+    let len = match version {
+        1 => HEADER_LEN_V1,
+        2 => HEADER_LEN,
+        _ => {
+            return Err(Error::Unsupported(format!(
+                "archive header version {version} (this build reads 1 and 2)"
+            )))
+        }
+    };
+    if version >= 2 {
+        if bytes.len() < HEADER_LEN {
+            return Err(r.err("truncated header"));
+        }
+        let stored = u32::from_le_bytes(bytes[16..20].try_into().unwrap());
+        let computed = crate::bytes::crc32(&bytes[..16]);
+        if stored != computed {
+            return Err(Error::checksum32(
+                "archive header (CRC-32)",
+                stored,
+                computed,
+            ));
+        }
     }
     if r.take(3)? != [0, 0, 0] {
         return Err(r.err("reserved header bytes are not zero"));
@@ -189,7 +228,11 @@ pub fn read_header(bytes: &[u8]) -> Result<u32> {
     if k == 0 {
         return Err(r.err("keyframe interval 0"));
     }
-    Ok(k)
+    Ok(Header {
+        keyframe_interval: k,
+        len,
+        checksummed: version >= 2,
+    })
 }
 
 fn hash32(r: &mut ByteReader) -> Result<[u8; 32]> {
@@ -268,7 +311,7 @@ pub fn write_commit(c: &Commit) -> Vec<u8> {
     let z = zstd::bulk::compress(&body.buf, 3).expect("zstd compresses in memory");
     let mut w = ByteWriter::new();
     w.bytes(COMMIT_MAGIC);
-    w.u8(FORMAT_VERSION);
+    w.u8(COMMIT_VERSION);
     w.u64(c.prev_commit);
     w.varint(body.buf.len() as u64);
     w.bytes(&z);
@@ -286,22 +329,25 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
     let stored = u32::from_le_bytes(crc.try_into().unwrap());
     let computed = crate::bytes::crc32(body);
     if stored != computed {
-        return Err(Error::Checksum {
-            what: "archive commit record".into(),
-            stored: stored as u64,
-            computed: computed as u64,
-        });
+        return Err(Error::checksum32(
+            "archive commit record (CRC-32)",
+            stored,
+            computed,
+        ));
     }
     let mut r = ByteReader::new(body, "archive commit record");
     r.take(4)?;
     let version = r.u8()?;
-    if version != FORMAT_VERSION {
+    if version != COMMIT_VERSION {
         return Err(Error::Unsupported(format!(
-            "archive commit version {version} (this build reads {FORMAT_VERSION})"
+            "archive commit version {version} (this build reads {COMMIT_VERSION})"
         )));
     }
     let prev_commit = r.u64()?;
-    let body_len = r.varint_max(1 << 30, "commit body length")? as usize;
+    // Bodies are mostly BLAKE3 hashes and varints, which zstd shrinks little; the bound keeps
+    // a forged length from sizing a large allocation.
+    let max_body = (r.remaining() as u64).saturating_mul(MAX_BODY_RATIO) + (64 << 10);
+    let body_len = r.varint_max(max_body, "commit body length")? as usize;
     let z = r.take(r.remaining())?;
     let plain = zstd::bulk::decompress(z, body_len)
         .map_err(|e| Error::format("archive commit record", format!("zstd: {e}")))?;
@@ -313,7 +359,8 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
     }
     let mut r = ByteReader::new(&plain, "archive commit record");
     let first_blob = r.varint()?;
-    let n = r.varint_max(MAX_ITEMS, "blob count")?;
+    // offset, len, kind, reference, depth, dtype, raw_len (a byte each at least), BLAKE3.
+    let n = r.count(7 + 32, "blob count")?;
     let mut blobs = Vec::with_capacity(n as usize);
     for i in 0..n {
         let id = first_blob + i;
@@ -356,7 +403,7 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
         v => return Err(r.err(format!("unknown layout {v}"))),
     };
     let keyframe = r.u8()? != 0;
-    let nf = r.varint_max(MAX_ITEMS, "file count")?;
+    let nf = r.count(1 + 1 + 1 + 32 + 1, "file count")?;
     let mut files = Vec::new();
     for _ in 0..nf {
         let kind = r.u8()?;
@@ -366,7 +413,7 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
         files.push(match kind {
             0 => {
                 let header_blob = r.varint()?;
-                let nt = r.varint_max(MAX_ITEMS, "tensor count")?;
+                let nt = r.count(1 + 1 + 1 + 1, "tensor count")?;
                 let mut tensors = Vec::new();
                 for _ in 0..nt {
                     let name = string(&mut r, "tensor name")?;
@@ -436,7 +483,7 @@ pub fn write_footer(f: &Footer) -> Vec<u8> {
 /// Parse a footer that ends at `end` (its own offset is `end - FOOTER_LEN`); `None` if these
 /// bytes are not a valid footer or it points outside the file.
 pub fn read_footer(bytes: &[u8], end: usize) -> Option<Footer> {
-    if end < HEADER_LEN + FOOTER_LEN || end > bytes.len() {
+    if end < HEADER_LEN_V1 + FOOTER_LEN || end > bytes.len() {
         return None;
     }
     let b = &bytes[end - FOOTER_LEN..end];

@@ -43,7 +43,7 @@
 //! ar.extract(200, &out, &|_| {})?;
 //! assert_eq!(std::fs::read(&out)?, std::fs::read(&b)?);
 //! assert_eq!(ar.tensor(300, "w")?.len(), 4096 * 2);
-//! assert!(ar.verify(&|_| {}).damaged.is_empty());
+//! assert!(ar.verify(&|_| {})?.ok());
 //! println!("ratio {:.3}", ar.stats().ratio());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -56,8 +56,9 @@ pub mod writer;
 
 pub use format::{BlobKind, BlobRecord, CheckpointRecord, FileRecord, Layout, TensorRecord};
 pub use input::{resolve, resolve_many, CheckpointSource};
-pub use reader::{Archive, Damage, VerifyReport};
+pub use reader::{default_max_size, Archive, Damage, Tail, VerifyReport};
 pub use stats::{CheckpointSummary, Stats};
 pub use writer::{
-    append, append_with_previous, pack, repair, AddReport, PackOptions, DEFAULT_KEYFRAME_INTERVAL,
+    append, append_with_previous, pack, repair, AddReport, PackOptions, Repaired,
+    DEFAULT_KEYFRAME_INTERVAL,
 };

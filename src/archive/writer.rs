@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::format::*;
 use super::input::CheckpointSource;
-use super::reader::{encode_bytes_blob, Archive};
+use super::reader::{encode_bytes_blob, Archive, Tail};
 use crate::checkpoint::Checkpoint;
 use crate::delta::{self, EncodeOptions, Mode, TensorPair};
 use crate::dtype::DType;
@@ -283,11 +283,11 @@ fn encode_one(
             target: data,
         };
         let (bytes, rep) = delta::encode_tensor(&pair, &opts.delta)
-            .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
+            .map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
         let keep = rep.mode != Some(Mode::Raw)
             && (!opts.try_anchor || {
                 let (a, _) = anchor::encode(t.dtype, &t.shape, data)
-                    .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
+                    .map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
                 if a.len() < bytes.len() {
                     return Ok(Coded {
                         kind: BlobKind::Anchor,
@@ -308,7 +308,7 @@ fn encode_one(
         }
     }
     let (bytes, _) = anchor::encode(t.dtype, &t.shape, data)
-        .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", t.name)))?;
+        .map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
     Ok(Coded {
         kind: BlobKind::Anchor,
         bytes,
@@ -433,7 +433,7 @@ fn add_checkpoint(
                 })
                 .collect();
             for (&i, c) in jobs[batch].iter().zip(coded) {
-                let c = c.map_err(|e| Error::Invalid(format!("{}: {e}", sf.path.display())))?;
+                let c = c.map_err(|e| e.context(sf.path.display().to_string()))?;
                 let t = &ck.tensors[i];
                 match c.kind {
                     BlobKind::Delta => report.deltas += 1,
@@ -561,20 +561,8 @@ pub fn pack(
             out.display()
         )));
     }
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = out
-        .file_name()
-        .ok_or_else(|| Error::Invalid(format!("{} is not a file path", out.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let (file, tmp) = crate::output::create_temp(out)?;
     let mut guard = TempGuard(Some(tmp.clone()));
-    let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let mut w = Out::new(file, &tmp, 0);
     w.write(&write_header(opts.keyframe_interval))?;
     // Steps first, so an ordering mistake is reported before any work.
@@ -608,9 +596,11 @@ pub fn pack(
         prev = Some(opened);
     }
     w.sync()?;
-    drop(w);
+    // Renamed while still open: the temporary file's lock (which tells a cleaner it is not
+    // stale) is held until it has its final name.
     std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
     guard.0 = None;
+    drop(w);
     Ok(reports)
 }
 
@@ -649,6 +639,14 @@ pub fn append_with_previous(
         }
         None => None,
     };
+    // Bytes after the last checkpoint are cut off only when they cannot hold one: a damaged
+    // footer or a complete commit without its footer is a checkpoint `repair` can recover.
+    if matches!(
+        archive.tail(),
+        Tail::DamagedFooter | Tail::CommitWithoutFooter { .. }
+    ) {
+        return Err(archive.tail_error().expect("the archive has a tail"));
+    }
     let mut state = State::from_archive(&archive);
     let step = step
         .or(src.step)
@@ -660,9 +658,6 @@ pub fn append_with_previous(
                 src.label, last.step
             )));
         }
-    }
-    if archive.damaged_last_footer() {
-        return Err(archive.damaged_footer_error());
     }
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if file_len > archive.valid_end {
@@ -754,19 +749,118 @@ fn open_for_writing(path: &Path) -> Result<(File, Archive)> {
     Ok((file, archive))
 }
 
-/// Rewrite a damaged last footer ([`Archive::damaged_last_footer`]) from the commit record
-/// in front of it, whose own checksum vouches for it: the footer holds nothing else (where
-/// that record is, and the checkpoint count). Returns the step made readable again, `None`
-/// when the archive's last footer is not damaged. Only the footer's 40 bytes are written,
-/// in place, under the same lock as `append`; if the archive then does not open with one
-/// more checkpoint, the old bytes are put back and it is an error.
-pub fn repair(path: &Path) -> Result<Option<u64>> {
+/// What [`repair`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Repaired {
+    /// The archive ends with its last footer: nothing to do.
+    Nothing,
+    /// A damaged last footer was written again from its commit record; this step is readable
+    /// again.
+    FooterRebuilt { step: u64 },
+    /// A complete commit record without its footer got its footer; this step is readable.
+    FooterWritten { step: u64 },
+    /// Bytes no commit covers (an interrupted append, a copy cut short) were removed.
+    TailRemoved { bytes: u64 },
+}
+
+/// Make an archive with a [`Tail`] complete again, under the same lock as `append`:
+/// - a damaged last footer is rewritten from the commit record in front of it, whose own
+///   checksum vouches for it (the footer holds nothing else: where that record is, and the
+///   checkpoint count); only the footer's 40 bytes are written, in place;
+/// - a complete commit record without its footer gets its footer (any partial footer bytes
+///   after it are replaced);
+/// - bytes no commit covers are cut off (they cannot be read; the checkpoints before them
+///   are all there).
+///
+/// If the archive then does not open as expected, the old bytes are put back and it is an
+/// error.
+pub fn repair(path: &Path) -> Result<Repaired> {
     let (file, archive) = open_for_writing(path)?;
-    if !archive.damaged_last_footer() {
-        return Ok(None);
+    match archive.tail() {
+        Tail::None => Ok(Repaired::Nothing),
+        Tail::DamagedFooter => {
+            rebuild_footer(path, &file, &archive).map(|step| Repaired::FooterRebuilt { step })
+        }
+        Tail::CommitWithoutFooter {
+            step,
+            commit_offset,
+            commit_len,
+        } => {
+            let end = commit_offset + commit_len;
+            let footer = write_footer(&Footer {
+                commit_offset,
+                commit_len,
+                n_checkpoints: archive.checkpoints.len() as u64 + 1,
+            });
+            let old = read_range(&file, path, end)?;
+            let write = |bytes: &[u8]| {
+                let mut f = &file;
+                file.set_len(end)
+                    .and_then(|_| f.seek(SeekFrom::Start(end)))
+                    .and_then(|_| f.write_all(bytes))
+                    .and_then(|_| file.sync_all())
+                    .map_err(|e| Error::io(path, e))
+            };
+            write(&footer)?;
+            check_repaired(path, &file, &archive, 1, || write(&old))?;
+            Ok(Repaired::FooterWritten { step })
+        }
+        Tail::Unfinished => {
+            let bytes = archive.ignored_tail();
+            file.set_len(archive.valid_end)
+                .and_then(|_| file.sync_all())
+                .map_err(|e| Error::io(path, e))?;
+            Ok(Repaired::TailRemoved { bytes })
+        }
     }
+}
+
+/// The file's bytes from `from` to its end.
+fn read_range(file: &File, path: &Path, from: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = file;
+    let mut old = Vec::new();
+    f.seek(SeekFrom::Start(from))
+        .and_then(|_| f.read_to_end(&mut old))
+        .map_err(|e| Error::io(path, e))?;
+    Ok(old)
+}
+
+/// After a repair the archive must open with `more` checkpoints than before and nothing after
+/// its last footer; otherwise `undo` puts the old bytes back and it is an error.
+fn check_repaired(
+    path: &Path,
+    file: &File,
+    before: &Archive,
+    more: usize,
+    undo: impl Fn() -> Result<()>,
+) -> Result<()> {
+    match Archive::from_file(path, file) {
+        Ok(a)
+            if a.checkpoints.len() == before.checkpoints.len() + more && a.ignored_tail() == 0 =>
+        {
+            Ok(())
+        }
+        other => {
+            undo()?;
+            Err(Error::format(
+                format!("archive {}", path.display()),
+                format!(
+                    "the rebuilt footer did not give a readable archive ({}); left as it was",
+                    other
+                        .err()
+                        .map_or("wrong checkpoint count".into(), |e| e.to_string())
+                ),
+            ))
+        }
+    }
+}
+
+/// Rewrite a damaged last footer from the commit record in front of it; returns the step made
+/// readable again.
+fn rebuild_footer(path: &Path, file: &File, archive: &Archive) -> Result<u64> {
     // SAFETY: read-only mapping of a file this process holds the write lock of.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
     let end = map.len() - FOOTER_LEN;
     let lo = archive.valid_end as usize;
     // The record ends where the footer starts; it begins at the last commit marker from
@@ -774,7 +868,7 @@ pub fn repair(path: &Path) -> Result<Option<u64>> {
     let mut upto = end;
     let start = loop {
         let Some(q) = map[lo..upto].windows(4).rposition(|w| w == COMMIT_MAGIC) else {
-            return Err(archive.damaged_footer_error());
+            return Err(archive.tail_error().expect("the footer is damaged"));
         };
         let at = lo + q;
         if read_commit(&map[at..end]).is_ok_and(|c| c.prev_commit == archive.valid_end) {
@@ -790,28 +884,14 @@ pub fn repair(path: &Path) -> Result<Option<u64>> {
     let old = map[end..].to_vec();
     drop(map);
     let write = |bytes: &[u8]| {
-        let mut f = &file;
+        let mut f = file;
         f.seek(SeekFrom::Start(end as u64))
             .and_then(|_| f.write_all(bytes))
             .and_then(|_| file.sync_all())
             .map_err(|e| Error::io(path, e))
     };
     write(&footer)?;
-    match Archive::from_file(path, &file) {
-        Ok(a) if a.checkpoints.len() == archive.checkpoints.len() + 1 && a.ignored_tail() == 0 => {
-            Ok(a.checkpoints.last().map(|c| c.step))
-        }
-        other => {
-            write(&old)?;
-            Err(Error::format(
-                format!("archive {}", path.display()),
-                format!(
-                    "the rebuilt footer did not give a readable archive ({}); left as it was",
-                    other
-                        .err()
-                        .map_or("wrong checkpoint count".into(), |e| e.to_string())
-                ),
-            ))
-        }
-    }
+    check_repaired(path, file, archive, 1, || write(&old))?;
+    let a = Archive::from_file(path, file)?;
+    Ok(a.checkpoints.last().map_or(0, |c| c.step))
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lockstep::archive::{self, AddReport, Archive, PackOptions};
+use lockstep::archive::{self, AddReport, Archive, PackOptions, Repaired, Tail};
 use lockstep::delta::{EncodeOptions, LayoutChoice};
 use lockstep::{Error, Result};
 use serde_json::json;
@@ -88,17 +88,57 @@ pub struct ArchiveArgs {
 }
 
 #[derive(Args)]
+pub struct VerifyArgs {
+    /// The archive (.lstp).
+    archive: PathBuf,
+    /// Most bytes to decode (e.g. 64G; default: 64 times the archive's size, at least 256M).
+    #[arg(long, value_parser = parse_size)]
+    max_size: Option<u64>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 pub struct ExtractArgs {
     /// The archive (.lstp).
     archive: PathBuf,
-    /// The step to restore (default: the last).
+    /// The step to restore (default: the last; refused when the archive has bytes after its
+    /// last complete checkpoint, which may have held a newer one).
     #[arg(long)]
     step: Option<u64>,
+    /// Most bytes to decode (e.g. 64G; default: 64 times the archive's size, at least 256M).
+    #[arg(long, value_parser = parse_size)]
+    max_size: Option<u64>,
     /// Output file (single-file checkpoints) or directory.
     #[arg(short, long)]
     output: PathBuf,
     #[arg(long)]
     json: bool,
+}
+
+/// A byte count with an optional binary suffix: 123, 64K, 512M, 64G, 2T.
+pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown size suffix in {s:?} (K, M, G, T)")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("not a size: {s:?} (e.g. 4096, 512M, 64G)"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 fn bar(total: u64, hidden: bool, what: &str) -> ProgressBar {
@@ -274,7 +314,8 @@ pub fn list(a: ArchiveArgs) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&json!({ "archive": a.archive, "checkpoints": v, "ignored_tail_bytes": ar.ignored_tail() })).unwrap());
+        let tail = ar.tail_error().map(|e| e.to_string());
+        println!("{}", serde_json::to_string_pretty(&json!({ "archive": a.archive, "checkpoints": v, "ignored_tail_bytes": ar.ignored_tail(), "complete": tail.is_none(), "warning": tail })).unwrap());
         return Ok(());
     }
     println!(
@@ -307,22 +348,35 @@ pub fn list(a: ArchiveArgs) -> Result<()> {
             c.reused
         );
     }
-    if ar.damaged_last_footer() {
-        eprintln!("warning: {}", ar.damaged_footer_error());
-    } else if ar.ignored_tail() > 0 {
-        println!(
-            "note: {} bytes after the last commit (an interrupted append) are ignored",
-            ar.ignored_tail()
-        );
+    if let Some(e) = ar.tail_error() {
+        eprintln!("warning: {e}");
     }
     Ok(())
 }
 
 pub fn extract(a: ExtractArgs) -> Result<()> {
-    let ar = Archive::open(&a.archive)?;
-    let step = match a.step {
-        Some(s) => s,
-        None => {
+    let ar = Archive::open(&a.archive)?.with_max_size(a.max_size);
+    let step = match (a.step, ar.tail_error()) {
+        (Some(s), None) => s,
+        (Some(s), Some(e)) => {
+            // The step asked for is complete and checked by its hashes; the archive is not.
+            ar.checkpoint(s)?;
+            eprintln!("warning: {e}");
+            s
+        }
+        // The newest complete checkpoint may not be the newest one written: never hand out an
+        // older step as "the last" without a word.
+        (None, Some(e)) => {
+            let hint = match ar.checkpoints.last() {
+                Some(c) => format!(
+                    "the last complete checkpoint is step {}: pass --step {} to extract it",
+                    c.step, c.step
+                ),
+                None => "no checkpoint is complete".into(),
+            };
+            return Err(e.context(format!("not extracting the last step ({hint})")));
+        }
+        (None, None) => {
             ar.checkpoints
                 .last()
                 .ok_or_else(|| Error::Invalid("the archive holds no checkpoint".into()))?
@@ -354,12 +408,13 @@ pub fn extract(a: ExtractArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn verify(a: ArchiveArgs) -> Result<()> {
-    let ar = Archive::open(&a.archive)?;
+pub fn verify(a: VerifyArgs) -> Result<()> {
+    let ar = Archive::open(&a.archive)?.with_max_size(a.max_size);
     let total: u64 = ar.checkpoints.iter().map(|c| c.input_bytes()).sum();
     let pb = bar(total, a.json, "verify");
     let t0 = Instant::now();
-    let r = ar.verify(&|n| pb.inc(n));
+    let r = ar.verify(&|n| pb.inc(n))?;
+    let tail = ar.tail_error();
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
@@ -371,9 +426,11 @@ pub fn verify(a: ArchiveArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "ok": r.damaged.is_empty() && !r.damaged_footer, "checkpoints": r.checkpoints, "files": r.files,
+                "ok": r.ok(), "checkpoints": r.checkpoints, "files": r.files,
                 "tensors": r.tensors, "bytes": r.bytes, "damaged": damaged,
-                "ignored_tail_bytes": r.ignored_tail, "damaged_last_footer": r.damaged_footer,
+                "last_step": ar.checkpoints.last().map(|c| c.step),
+                "ignored_tail_bytes": r.ignored_tail, "tail": tail_name(&r.tail),
+                "tail_error": tail.as_ref().map(|e| e.to_string()),
                 "seconds": secs, "mb_per_s": mb_s(r.bytes, secs),
             }))
             .unwrap()
@@ -401,38 +458,58 @@ pub fn verify(a: ArchiveArgs) -> Result<()> {
             mb_s(r.bytes, secs),
             if r.damaged.is_empty() { "all hashes match".to_string() } else { format!("{} damaged", r.damaged.len()) }
         );
-        if r.ignored_tail > 0 && !r.damaged_footer {
+        if let Some(c) = ar.checkpoints.last() {
             println!(
-                "note: {} bytes after the last commit (an interrupted append) are ignored",
-                r.ignored_tail
+                "last complete checkpoint: step {} ({} of {} B of the file)",
+                c.step,
+                ar.valid_end,
+                file_len(&a.archive)
             );
         }
     }
-    if r.damaged.is_empty() && r.damaged_footer {
-        Err(ar.damaged_footer_error())
-    } else if r.damaged.is_empty() {
-        Ok(())
-    } else {
+    if !r.damaged.is_empty() {
         let steps: std::collections::BTreeSet<u64> = r.damaged.iter().map(|d| d.step).collect();
-        Err(Error::Invalid(format!(
-            "{}: damaged checkpoints at steps {:?}",
-            a.archive.display(),
-            steps
-        )))
+        let e = Error::format(
+            format!("archive {}", a.archive.display()),
+            format!("damaged checkpoints at steps {steps:?}"),
+        );
+        if let Some(t) = tail {
+            eprintln!("error: {t}");
+        }
+        return Err(e);
+    }
+    match tail {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
-pub fn repair(a: ArchiveArgs) -> Result<()> {
-    match lockstep::archive::repair(&a.archive)? {
-        None => println!(
-            "{}: the last footer is intact; nothing to repair",
-            a.archive.display()
-        ),
-        Some(step) => println!(
-            "{}: last footer rebuilt from its commit record; step {step} is readable again",
-            a.archive.display()
-        ),
+fn tail_name(t: &Tail) -> &'static str {
+    match t {
+        Tail::None => "none",
+        Tail::DamagedFooter => "damaged_footer",
+        Tail::CommitWithoutFooter { .. } => "commit_without_footer",
+        Tail::Unfinished => "unfinished",
     }
+}
+
+pub fn repair(a: VerifyArgs) -> Result<()> {
+    let what = match lockstep::archive::repair(&a.archive)? {
+        Repaired::Nothing => "the archive ends with its last footer; nothing to repair".into(),
+        Repaired::FooterRebuilt { step } => {
+            format!("last footer rebuilt from its commit record; step {step} is readable again")
+        }
+        Repaired::FooterWritten { step } => {
+            format!(
+                "footer written after the complete commit record of step {step}; it is readable"
+            )
+        }
+        Repaired::TailRemoved { bytes } => {
+            format!("removed {bytes} B after the last complete checkpoint that no commit covered")
+        }
+    };
+    // Human text on stderr: with --json, stdout holds only verify's JSON document.
+    eprintln!("{}: {what}", a.archive.display());
     // The footer only says where the commit is; the data behind it is checked in full.
     verify(a)
 }

@@ -50,12 +50,13 @@ pub enum Command {
     /// Restore one checkpoint, byte-identical, verified before it is put in place.
     Extract(archive::ExtractArgs),
     /// Decode everything and check every hash; reports damage and keeps going.
-    Verify(archive::ArchiveArgs),
+    Verify(archive::VerifyArgs),
     /// Per-stage and per-dtype table of an archive.
     Stats(archive::ArchiveArgs),
-    /// Rebuild a damaged last footer from the checksummed commit record before it, then
-    /// verify the archive.
-    Repair(archive::ArchiveArgs),
+    /// Complete an archive that has bytes after its last complete checkpoint (a damaged
+    /// footer is rebuilt, a commit without footer gets one, an unfinished append is cut
+    /// off), then verify it.
+    Repair(archive::VerifyArgs),
 }
 
 pub fn run(cli: Cli) -> lockstep::Result<()> {

@@ -484,11 +484,11 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
     r.expect_end()?;
     let crc = crc.unwrap_or_else(|| crate::bytes::crc32(&out));
     if crc != h.target_crc {
-        return Err(Error::Checksum {
-            what: "decoded tensor".into(),
-            stored: h.target_crc as u64,
-            computed: crc as u64,
-        });
+        return Err(Error::checksum32(
+            "decoded tensor (CRC-32)",
+            h.target_crc,
+            crc,
+        ));
     }
     Ok(out)
 }

@@ -134,19 +134,27 @@ pub fn decode_file(reference: &Checkpoint, delta: &[u8], out: &Path) -> Result<(
             ))
         })?;
         let data = decode_tensor(blob, reference.data(reference_tensor))
-            .map_err(|e| Error::Invalid(format!("tensor '{name}': {e}")))?;
+            .map_err(|e| e.context(format!("tensor '{name}'")))?;
         emit(&data, &mut f)?;
     }
     if r.take(4)? != FILE_END {
         return Err(r.err("missing end marker (truncated?)"));
     }
     r.expect_end()?;
-    if written != file_len || *hasher.finalize().as_bytes() != hash {
+    if written != file_len {
         return Err(Error::Checksum {
-            what: "decoded checkpoint file (BLAKE3)".into(),
-            stored: file_len,
-            computed: written,
+            what: "decoded checkpoint file (length)".into(),
+            stored: format!("{file_len} B"),
+            computed: format!("{written} B"),
         });
+    }
+    let computed = hasher.finalize();
+    if *computed.as_bytes() != hash {
+        return Err(Error::hash_mismatch(
+            "decoded checkpoint file (BLAKE3)",
+            &hash,
+            computed.as_bytes(),
+        ));
     }
     f.commit()
 }

@@ -175,11 +175,11 @@ impl Model {
         let (body, stored) = data.split_at(data.len() - 32);
         let computed = blake3::hash(body);
         if computed.as_bytes() != stored {
-            return Err(Error::Checksum {
-                what: "model file content hash".into(),
-                stored: u64::from_le_bytes(stored[..8].try_into().unwrap()),
-                computed: u64::from_le_bytes(computed.as_bytes()[..8].try_into().unwrap()),
-            });
+            return Err(Error::hash_mismatch(
+                "model file content hash (BLAKE3)",
+                stored,
+                computed.as_bytes(),
+            ));
         }
         let mut r = Reader { d: body, p: 8 };
         let version = r.u32()?;

@@ -246,11 +246,11 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
     let stored = u32_at(table_end)?;
     let computed = crc32fast::hash(&d[..table_end]);
     if stored != computed {
-        return Err(Error::Checksum {
-            what: "text stream header".into(),
-            stored: stored as u64,
-            computed: computed as u64,
-        });
+        return Err(Error::checksum32(
+            "text stream header (CRC-32)",
+            stored,
+            computed,
+        ));
     }
     let segments: Vec<(u32, u32)> = (0..n_seg)
         .map(|i| Ok((u32_at(104 + 8 * i)?, u32_at(108 + 8 * i)?)))
