@@ -323,8 +323,13 @@ pub fn lsd_read(data: &[u8]) {
 /// Recompute the CRC of every footer-shaped record (start and end markers in place) and of the
 /// commit record it points to.
 pub fn fix_archive(data: &[u8]) -> Vec<u8> {
-    use archive::format::{FOOTER_END, FOOTER_LEN, FOOTER_MAGIC};
+    use archive::format::{FILE_MAGIC, FOOTER_END, FOOTER_LEN, FOOTER_MAGIC};
     let mut b = data.to_vec();
+    // The version-2 header's CRC-32 over its first 16 bytes.
+    if b.len() >= 20 && &b[..8] == FILE_MAGIC && b[8] >= 2 {
+        let c = crc32(&b[..16]);
+        put_u32(&mut b, 16, c);
+    }
     let mut p = 0;
     while p + FOOTER_LEN <= b.len() {
         if &b[p..p + 8] == FOOTER_MAGIC && &b[p + 36..p + 40] == FOOTER_END {
@@ -346,9 +351,9 @@ pub fn fix_archive(data: &[u8]) -> Vec<u8> {
     b
 }
 
-/// Whether a verify report found nothing wrong.
-fn clean(v: &archive::VerifyReport) -> bool {
-    v.damaged.is_empty() && !v.damaged_footer
+/// Whether `verify` ran and found the archive complete and intact.
+fn clean(v: &lockstep::Result<archive::VerifyReport>) -> bool {
+    v.as_ref().is_ok_and(|v| v.ok())
 }
 
 fn archive_once(data: &[u8]) {
@@ -382,11 +387,13 @@ fn archive_once(data: &[u8]) {
         let a = Archive::open(&path).expect("an archive that took an append opens");
         let last = a.checkpoints.last().expect("the appended checkpoint").step;
         let v = a.verify(&|_| {});
-        let new_damage: Vec<_> = v.damaged.iter().filter(|d| d.step == last).collect();
-        assert!(
-            new_damage.is_empty(),
-            "the appended checkpoint does not verify: {new_damage:?}"
-        );
+        if let Ok(v) = &v {
+            let new_damage: Vec<_> = v.damaged.iter().filter(|d| d.step == last).collect();
+            assert!(
+                new_damage.is_empty(),
+                "the appended checkpoint does not verify: {new_damage:?}"
+            );
+        }
         if before == Some(true) {
             assert!(
                 clean(&v),
