@@ -5,6 +5,8 @@
 # is still written to fuzz/artifacts/<target>/. Logs go to fuzz/logs/<target>.log.
 #
 #   fuzz/run.sh [SECONDS] [TARGET...]
+# With FUZZ_END=HH:MM (UTC), each target instead gets an equal share of the time left until
+# then, at most SECONDS (used when the session's deadline is shorter than 8 x SECONDS).
 set -u
 cd "$(dirname "$0")/.."
 secs=${1:-600}
@@ -14,11 +16,18 @@ if [ ${#targets[@]} -eq 0 ]; then
     targets=(blob_decode lsd_read archive_read text_decode model_load rans_decode range_decode safetensors_input)
 fi
 mkdir -p fuzz/logs
+left=${#targets[@]}
 for t in "${targets[@]}"; do
+    run=$secs
+    if [ -n "${FUZZ_END:-}" ]; then
+        share=$(( ($(date -u -d "$FUZZ_END" +%s) - $(date -u +%s)) / left - 15 ))
+        [ "$share" -lt "$run" ] && run=$share
+    fi
+    left=$((left - 1))
     mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
-    echo "== $t: $(date -u +%H:%M:%S) for ${secs}s"
+    echo "== $t: $(date -u +%H:%M:%S) for ${run}s"
     nice -n 10 cargo +nightly fuzz run -a "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
-        -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=10 \
+        -max_total_time="$run" -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=10 \
         -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 \
         > "fuzz/logs/$t.log" 2>&1
     echo "== $t: exit $?, $(date -u +%H:%M:%S), corpus $(ls "fuzz/corpus/$t" | wc -l) files," \

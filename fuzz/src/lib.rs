@@ -747,7 +747,10 @@ pub fn safetensors_input(data: &[u8]) {
 }
 
 /// Every target by name (for the replay test).
-pub const TARGETS: [(&str, fn(&[u8])); 8] = [
+/// A harness: arbitrary bytes in, a panic out only for a bug.
+pub type Harness = fn(&[u8]);
+
+pub const TARGETS: [(&str, Harness); 8] = [
     ("blob_decode", blob_decode),
     ("lsd_read", lsd_read),
     ("archive_read", archive_read),
