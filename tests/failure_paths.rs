@@ -66,7 +66,10 @@ fn fixture() -> Fixture {
 fn assert_failed_cleanly(what: &str, o: &Output, dir: &Path) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{what}: {err}");
-    assert!(err.lines().any(|l| l.starts_with("error: ")), "{what}: {err}");
+    assert!(
+        err.lines().any(|l| l.starts_with("error: ")),
+        "{what}: {err}"
+    );
     assert!(!err.contains("panicked"), "{what}: {err}");
     assert!(temps_in(dir).is_empty(), "{what} left {:?}", temps_in(dir));
 }
