@@ -100,7 +100,8 @@ impl AtomicFile {
 
     pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
         let f = self.file.as_mut().expect("not committed");
-        f.write_all(bytes).map_err(|e| Error::io(&self.tmp, e))
+        // Errors name the file the user asked for, not the hidden temporary one.
+        f.write_all(bytes).map_err(|e| Error::io(&self.dest, e))
     }
 
     /// Flush, fsync and rename into place. On any failure the temporary file is removed.
@@ -108,8 +109,8 @@ impl AtomicFile {
         let f = self.file.take().expect("not committed");
         let file = f
             .into_inner()
-            .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+            .map_err(|e| Error::io(&self.dest, e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io(&self.dest, e))?;
         std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
         self.committed = true;
         // The lock goes with the file, after the rename: a concurrent cleaner never sees an

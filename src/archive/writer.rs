@@ -563,7 +563,8 @@ pub fn pack(
     }
     let (file, tmp) = crate::output::create_temp(out)?;
     let mut guard = TempGuard(Some(tmp.clone()));
-    let mut w = Out::new(file, &tmp, 0);
+    // Errors name the archive asked for, not the hidden temporary file.
+    let mut w = Out::new(file, out, 0);
     w.write(&write_header(opts.keyframe_interval))?;
     // Steps first, so an ordering mistake is reported before any work.
     let mut all_steps: Vec<u64> = Vec::with_capacity(sources.len());

@@ -131,7 +131,8 @@ pub fn run(cmd: DeltaCmd) -> Result<()> {
             // SAFETY: read-only mapping; the .lsd file is not modified while we decode it.
             let bytes =
                 unsafe { memmap2::Mmap::map(&file) }.map_err(|e| lockstep::Error::io(&delta, e))?;
-            decode_file(&r, &bytes, &output)?;
+            decode_file(&r, &bytes, &output)
+                .map_err(|e| e.context(format!("delta file {}", delta.display())))?;
             println!(
                 "{} -> {}: verified (BLAKE3 of the original matches)",
                 delta.display(),

@@ -1,6 +1,5 @@
 //! `lockstep text ...` and `lockstep model ...`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
@@ -58,30 +57,15 @@ fn read(path: &Path) -> lockstep::Result<Vec<u8>> {
 
 /// Write to a temporary file beside `path`, then rename: no half-written output on failure.
 fn write_atomic(path: &Path, bytes: &[u8]) -> lockstep::Result<()> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::Invalid(format!("{}: not a file path", path.display())))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
+    let mut f = lockstep::output::AtomicFile::create(path)?;
+    f.write_all(bytes)?;
+    f.commit()
 }
 
 pub(crate) fn load_model(path: Option<&Path>) -> lockstep::Result<Model> {
     match path {
-        Some(p) => Model::from_bytes(&read(p)?),
+        Some(p) => Model::from_bytes(&read(p)?)
+            .map_err(|e| e.context(format!("model file {}", p.display()))),
         None => Model::from_bytes(DEFAULT_MODEL),
     }
 }
@@ -130,7 +114,8 @@ pub fn run_text(cmd: TextCmd) -> lockstep::Result<()> {
         } => {
             let data = read(&input)?;
             let model = load_model(model.as_deref())?;
-            let out = text_codec::decompress(&model, &data)?;
+            let out = text_codec::decompress(&model, &data)
+                .map_err(|e| e.context(format!("text stream {}", input.display())))?;
             write_atomic(&output, &out)?;
             eprintln!(
                 "{} -> {}: {} bytes",

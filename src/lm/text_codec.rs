@@ -181,7 +181,8 @@ pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result
 /// Compress `data`, then decompress the result and compare bytes before returning it.
 pub fn compress(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
     let out = compress_unverified(model, data, opts)?;
-    let back = decompress(model, &out)?;
+    // Our own output, of an input we were given: no limit on what it may decode to.
+    let back = decompress_limited(model, &out, u64::MAX)?;
     if back != data {
         return Err(Error::Mismatch(
             "verification decode differs from the input; nothing written".into(),
@@ -190,7 +191,7 @@ pub fn compress(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn write_header(h: &Header) -> Vec<u8> {
+pub fn write_header(h: &Header) -> Vec<u8> {
     let mut o = Vec::new();
     o.extend_from_slice(MAGIC);
     o.extend_from_slice(&VERSION.to_le_bytes());
@@ -305,9 +306,32 @@ struct SegState<'a> {
     mm: Option<MatchModel>,
 }
 
-/// Decompress a stream written with this model.
+/// Default for the most bytes a stream may decode to: 64 times its own size, at least 16 KiB.
+/// The model costs work per token and a token is at least a byte, so this bounds the work a
+/// small file can ask for; real text compresses 3-10 times, repetitive logs a few times more.
+/// `--max-size` raises it for the legal exceptions.
+pub fn default_max_output(stream_len: u64) -> u64 {
+    stream_len.saturating_mul(64).max(16 << 10)
+}
+
+/// Decompress a stream written with this model, within [`default_max_output`].
 pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
+    decompress_limited(model, data, default_max_output(data.len() as u64))
+}
+
+/// [`decompress`], refusing (before any model work) a stream that declares more than
+/// `max_output` bytes.
+pub fn decompress_limited(model: &Model, data: &[u8], max_output: u64) -> Result<Vec<u8>> {
     let (h, start) = read_header(data)?;
+    if h.original_len > max_output {
+        return Err(Error::Limit(format!(
+            "the text stream declares {} B of text ({} tokens), over the limit of {max_output} \
+             B (by default 64 times the stream's size, at least 16 KiB, so that a small damaged \
+             or forged file cannot ask for hours of model work); pass --max-size {} if the \
+             file is yours",
+            h.original_len, h.n_tokens, h.original_len
+        )));
+    }
     if h.model_hash != model.hash {
         return Err(Error::Mismatch(format!(
             "stream was compressed with model {}, but the model given is {}",
@@ -413,6 +437,19 @@ fn decode_group(
                 let cum = cumulative(&f);
                 let sym = find_symbol(&cum, s.dec.target());
                 s.dec.consume(cum[sym], f[sym]);
+                // The decoder reads exactly the bytes the encoder wrote: needing more means
+                // the segment is corrupt or cut short. Stop now, not after all its tokens.
+                if s.dec.overrun() > 0 {
+                    return Err(Error::format(
+                        WHAT,
+                        format!(
+                            "a segment's coded bytes end after {} of its {} tokens (corrupt or \
+                             truncated stream)",
+                            s.s.len() - 1,
+                            s.target - 1
+                        ),
+                    ));
+                }
                 s.s.push(sym as u32);
                 if let Some(m) = s.mm.as_mut() {
                     m.update(&s.s);
