@@ -478,8 +478,8 @@ fn list_contents(ar: &Archive, a: &ListArgs) -> Result<()> {
             s.input_bytes
         );
         println!(
-            "  {:<44} {:<11} {:>12} {:>12} {:<7} {:>5} {:<19} {}",
-            "file", "kind", "bytes", "stored B", "coding", "mode", "modified (UTC)", "blake3"
+            "  {:<44} {:<11} {:>12} {:>12} {:<7} {:>5} {:<19} blake3",
+            "file", "kind", "bytes", "stored B", "coding", "mode", "modified (UTC)"
         );
         for f in &c.files {
             println!(
@@ -502,8 +502,8 @@ fn list_contents(ar: &Archive, a: &ListArgs) -> Result<()> {
         }
         if a.tensors && !c.tensors.is_empty() {
             println!(
-                "  {:<44} {:<7} {:<16} {:>12} {:>12} {:<7} {}",
-                "tensor", "dtype", "shape", "bytes", "stored B", "coding", "from"
+                "  {:<44} {:<7} {:<16} {:>12} {:>12} {:<7} from",
+                "tensor", "dtype", "shape", "bytes", "stored B", "coding"
             );
             for t in &c.tensors {
                 let shape = format!(
