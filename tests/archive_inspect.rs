@@ -517,6 +517,9 @@ fn an_fp32_checkpoint_after_bf16_ones_is_listed_as_what_it_is() {
     let table = ok(&["list", s(&ar)]);
     let row = table.lines().find(|l| l.contains("step2")).unwrap();
     assert!(row.contains("anchor") && !row.contains("delta"), "{row}");
+    let st = json(&["stats", s(&ar), "--json"]);
+    assert_eq!(st["stored_as"]["anchor"], 1);
+    assert_eq!(st["stored_as"]["delta"], 0);
     // The same checkpoint again stores nothing new.
     let again = dir.path().join("step3.safetensors");
     std::fs::copy(&fp, &again).unwrap();

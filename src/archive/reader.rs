@@ -427,6 +427,35 @@ pub(crate) fn check_target_file(dest: &Path, force: bool) -> Result<()> {
     }
 }
 
+/// Atomically exchange two paths (`renameat2(RENAME_EXCHANGE)`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two NUL-terminated paths that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 fn is_empty_dir(dir: &Path) -> Result<bool> {
     Ok(std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
@@ -624,6 +653,11 @@ impl Archive {
             total += self.extract_one(step, f, &tmp.join(f.path()), progress)?;
         }
         match existing {
+            // Linux: swap the two in one atomic step; the old one, now at `tmp`, goes with
+            // the guard. Elsewhere, or where the file system refuses, two renames.
+            Some(m) if replace && m.is_dir() && exchange(&tmp, out).is_ok() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
             Some(m) if replace => {
                 let old = parent.join(format!(".{name}.old-{pid}"));
                 std::fs::rename(out, &old).map_err(|e| Error::io(out, e))?;

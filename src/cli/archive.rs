@@ -373,6 +373,19 @@ pub fn list(a: ListArgs) -> Result<()> {
     Ok(())
 }
 
+/// How many checkpoints were stored as each of key, delta, anchor, reused.
+fn stored_as_counts(
+    cs: &[archive::CheckpointSummary],
+) -> serde_json::Map<String, serde_json::Value> {
+    ["key", "delta", "anchor", "reused"]
+        .iter()
+        .map(|k| {
+            let n = cs.iter().filter(|c| c.stored_as() == *k).count();
+            (k.to_string(), json!(n))
+        })
+        .collect()
+}
+
 fn warn_tail(ar: &Archive) {
     if ar.damaged_last_footer() {
         eprintln!("warning: {}", ar.damaged_footer_error());
@@ -821,6 +834,7 @@ pub fn stats(a: ArchiveArgs) -> Result<()> {
                 "ratio_without_anchor": s.ratio_without_anchor(), "checkpoints": s.checkpoints.len(),
                 "keyframe_interval": s.keyframe_interval, "dedup_refs": s.dedup_refs,
                 "dedup_bytes": s.dedup_bytes, "stages": stages,
+                "stored_as": stored_as_counts(&s.checkpoints),
             }))
             .unwrap()
         );
@@ -845,6 +859,21 @@ pub fn stats(a: ArchiveArgs) -> Result<()> {
     println!(
         "dedup: {} references to identical earlier blobs stand for {} B",
         s.dedup_refs, s.dedup_bytes
+    );
+    let counts = stored_as_counts(&s.checkpoints);
+    let kinds: Vec<String> = ["key", "delta", "anchor", "reused"]
+        .iter()
+        .filter(|k| counts[**k].as_u64() != Some(0))
+        .map(|k| format!("{} {k}", counts[*k]))
+        .collect();
+    println!(
+        "checkpoints stored as: {}{}",
+        kinds.join(", "),
+        if counts["anchor"].as_u64() != Some(0) {
+            " (anchor: not a keyframe, yet every new tensor coded standalone)"
+        } else {
+            ""
+        }
     );
     println!(
         "archive {} B for {} B of input in {} checkpoints (keyframe every {}): ratio {:.4}{}",
