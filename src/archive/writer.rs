@@ -394,6 +394,7 @@ fn add_checkpoint(
                 blob,
                 len: bytes.len() as u64,
                 hash: *blake3::hash(&bytes).as_bytes(),
+                meta: file_meta(&sf.path)?,
             });
             continue;
         };
@@ -503,6 +504,7 @@ fn add_checkpoint(
             len: ck.file_len() as u64,
             hash: *blake3::hash(ck.bytes()).as_bytes(),
             tensors,
+            meta: file_meta(&sf.path)?,
         });
     }
 
@@ -535,6 +537,12 @@ fn add_checkpoint(
     report.stored_bytes = out.pos - start;
     report.seconds = t0.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// A source file's mode and modification time, kept in the commit record (version 2).
+fn file_meta(path: &Path) -> Result<Option<FileMeta>> {
+    let m = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    Ok(FileMeta::of(&m))
 }
 
 /// Removes a temporary file unless disarmed.

@@ -45,8 +45,12 @@ pub enum Command {
     Pack(archive::PackArgs),
     /// Add one checkpoint to an archive (crash-safe, nothing rewritten).
     Append(archive::AppendArgs),
-    /// The checkpoints in an archive: steps, sizes, ratios.
-    List(archive::ArchiveArgs),
+    /// The checkpoints in an archive: steps, sizes, ratios; with --tensors or --step, every
+    /// file and tensor and how each is stored.
+    List(archive::ListArgs),
+    /// What changed between two steps of an archive: tensors and files changed, added,
+    /// removed, and their stored sizes.
+    Diff(archive::DiffArgs),
     /// Restore one checkpoint, byte-identical, verified before it is put in place.
     Extract(archive::ExtractArgs),
     /// Decode everything and check every hash; reports damage and keeps going.
@@ -69,6 +73,7 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         | Command::Pack(_)
         | Command::Append(_)
         | Command::Extract(_)
+        | Command::Diff(_)
         | Command::Verify(_)
         | Command::Repair(_) => backend::install(cli.backend)?,
         // The integer GPT-2 runs on the CPU's integer kernels only: say so rather than
@@ -96,6 +101,7 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         Command::Pack(a) => archive::pack(a),
         Command::Append(a) => archive::append(a),
         Command::List(a) => archive::list(a),
+        Command::Diff(a) => archive::diff(a),
         Command::Extract(a) => archive::extract(a),
         Command::Verify(a) => archive::verify(a),
         Command::Stats(a) => archive::stats(a),
