@@ -1,5 +1,7 @@
 //! `lockstep demo`: the README's first command. Codes each checkpoint of the trajectory shipped
 //! in `demo/` against its predecessor, decodes it, checks the bytes, and prints the table.
+//! The four checkpoints (6.4 MB) are built into the binary, so an installed or moved
+//! `lockstep` runs it from anywhere.
 
 use std::path::PathBuf;
 
@@ -14,14 +16,50 @@ use super::report;
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Directory of *.safetensors checkpoints, coded in name order.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/demo"))]
-    dir: PathBuf,
+    /// Directory of *.safetensors checkpoints, coded in name order (default: the four
+    /// checkpoints of `demo/`, built into this binary).
+    #[arg(long)]
+    dir: Option<PathBuf>,
 }
 
+macro_rules! embedded {
+    ($($name:literal),*) => {
+        [$(($name, include_bytes!(concat!("../../demo/", $name)).as_slice())),*]
+    };
+}
+
+/// `demo/` as it was at build time.
+static EMBEDDED: [(&str, &[u8]); 4] = embedded!(
+    "step0200_blocks_bf16.safetensors",
+    "step0400_blocks_bf16.safetensors",
+    "step0600_blocks_bf16.safetensors",
+    "step0800_blocks_bf16.safetensors"
+);
+
 pub fn run(args: DemoArgs) -> Result<()> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&args.dir)
-        .map_err(|e| Error::io(&args.dir, e))?
+    let tmp = std::env::temp_dir().join(format!("lockstep-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = list_checkpoints(args.dir.as_deref(), &tmp).and_then(|files| run_in(&files, &tmp));
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+/// The checkpoints of `dir`, or the embedded ones written out into `tmp/input`.
+fn list_checkpoints(dir: Option<&std::path::Path>, tmp: &std::path::Path) -> Result<Vec<PathBuf>> {
+    let dir = match dir {
+        Some(d) => d.to_path_buf(),
+        None => {
+            let d = tmp.join("input");
+            std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+            for (name, bytes) in &EMBEDDED {
+                let p = d.join(name);
+                std::fs::write(&p, bytes).map_err(|e| Error::io(&p, e))?;
+            }
+            d
+        }
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| Error::io(&dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
@@ -29,11 +67,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
     if files.len() < 2 {
         return Err(Error::Invalid(format!(
             "{} holds fewer than two checkpoints",
-            args.dir.display()
+            dir.display()
         )));
     }
-    let tmp = std::env::temp_dir().join(format!("lockstep-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    Ok(files)
+}
+
+fn run_in(files: &[PathBuf], tmp: &std::path::Path) -> Result<()> {
     let result = (|| {
         for pair in files.windows(2) {
             let (r, t) = (Checkpoint::open(&pair[0])?, Checkpoint::open(&pair[1])?);
@@ -70,9 +110,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
             );
             report::print_pair_stats(&report::pair_stats(&r, &t, true)?, false);
         }
-        archive_demo(&files, &tmp)
+        archive_demo(files, tmp)
     })();
-    let _ = std::fs::remove_dir_all(&tmp);
     result
 }
 
