@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use lockstep::archive::{self, AddReport, Archive, PackOptions};
 use lockstep::delta::{EncodeOptions, LayoutChoice};
 use lockstep::{Error, Result};
@@ -39,7 +39,7 @@ pub struct PackArgs {
     #[arg(long, value_delimiter = ',')]
     steps: Option<Vec<u64>>,
     /// Replace an existing archive at the output path.
-    #[arg(long)]
+    #[arg(short, long)]
     force: bool,
     /// Also code each delta tensor standalone and keep the smaller (slower).
     #[arg(long)]
@@ -101,20 +101,9 @@ pub struct ExtractArgs {
     json: bool,
 }
 
+/// Progress on stderr in decimal units, ETA once there is a rate (see `ui::bar`).
 fn bar(total: u64, hidden: bool, what: &str) -> ProgressBar {
-    if hidden {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{msg:>10} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
+    super::ui::bar(total, hidden, what)
 }
 
 fn file_len(p: &Path) -> u64 {
@@ -355,6 +344,11 @@ pub fn extract(a: ExtractArgs) -> Result<()> {
 }
 
 pub fn verify(a: ArchiveArgs) -> Result<()> {
+    verify_with(a, None)
+}
+
+/// `verify`; `repair` (a JSON object) is what `repair --json` adds to the one document.
+fn verify_with(a: ArchiveArgs, repair: Option<serde_json::Value>) -> Result<()> {
     let ar = Archive::open(&a.archive)?;
     let total: u64 = ar.checkpoints.iter().map(|c| c.input_bytes()).sum();
     let pb = bar(total, a.json, "verify");
@@ -368,16 +362,16 @@ pub fn verify(a: ArchiveArgs) -> Result<()> {
             .iter()
             .map(|d| json!({"step": d.step, "file": d.file, "tensor": d.tensor, "error": d.error}))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "ok": r.damaged.is_empty() && !r.damaged_footer, "checkpoints": r.checkpoints, "files": r.files,
-                "tensors": r.tensors, "bytes": r.bytes, "damaged": damaged,
-                "ignored_tail_bytes": r.ignored_tail, "damaged_last_footer": r.damaged_footer,
-                "seconds": secs, "mb_per_s": mb_s(r.bytes, secs),
-            }))
-            .unwrap()
-        );
+        let mut v = json!({
+            "ok": r.damaged.is_empty() && !r.damaged_footer, "checkpoints": r.checkpoints, "files": r.files,
+            "tensors": r.tensors, "bytes": r.bytes, "damaged": damaged,
+            "ignored_tail_bytes": r.ignored_tail, "damaged_last_footer": r.damaged_footer,
+            "seconds": secs, "mb_per_s": mb_s(r.bytes, secs),
+        });
+        if let Some(repair) = repair {
+            v["repair"] = repair;
+        }
+        println!("{}", serde_json::to_string_pretty(&v).unwrap());
     } else {
         for d in &r.damaged {
             println!(
@@ -423,7 +417,13 @@ pub fn verify(a: ArchiveArgs) -> Result<()> {
 }
 
 pub fn repair(a: ArchiveArgs) -> Result<()> {
-    match lockstep::archive::repair(&a.archive)? {
+    let rebuilt = lockstep::archive::repair(&a.archive)?;
+    if a.json {
+        // One JSON document: the repair's outcome goes into verify's.
+        let v = json!({ "rebuilt_last_footer": rebuilt.is_some(), "step": rebuilt });
+        return verify_with(a, Some(v));
+    }
+    match rebuilt {
         None => println!(
             "{}: the last footer is intact; nothing to repair",
             a.archive.display()
