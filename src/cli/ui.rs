@@ -56,7 +56,7 @@ pub fn bar(total: u64, hidden: bool, what: &str) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
         ProgressStyle::with_template(
-            "{msg:>10} [{bar:40}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec}{eta_once_known}",
+            "{msg:>10} [{wide_bar}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec}{eta_once_known}",
         )
         .expect("valid template")
         .with_key("eta_once_known", eta_once_known)
