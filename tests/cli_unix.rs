@@ -391,6 +391,8 @@ fn json_is_one_document_on_stdout_for_every_command() {
         )
         .unwrap();
     }
+    let v = json(&run_in(d, &["demo", "--dir", "run", "--json"], None));
+    assert_eq!(v["archive"]["identical"], true, "{v}");
     json(&run_in(
         d,
         &["pack", "run", "-o", "run.lstp", "--json"],

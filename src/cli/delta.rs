@@ -118,7 +118,7 @@ fn open_checkpoint(p: &Path) -> Result<Checkpoint> {
 }
 
 /// Bits per weight by stage, one object per dtype (the table `delta stats` prints).
-fn stats_json(s: &lockstep::delta::stats::PairStats) -> serde_json::Value {
+pub(crate) fn stats_json(s: &lockstep::delta::stats::PairStats) -> serde_json::Value {
     use lockstep::delta::stats::CONFIGS;
     let by_dtype: Vec<_> = s
         .by_dtype
