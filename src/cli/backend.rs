@@ -6,7 +6,7 @@ use lockstep::Result;
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default)]
 pub enum BackendArg {
-    /// CUDA, then a discrete GPU through wgpu, then the CPU; a fallback is reported.
+    /// CUDA, then a discrete GPU through wgpu, then the CPU (-v says which).
     #[default]
     Auto,
     Cpu,

@@ -17,8 +17,8 @@ mod ui;
     about = "Lossless compression for checkpoint trajectories and text"
 )]
 pub struct Cli {
-    /// Compute backend: auto tries CUDA, then a discrete GPU (wgpu), then the CPU, and says
-    /// which it fell back to. The bytes never depend on it.
+    /// Compute backend: auto tries CUDA, then a discrete GPU (wgpu), then the CPU (-v says
+    /// which it chose and why). The bytes never depend on it.
     #[arg(long, value_enum, global = true, default_value_t = backend::BackendArg::Auto)]
     pub backend: backend::BackendArg,
     /// Print nothing on stderr but errors: no summary lines, notes or progress bars.
