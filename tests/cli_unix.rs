@@ -297,6 +297,8 @@ fn quiet_is_silent_and_verbose_names_the_backend() {
     ok(&o);
     assert!(stderr(&o).contains("step800.lsd"), "{}", stderr(&o));
     assert!(!stderr(&o).contains("auto:") && !stderr(&o).contains("backend"));
+    // stderr is a pipe here: one summary line, no progress bar drawn into it.
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
     // -v names the backend.
     let o = run_in(d, &[&["-v"][..], &enc[..], &["-f"]].concat(), None);
     ok(&o);
