@@ -141,6 +141,17 @@ impl AtomicFile {
     }
 }
 
+/// So a codec can write to a file or to standard output through one `std::io::Write`.
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.as_mut().expect("not committed").write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.as_mut().expect("not committed").flush()
+    }
+}
+
 impl Drop for AtomicFile {
     fn drop(&mut self) {
         if !self.committed {

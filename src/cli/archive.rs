@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use lockstep::archive::{
     self, AddReport, Archive, Contents, ExtractOptions, PackOptions, Repaired, Tail,
 };
@@ -41,7 +41,7 @@ pub struct PackArgs {
     #[arg(long, value_delimiter = ',')]
     steps: Option<Vec<u64>>,
     /// Replace an existing archive at the output path.
-    #[arg(long)]
+    #[arg(short, long)]
     force: bool,
     /// Also code each delta tensor standalone and keep the smaller (slower).
     #[arg(long)]
@@ -191,20 +191,9 @@ pub(crate) fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
+/// Progress on stderr in decimal units, ETA once there is a rate (see `ui::bar`).
 fn bar(total: u64, hidden: bool, what: &str) -> ProgressBar {
-    if hidden {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{msg:>10} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
+    super::ui::bar(total, hidden, what)
 }
 
 fn file_len(p: &Path) -> u64 {
@@ -792,6 +781,11 @@ pub fn extract(a: ExtractArgs) -> Result<()> {
 }
 
 pub fn verify(a: VerifyArgs) -> Result<()> {
+    verify_with(a, None)
+}
+
+/// `verify`; `repair` (a JSON object) is what `repair --json` adds to the one document.
+fn verify_with(a: VerifyArgs, repair: Option<serde_json::Value>) -> Result<()> {
     let ar = Archive::open(&a.archive)?.with_max_size(a.max_size);
     let total: u64 = ar.checkpoints.iter().map(|c| c.input_bytes()).sum();
     let pb = bar(total, a.json, "verify");
@@ -806,18 +800,18 @@ pub fn verify(a: VerifyArgs) -> Result<()> {
             .iter()
             .map(|d| json!({"step": d.step, "file": d.file, "tensor": d.tensor, "error": d.error}))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "ok": r.ok(), "checkpoints": r.checkpoints, "files": r.files,
-                "tensors": r.tensors, "bytes": r.bytes, "damaged": damaged,
-                "last_step": ar.checkpoints.last().map(|c| c.step),
-                "ignored_tail_bytes": r.ignored_tail, "tail": tail_name(&r.tail),
-                "tail_error": tail.as_ref().map(|e| e.to_string()),
-                "seconds": secs, "mb_per_s": mb_s(r.bytes, secs),
-            }))
-            .unwrap()
-        );
+        let mut v = json!({
+            "ok": r.ok(), "checkpoints": r.checkpoints, "files": r.files,
+            "tensors": r.tensors, "bytes": r.bytes, "damaged": damaged,
+            "last_step": ar.checkpoints.last().map(|c| c.step),
+            "ignored_tail_bytes": r.ignored_tail, "tail": tail_name(&r.tail),
+            "tail_error": tail.as_ref().map(|e| e.to_string()),
+            "seconds": secs, "mb_per_s": mb_s(r.bytes, secs),
+        });
+        if let Some(repair) = repair {
+            v["repair"] = repair;
+        }
+        println!("{}", serde_json::to_string_pretty(&v).unwrap());
     } else {
         for d in &r.damaged {
             println!(
@@ -877,7 +871,8 @@ fn tail_name(t: &Tail) -> &'static str {
 }
 
 pub fn repair(a: VerifyArgs) -> Result<()> {
-    let what = match lockstep::archive::repair(&a.archive)? {
+    let repaired = lockstep::archive::repair(&a.archive)?;
+    let what = match repaired {
         Repaired::Nothing => "the archive ends with its last footer; nothing to repair".into(),
         Repaired::FooterRebuilt { step } => {
             format!("last footer rebuilt from its commit record; step {step} is readable again")
@@ -891,10 +886,23 @@ pub fn repair(a: VerifyArgs) -> Result<()> {
             format!("removed {bytes} B after the last complete checkpoint that no commit covered")
         }
     };
-    // Human text on stderr: with --json, stdout holds only verify's JSON document.
-    eprintln!("{}: {what}", a.archive.display());
     // The footer only says where the commit is; the data behind it is checked in full.
+    if a.json {
+        // One JSON document: the repair's outcome goes into verify's.
+        let v = json!({ "outcome": repaired_name(&repaired), "message": what });
+        return verify_with(a, Some(v));
+    }
+    super::ui::note(format!("{}: {what}", a.archive.display()));
     verify(a)
+}
+
+fn repaired_name(r: &Repaired) -> &'static str {
+    match r {
+        Repaired::Nothing => "nothing",
+        Repaired::FooterRebuilt { .. } => "footer_rebuilt",
+        Repaired::FooterWritten { .. } => "footer_written",
+        Repaired::TailRemoved { .. } => "tail_removed",
+    }
 }
 
 pub fn stats(a: ArchiveArgs) -> Result<()> {
