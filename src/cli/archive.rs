@@ -833,7 +833,12 @@ fn verify_with(a: VerifyArgs, repair: Option<serde_json::Value>) -> Result<()> {
             r.bytes,
             secs,
             mb_s(r.bytes, secs),
-            if r.damaged.is_empty() { "all hashes match".to_string() } else { format!("{} damaged", r.damaged.len()) }
+            match (r.damaged.is_empty(), tail.is_some()) {
+                (true, false) => "all hashes match".to_string(),
+                // Never a line that reads as "fine" for an archive that is not.
+                (true, true) => "the complete checkpoints are intact, but the archive is INCOMPLETE (below)".to_string(),
+                (false, _) => format!("{} damaged", r.damaged.len()),
+            }
         );
         if let Some(c) = ar.checkpoints.last() {
             println!(
