@@ -25,10 +25,26 @@ pub struct TensorEntry {
     pub end: usize,
 }
 
+/// A checkpoint's bytes: a mapping of its file, or bytes read from a stream (standard input).
+enum Bytes {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
 /// A memory-mapped safetensors file.
 pub struct Checkpoint {
     pub path: PathBuf,
-    map: Mmap,
+    map: Bytes,
     header_end: usize,
     /// Tensors in file (data offset) order.
     pub tensors: Vec<TensorEntry>,
@@ -43,6 +59,16 @@ impl Checkpoint {
         // SAFETY: the mapping is read-only; a file truncated underneath us is the one hazard
         // memory-mapping accepts, as every mmap-based safetensors reader does.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        Self::parse(path, Bytes::Map(map))
+    }
+
+    /// A checkpoint held in memory (read from standard input); `name` stands for its path
+    /// in messages.
+    pub fn from_bytes(name: impl AsRef<Path>, bytes: Vec<u8>) -> Result<Checkpoint> {
+        Self::parse(name.as_ref().to_path_buf(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, map: Bytes) -> Result<Checkpoint> {
         let (n, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| {
             Error::format(
                 format!("safetensors file {}", path.display()),

@@ -105,11 +105,32 @@ impl AtomicFile {
     }
 
     /// Flush, fsync and rename into place. On any failure the temporary file is removed.
-    pub fn commit(mut self) -> Result<()> {
+    pub fn commit(self) -> Result<()> {
+        self.commit_with(None, None)
+    }
+
+    /// [`AtomicFile::commit`], first giving the file these permission bits (Unix; ignored
+    /// elsewhere) and this modification time, so the file appears with them.
+    pub fn commit_with(
+        mut self,
+        permissions: Option<u32>,
+        modified: Option<std::time::SystemTime>,
+    ) -> Result<()> {
         let f = self.file.take().expect("not committed");
         let file = f
             .into_inner()
             .map_err(|e| Error::io(&self.dest, e.into_error()))?;
+        #[cfg(unix)]
+        if let Some(mode) = permissions {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io(&self.dest, e))?;
+        }
+        #[cfg(not(unix))]
+        let _ = permissions;
+        if let Some(t) = modified {
+            file.set_modified(t).map_err(|e| Error::io(&self.dest, e))?;
+        }
         file.sync_all().map_err(|e| Error::io(&self.dest, e))?;
         std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
         self.committed = true;
@@ -117,6 +138,17 @@ impl AtomicFile {
         // unlocked temporary file of a live writer.
         drop(file);
         Ok(())
+    }
+}
+
+/// So a codec can write to a file or to standard output through one `std::io::Write`.
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.as_mut().expect("not committed").write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.as_mut().expect("not committed").flush()
     }
 }
 

@@ -148,7 +148,16 @@ fn append_writes_the_same_bytes_as_pack() {
     let run = dir.path().join("run");
     std::fs::create_dir(&run).unwrap();
     for f in files.iter().rev() {
-        std::fs::copy(f, run.join(f.file_name().unwrap())).unwrap();
+        // The archive records each file's mode and time: copies keep the originals' times.
+        let copy = run.join(f.file_name().unwrap());
+        std::fs::copy(f, &copy).unwrap();
+        let t = std::fs::metadata(f).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&copy)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
     }
     let srcs = archive::resolve_many(&[run]).unwrap();
     assert_eq!(

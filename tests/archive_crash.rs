@@ -131,7 +131,11 @@ fn repair_removes_an_unfinished_tail() {
     // stdout is one JSON document: verify's, after the repair.
     let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
     assert_eq!(v["ok"], true);
-    assert!(String::from_utf8_lossy(&r.stderr).contains("removed 100 B"));
+    assert_eq!(v["repair"]["outcome"], "tail_removed");
+    assert!(v["repair"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("removed 100 B"));
     assert!(std::fs::read(&t).unwrap() == base);
 }
 

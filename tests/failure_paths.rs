@@ -363,7 +363,7 @@ fn extract_killed_leaves_no_output_and_the_next_run_removes_its_temp_file() {
         }
         left += temps_in(f.dir.path()).len();
         // The next writer of the same output removes what a killed one left.
-        let o = run(&["extract", ar, "-o", out.to_str().unwrap()]);
+        let o = run(&["extract", ar, "-o", out.to_str().unwrap(), "--force"]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert!(temps_in(f.dir.path()).is_empty());
     }

@@ -202,6 +202,7 @@ fn forged_archive(path: &Path, shape: &[u64], blob: &[u8], raw_hash: [u8; 32]) {
                 header_blob: 1,
                 len: header_bytes.len() as u64 + raw_len,
                 hash: [7; 32],
+                meta: None,
                 tensors: vec![TensorRecord {
                     name: "w".into(),
                     dtype: DType::BF16,
@@ -481,4 +482,26 @@ fn twenty_thousand_tensors_encode_and_decode() {
     let back = dir.path().join("back.safetensors");
     lockstep::delta::file::decode_file(&r, &std::fs::read(&out).unwrap(), &back).unwrap();
     assert!(std::fs::read(&back).unwrap() == std::fs::read(&b).unwrap());
+}
+
+#[test]
+fn a_version_1_header_is_checked_against_the_commits() {
+    // Written by the landed version before the header had a checksum.
+    let golden = std::fs::read("tests/golden/archive_v1/v1.lstp").unwrap();
+    assert_eq!(golden[8], 1, "a version-1 header");
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("v1.lstp");
+    std::fs::write(&t, &golden).unwrap();
+    let a = Archive::open(&t).unwrap();
+    assert!(!a.header.checksummed);
+    assert!(a.verify(&|_| {}).unwrap().ok());
+    let k = a.keyframe_interval;
+    assert!(k > 1 && a.checkpoints.len() > 1, "{k}");
+    // An interval that would make the second checkpoint a keyframe contradicts its commit.
+    let mut b = golden.clone();
+    b[12..16].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&t, &b).unwrap();
+    let e = Archive::open(&t).err().expect("damaged interval");
+    assert_eq!(e.exit_code(), 3, "{e}");
+    assert!(e.to_string().contains("keyframe"), "{e}");
 }

@@ -5,7 +5,8 @@
 //! header  = "LSTPARCH" version:u8 = 2  0:u8 0:u8 0:u8 keyframe_interval:u32 crc32:u32
 //!           (version 1, written before the checksum existed: the same without crc32)
 //! commit  = "LSTC" version:u8 prev_end:u64 body_len:varint zstd(body) crc32:u32
-//!           (prev_end: the end of the previous footer, 0 for the first commit)
+//!           (prev_end: the end of the previous footer, 0 for the first commit; version 1,
+//!           or 2 = version 1's body followed by each file's mode and modification time)
 //! footer  = "LSTPFOOT" commit_offset:u64 commit_len:u64 n_checkpoints:u64 crc32:u32 "LSTE"
 //! ```
 //!
@@ -25,9 +26,14 @@ pub const HEADER_VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 20;
 /// Length of a version-1 header (no checksum), the shortest header there is.
 pub const HEADER_LEN_V1: usize = 16;
-/// The commit record version this build writes and reads.
-pub const COMMIT_VERSION: u8 = 1;
 pub const COMMIT_MAGIC: &[u8; 4] = b"LSTC";
+/// The commit record version written: 2 adds each file's mode and modification time after
+/// the version-1 body. Readers take both, per commit, so an append onto an archive of
+/// version-1 commits simply adds version-2 ones.
+pub const COMMIT_VERSION: u8 = 2;
+/// The oldest commit record version read (no file metadata: files are extracted with the
+/// default mode and the current time).
+pub const COMMIT_VERSION_MIN: u8 = 1;
 pub const FOOTER_MAGIC: &[u8; 8] = b"LSTPFOOT";
 pub const FOOTER_END: &[u8; 4] = b"LSTE";
 pub const FOOTER_LEN: usize = 40;
@@ -84,6 +90,53 @@ pub struct TensorRecord {
     pub blob: u64,
 }
 
+/// A file's mode and modification time as packed (commit version 2 and later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileMeta {
+    /// `st_mode` as the OS reported it (file type and permission bits); never 0 for a
+    /// recorded file (0 on disk means "not recorded"). Extraction restores `mode & 0o777`.
+    pub mode: u32,
+    /// Modification time: seconds since the Unix epoch (negative before it) and nanoseconds.
+    pub mtime_s: i64,
+    pub mtime_ns: u32,
+}
+
+impl FileMeta {
+    /// The metadata of a file on disk (`None` where the platform has no Unix mode).
+    pub fn of(meta: &std::fs::Metadata) -> Option<FileMeta> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let mode = meta.mode();
+            (mode != 0).then_some(FileMeta {
+                mode,
+                mtime_s: meta.mtime(),
+                mtime_ns: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            None
+        }
+    }
+
+    /// The permission bits restored on extraction.
+    pub fn permissions(&self) -> u32 {
+        self.mode & 0o777
+    }
+
+    pub fn mtime(&self) -> std::time::SystemTime {
+        use std::time::{Duration, UNIX_EPOCH};
+        let ns = Duration::from_nanos(self.mtime_ns as u64);
+        if self.mtime_s >= 0 {
+            UNIX_EPOCH + Duration::from_secs(self.mtime_s as u64) + ns
+        } else {
+            UNIX_EPOCH - Duration::from_secs(self.mtime_s.unsigned_abs()) + ns
+        }
+    }
+}
+
 /// One file of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileRecord {
@@ -94,6 +147,8 @@ pub enum FileRecord {
         len: u64,
         hash: [u8; 32],
         tensors: Vec<TensorRecord>,
+        /// Mode and modification time (`None` in version-1 commits).
+        meta: Option<FileMeta>,
     },
     /// Stored verbatim in one bytes blob.
     Verbatim {
@@ -101,6 +156,7 @@ pub enum FileRecord {
         blob: u64,
         len: u64,
         hash: [u8; 32],
+        meta: Option<FileMeta>,
     },
 }
 
@@ -121,6 +177,26 @@ impl FileRecord {
     pub fn hash(&self) -> &[u8; 32] {
         match self {
             FileRecord::Safetensors { hash, .. } | FileRecord::Verbatim { hash, .. } => hash,
+        }
+    }
+    pub fn meta(&self) -> Option<&FileMeta> {
+        match self {
+            FileRecord::Safetensors { meta, .. } | FileRecord::Verbatim { meta, .. } => {
+                meta.as_ref()
+            }
+        }
+    }
+    /// Every blob the file is rebuilt from (the header blob first for safetensors).
+    pub fn blob_ids(&self) -> Vec<u64> {
+        match self {
+            FileRecord::Safetensors {
+                header_blob,
+                tensors,
+                ..
+            } => std::iter::once(*header_blob)
+                .chain(tensors.iter().map(|t| t.blob))
+                .collect(),
+            FileRecord::Verbatim { blob, .. } => vec![*blob],
         }
     }
 }
@@ -271,6 +347,7 @@ fn write_body(w: &mut ByteWriter, c: &Commit) {
                 len,
                 hash,
                 tensors,
+                ..
             } => {
                 w.u8(0);
                 w.blob(path.as_bytes());
@@ -293,6 +370,7 @@ fn write_body(w: &mut ByteWriter, c: &Commit) {
                 blob,
                 len,
                 hash,
+                ..
             } => {
                 w.u8(1);
                 w.blob(path.as_bytes());
@@ -301,6 +379,17 @@ fn write_body(w: &mut ByteWriter, c: &Commit) {
                 w.varint(*blob);
             }
         }
+    }
+    // Version 2: each file's metadata, in file order, after the version-1 body.
+    for f in &k.files {
+        let m = f.meta().copied().unwrap_or(FileMeta {
+            mode: 0,
+            mtime_s: 0,
+            mtime_ns: 0,
+        });
+        w.u32(m.mode);
+        w.u64(m.mtime_s as u64);
+        w.u32(m.mtime_ns);
     }
 }
 
@@ -338,9 +427,9 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
     let mut r = ByteReader::new(body, "archive commit record");
     r.take(4)?;
     let version = r.u8()?;
-    if version != COMMIT_VERSION {
+    if !(COMMIT_VERSION_MIN..=COMMIT_VERSION).contains(&version) {
         return Err(Error::Unsupported(format!(
-            "archive commit version {version} (this build reads {COMMIT_VERSION})"
+            "archive commit version {version} (this build reads {COMMIT_VERSION_MIN} to {COMMIT_VERSION})"
         )));
     }
     let prev_commit = r.u64()?;
@@ -434,6 +523,7 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
                     len,
                     hash,
                     tensors,
+                    meta: None,
                 }
             }
             1 => FileRecord::Verbatim {
@@ -441,9 +531,30 @@ pub fn read_commit(bytes: &[u8]) -> Result<Commit> {
                 blob: r.varint()?,
                 len,
                 hash,
+                meta: None,
             },
             k => return Err(r.err(format!("unknown file kind {k}"))),
         });
+    }
+    if version >= 2 {
+        for f in &mut files {
+            let mode = r.u32()?;
+            let mtime_s = r.u64()? as i64;
+            let mtime_ns = r.u32()?;
+            if mtime_ns >= 1_000_000_000 {
+                return Err(r.err(format!("{}: mtime nanoseconds {mtime_ns}", f.path())));
+            }
+            let m = (mode != 0).then_some(FileMeta {
+                mode,
+                mtime_s,
+                mtime_ns,
+            });
+            match f {
+                FileRecord::Safetensors { meta, .. } | FileRecord::Verbatim { meta, .. } => {
+                    *meta = m
+                }
+            }
+        }
     }
     r.expect_end()?;
     Ok(Commit {

@@ -80,6 +80,50 @@ fn is_shard_name(name: &str) -> bool {
             .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
 }
 
+/// Extensions of PyTorch pickle checkpoints, which lockstep does not read.
+const PICKLE_EXTENSIONS: [&str; 4] = ["bin", "pt", "pth", "ckpt"];
+
+fn is_pickle(p: &Path) -> bool {
+    p.extension()
+        .is_some_and(|e| PICKLE_EXTENSIONS.iter().any(|x| e.eq_ignore_ascii_case(x)))
+}
+
+/// What to add to "no checkpoint here" when `dir` (or a directory in it) holds PyTorch
+/// pickle checkpoints: that they are not read, and what to do.
+fn pickle_hint(dir: &Path) -> String {
+    let mut found = Vec::new();
+    let mut look = |d: &Path, prefix: &str| {
+        for p in list_dir(d).unwrap_or_default() {
+            if p.is_file() && is_pickle(&p) {
+                found.push(format!("{prefix}{}", name_of(&p)));
+            }
+        }
+    };
+    look(dir, "");
+    for sub in list_dir(dir).unwrap_or_default() {
+        if sub.is_dir() {
+            look(&sub, &format!("{}/", name_of(&sub)));
+        }
+    }
+    if found.is_empty() {
+        return String::new();
+    }
+    let shown: Vec<&str> = found.iter().take(3).map(String::as_str).collect();
+    format!(
+        "; found {}{}: PyTorch pickle checkpoints (.bin, .pt, .pth, .ckpt) are not read. {PICKLE_ADVICE}",
+        shown.join(", "),
+        if found.len() > 3 {
+            format!(" and {} more", found.len() - 3)
+        } else {
+            String::new()
+        }
+    )
+}
+
+const PICKLE_ADVICE: &str = "Convert them to safetensors first, e.g. \
+    `model.save_pretrained(dir, safe_serialization=True)` (transformers) or \
+    `safetensors.torch.save_file(state_dict, \"model.safetensors\")`";
+
 fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
@@ -142,6 +186,12 @@ pub fn resolve(path: &Path) -> Result<CheckpointSource> {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
             return resolve(dir.unwrap_or(Path::new(".")));
         }
+        if is_pickle(path) {
+            return Err(Error::Invalid(format!(
+                "{}: a PyTorch pickle checkpoint, which lockstep does not read. {PICKLE_ADVICE}",
+                path.display()
+            )));
+        }
         if !is_safetensors(path) {
             return Err(Error::Invalid(format!(
                 "{}: not a checkpoint (expected a .safetensors file, a *.safetensors.index.json or a directory)",
@@ -161,8 +211,9 @@ pub fn resolve(path: &Path) -> Result<CheckpointSource> {
     }
     if !is_checkpoint_dir(path)? {
         return Err(Error::Invalid(format!(
-            "{}: holds no checkpoint (no *.safetensors.index.json, and not one .safetensors file or a set of shards)",
-            path.display()
+            "{}: holds no checkpoint (no *.safetensors.index.json, and not one .safetensors file or a set of shards){}",
+            path.display(),
+            pickle_hint(path)
         )));
     }
     let mut files = Vec::new();
@@ -223,8 +274,9 @@ pub fn resolve_many(paths: &[PathBuf]) -> Result<Vec<CheckpointSource>> {
             }
             if v.is_empty() {
                 return Err(Error::Invalid(format!(
-                    "{}: no checkpoints found",
-                    dir.display()
+                    "{}: no checkpoints found (looked for .safetensors files and checkpoint directories){}",
+                    dir.display(),
+                    pickle_hint(dir)
                 )));
             }
             if let Some(s) = v.iter().find(|s| s.step.is_none()) {
@@ -248,6 +300,17 @@ pub fn resolve_many(paths: &[PathBuf]) -> Result<Vec<CheckpointSource>> {
         }
     }
     paths.iter().map(|p| resolve(p)).collect()
+}
+
+/// Put explicitly listed checkpoints in training order when every one has a step in its name
+/// (a shell glob sorts `step1000` before `step200`): a stable sort by step. Returns whether
+/// the order changed. Leaves the list alone when some name has no step.
+pub fn sort_by_step(sources: &mut [CheckpointSource]) -> bool {
+    if sources.iter().any(|s| s.step.is_none()) || sources.is_sorted_by_key(|s| s.step) {
+        return false;
+    }
+    sources.sort_by_key(|s| s.step);
+    true
 }
 
 #[cfg(test)]

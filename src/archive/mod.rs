@@ -50,14 +50,18 @@
 
 pub mod format;
 pub mod input;
+pub mod inspect;
 pub mod reader;
 pub mod stats;
 pub mod writer;
 
-pub use format::{BlobKind, BlobRecord, CheckpointRecord, FileRecord, Layout, TensorRecord};
-pub use input::{resolve, resolve_many, CheckpointSource};
-pub use reader::{default_max_size, Archive, Damage, Tail, VerifyReport};
-pub use stats::{CheckpointSummary, Stats};
+pub use format::{
+    BlobKind, BlobRecord, CheckpointRecord, FileMeta, FileRecord, Layout, TensorRecord,
+};
+pub use input::{resolve, resolve_many, sort_by_step, CheckpointSource};
+pub use inspect::{Change, Coding, Contents, Diff, FileDiff, FileInfo, TensorDiff, TensorInfo};
+pub use reader::{default_max_size, Archive, Damage, ExtractOptions, Tail, VerifyReport};
+pub use stats::{stored_as, CheckpointSummary, Stats};
 pub use writer::{
     append, append_with_previous, pack, repair, AddReport, PackOptions, Repaired,
     DEFAULT_KEYFRAME_INTERVAL,

@@ -369,6 +369,33 @@ impl Archive {
         &f[..8] == FOOTER_MAGIC || &f[FOOTER_LEN - 4..] == FOOTER_END
     }
 
+    /// Check a blob's stored bytes, and those of its reference chain, without decoding
+    /// tensors: anchor and delta blobs by their framing checksum (the writer verified they
+    /// decode before writing them), bytes blobs by decoding them against their BLAKE3.
+    pub fn check_stored(&self, id: u64) -> Result<()> {
+        let mut cur = Some(id);
+        while let Some(i) = cur {
+            let rec = &self.blobs[i as usize];
+            let bytes = self.blob_bytes(i)?;
+            let what = |e: Error| e.context(format!("blob {i} ({})", rec.kind.name()));
+            match rec.kind {
+                BlobKind::Anchor => {
+                    crate::bytes::open_checked(bytes, anchor::MAGIC, "anchor blob")
+                        .map_err(what)?;
+                }
+                BlobKind::Delta => {
+                    crate::bytes::open_checked(bytes, delta::blob::MAGIC, "tensor blob")
+                        .map_err(what)?;
+                }
+                BlobKind::Bytes => {
+                    self.decode_one(i, None)?;
+                }
+            }
+            cur = rec.reference;
+        }
+        Ok(())
+    }
+
     /// The stored (coded) bytes of a blob.
     pub fn blob_bytes(&self, id: u64) -> Result<&[u8]> {
         let b = self
@@ -619,6 +646,76 @@ pub fn decode_bytes_blob(blob: &[u8], raw_len: u64) -> Result<Vec<u8>> {
     }
 }
 
+/// What extraction may do to what is already at its destination.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtractOptions {
+    /// Replace an existing file, or an existing non-empty directory (the result is then
+    /// exactly the checkpoint: other files there are removed).
+    pub force: bool,
+}
+
+/// An existing file at `dest` is replaced only with `force`; a directory never.
+pub(crate) fn check_target_file(dest: &Path, force: bool) -> Result<()> {
+    match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => Err(Error::Invalid(format!(
+            "{} is a directory (name the file to write)",
+            dest.display()
+        ))),
+        Ok(_) if !force => Err(Error::Invalid(format!(
+            "{} exists (use --force to replace it)",
+            dest.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Atomically exchange two paths (`renameat2(RENAME_EXCHANGE)`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two NUL-terminated paths that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+fn is_empty_dir(dir: &Path) -> Result<bool> {
+    Ok(std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .next()
+        .is_none())
+}
+
+/// Removes a temporary directory (and what is in it) unless disarmed.
+struct TempDir(Option<PathBuf>);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
 /// Damage found by [`Archive::verify`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Damage {
@@ -734,59 +831,146 @@ impl Archive {
         Ok((*hasher.finalize().as_bytes(), len))
     }
 
-    /// Restore the checkpoint at `step` under `out`: the file itself for a checkpoint that was
-    /// one `.safetensors` file (inside `out` if that is a directory), else a directory. Every
-    /// file is checked against its stored BLAKE3 hash before any is renamed into place.
-    /// Returns the bytes written.
+    /// Restore the checkpoint at `step` under `out`, refusing to replace anything there
+    /// ([`Archive::extract_with`] without `force`). Returns the bytes written.
     pub fn extract(&self, step: u64, out: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
+        self.extract_with(step, out, &ExtractOptions::default(), progress)
+    }
+
+    /// Restore the checkpoint at `step` under `out`: the file itself for a checkpoint that was
+    /// one `.safetensors` file (inside `out` if that is a directory), else a directory.
+    /// Every file is checked against its stored BLAKE3 hash before it is renamed into place,
+    /// and gets its stored mode and modification time (commit version 2).
+    ///
+    /// A directory checkpoint is written to a hidden directory beside `out` and renamed into
+    /// place only when every file checks out, so `out` ends up holding exactly the
+    /// checkpoint. An existing file, or an existing non-empty directory, at the destination
+    /// is an error unless `opts.force`; with it, the old one is moved aside, the new one
+    /// renamed in, the old one removed. Returns the bytes written.
+    pub fn extract_with(
+        &self,
+        step: u64,
+        out: &Path,
+        opts: &ExtractOptions,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
         let ck = self.checkpoint(step)?;
         self.check_limit(ck.input_bytes(), &format!("step {step}"))?;
-        let dests: Vec<PathBuf> = match ck.layout {
-            Layout::SingleFile if ck.files.len() == 1 => {
-                if out.is_dir() {
-                    vec![out.join(ck.files[0].path())]
-                } else {
-                    vec![out.to_path_buf()]
-                }
-            }
-            _ => ck.files.iter().map(|f| out.join(f.path())).collect(),
+        if ck.layout == Layout::SingleFile && ck.files.len() == 1 {
+            let f = &ck.files[0];
+            let dest = if out.is_dir() {
+                out.join(f.path())
+            } else {
+                out.to_path_buf()
+            };
+            check_target_file(&dest, opts.force)?;
+            return self.extract_one(step, f, &dest, progress);
+        }
+        let bad_name = || {
+            Error::Invalid(format!(
+                "{}: give the directory to extract into by name",
+                out.display()
+            ))
         };
-        let mut pending = Vec::new();
+        let name = out.file_name().ok_or_else(bad_name)?.to_string_lossy();
+        if name == ".." {
+            return Err(bad_name());
+        }
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let existing = std::fs::symlink_metadata(out).ok();
+        let replace = match &existing {
+            None => false,
+            Some(m) if m.is_dir() && is_empty_dir(out)? => false,
+            Some(m) if !opts.force => {
+                return Err(Error::Invalid(format!(
+                    "{} exists{} (use --force to replace it: the result is exactly step {step}, \
+                     other files there are removed)",
+                    out.display(),
+                    if m.is_dir() { " and is not empty" } else { "" }
+                )))
+            }
+            Some(_) => true,
+        };
+        let pid = std::process::id();
+        let tmp = parent.join(format!(".{name}.tmp-{pid}"));
+        std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+        std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let mut guard = TempDir(Some(tmp.clone()));
         let mut total = 0;
-        for (f, dest) in ck.files.iter().zip(&dests) {
-            if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-            }
-            let mut af = AtomicFile::create(dest)?;
-            let (hash, len) = self.rebuild_file(
-                f,
-                &BlobCache::new(),
-                None,
-                &mut |b| af.write_all(b),
-                None,
-                progress,
-            )?;
-            if len != f.len() {
-                return Err(Error::Checksum {
-                    what: format!("step {step}, {}: length of the rebuilt file", f.path()),
-                    stored: format!("{} B", f.len()),
-                    computed: format!("{len} B"),
-                });
-            }
-            if &hash != f.hash() {
-                return Err(Error::hash_mismatch(
-                    format!("step {step}, {}: BLAKE3 of the rebuilt file", f.path()),
-                    f.hash(),
-                    &hash,
-                ));
-            }
-            total += len;
-            pending.push(af);
+        for f in &ck.files {
+            total += self.extract_one(step, f, &tmp.join(f.path()), progress)?;
         }
-        for af in pending {
-            af.commit()?;
+        match existing {
+            // Linux: swap the two in one atomic step; the old one, now at `tmp`, goes with
+            // the guard. Elsewhere, or where the file system refuses, two renames.
+            Some(m) if replace && m.is_dir() && exchange(&tmp, out).is_ok() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+            Some(m) if replace => {
+                let old = parent.join(format!(".{name}.old-{pid}"));
+                std::fs::rename(out, &old).map_err(|e| Error::io(out, e))?;
+                if let Err(e) = std::fs::rename(&tmp, out) {
+                    let _ = std::fs::rename(&old, out);
+                    return Err(Error::io(out, e));
+                }
+                // The checkpoint is in place; removing what it replaced is best effort.
+                let _ = if m.is_dir() {
+                    std::fs::remove_dir_all(&old)
+                } else {
+                    std::fs::remove_file(&old)
+                };
+            }
+            Some(_) => {
+                std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
+                std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+            }
+            None => std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?,
         }
+        guard.0 = None;
         Ok(total)
+    }
+
+    /// Rebuild one file of the checkpoint at `step` to `dest` (crash-safe: a temporary file
+    /// renamed into place after its BLAKE3 checks out), with its stored mode and time.
+    pub(crate) fn extract_one(
+        &self,
+        step: u64,
+        f: &FileRecord,
+        dest: &Path,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
+        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let mut af = AtomicFile::create(dest)?;
+        let (hash, len) = self.rebuild_file(
+            f,
+            &BlobCache::new(),
+            None,
+            &mut |b| af.write_all(b),
+            None,
+            progress,
+        )?;
+        if len != f.len() {
+            return Err(Error::Checksum {
+                what: format!("step {step}, {}: length of the rebuilt file", f.path()),
+                stored: format!("{} B", f.len()),
+                computed: format!("{len} B"),
+            });
+        }
+        if &hash != f.hash() {
+            return Err(Error::hash_mismatch(
+                format!("step {step}, {}: BLAKE3 of the rebuilt file", f.path()),
+                f.hash(),
+                &hash,
+            ));
+        }
+        let meta = f.meta();
+        af.commit_with(meta.map(|m| m.permissions()), meta.map(|m| m.mtime()))?;
+        Ok(len)
     }
 
     /// A key that is equal for two file records exactly when they rebuild the same bytes the

@@ -23,6 +23,29 @@ pub struct CheckpointSummary {
     pub reused: u64,
 }
 
+/// What a checkpoint's new tensors really are, for listings: `key` (a keyframe), `delta`
+/// (some tensors delta-coded), `anchor` (not a keyframe, yet every new tensor was coded
+/// standalone: e.g. an fp32 checkpoint after bf16 ones, or a new tensor set), `reused`
+/// (nothing new: every tensor identical to one stored before).
+pub fn stored_as(keyframe: bool, anchors: u64, deltas: u64) -> &'static str {
+    if keyframe {
+        "key"
+    } else if deltas > 0 {
+        "delta"
+    } else if anchors > 0 {
+        "anchor"
+    } else {
+        "reused"
+    }
+}
+
+impl CheckpointSummary {
+    /// [`stored_as`] of this checkpoint.
+    pub fn stored_as(&self) -> &'static str {
+        stored_as(self.keyframe, self.anchors, self.deltas)
+    }
+}
+
 /// Blobs of one coding stage and dtype.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StageRow {

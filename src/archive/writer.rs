@@ -121,7 +121,9 @@ impl Out {
 }
 
 /// The index being extended.
-struct State {
+struct State<'a> {
+    /// The archive being appended to: a blob of it is checked before it is reused.
+    existing: Option<&'a Archive>,
     k: u32,
     blobs: Vec<BlobRecord>,
     checkpoints: Vec<CheckpointRecord>,
@@ -130,9 +132,10 @@ struct State {
     bytes_dedup: HashMap<[u8; 32], u64>,
 }
 
-impl State {
-    fn new(k: u32) -> State {
+impl<'a> State<'a> {
+    fn new(k: u32) -> State<'a> {
         State {
+            existing: None,
             k,
             blobs: Vec::new(),
             checkpoints: Vec::new(),
@@ -141,8 +144,9 @@ impl State {
             bytes_dedup: HashMap::new(),
         }
     }
-    fn from_archive(a: &Archive) -> State {
+    fn from_archive(a: &'a Archive) -> State<'a> {
         let mut s = State::new(a.keyframe_interval);
+        s.existing = Some(a);
         s.checkpoints = a.checkpoints.clone();
         s.prev_end = a.valid_end;
         for (id, b) in a.blobs.iter().enumerate() {
@@ -160,6 +164,20 @@ impl State {
                 .or_insert(id),
         };
     }
+    /// A blob already in the archive is reused only if its stored bytes are intact: otherwise
+    /// the new checkpoint would inherit damage it does not have (found by fuzzing).
+    fn check_reuse(&self, id: u64) -> Result<()> {
+        match self.existing {
+            Some(a) if id < a.blobs.len() as u64 => a.check_stored(id).map_err(|e| {
+                e.context(format!(
+                    "{}: the new checkpoint would reuse a damaged blob of the archive (run \
+                     `lockstep verify`); nothing appended",
+                    a.path.display()
+                ))
+            }),
+            _ => Ok(()),
+        }
+    }
     fn push_blob(&mut self, out: &mut Out, rec: BlobRecord, bytes: &[u8]) -> Result<u64> {
         let id = self.blobs.len() as u64;
         let rec = BlobRecord {
@@ -175,6 +193,7 @@ impl State {
     fn add_bytes(&mut self, out: &mut Out, bytes: &[u8], reused: &mut u64) -> Result<u64> {
         let hash = *blake3::hash(bytes).as_bytes();
         if let Some(&id) = self.bytes_dedup.get(&hash) {
+            self.check_reuse(id)?;
             *reused += 1;
             return Ok(id);
         }
@@ -375,6 +394,7 @@ fn add_checkpoint(
                 blob,
                 len: bytes.len() as u64,
                 hash: *blake3::hash(&bytes).as_bytes(),
+                meta: file_meta(&sf.path)?,
             });
             continue;
         };
@@ -389,6 +409,7 @@ fn add_checkpoint(
         for (i, (t, h)) in ck.tensors.iter().zip(&hashes).enumerate() {
             let key = (*h, t.dtype.code());
             plans.push(if let Some(&id) = state.tensor_dedup.get(&key) {
+                state.check_reuse(id)?;
                 Plan::Reuse(id)
             } else if let Some(&j) = in_file.get(&key) {
                 Plan::SameAs(j)
@@ -483,6 +504,7 @@ fn add_checkpoint(
             len: ck.file_len() as u64,
             hash: *blake3::hash(ck.bytes()).as_bytes(),
             tensors,
+            meta: file_meta(&sf.path)?,
         });
     }
 
@@ -515,6 +537,12 @@ fn add_checkpoint(
     report.stored_bytes = out.pos - start;
     report.seconds = t0.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// A source file's mode and modification time, kept in the commit record (version 2).
+fn file_meta(path: &Path) -> Result<Option<FileMeta>> {
+    let m = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    Ok(FileMeta::of(&m))
 }
 
 /// Removes a temporary file unless disarmed.

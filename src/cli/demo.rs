@@ -1,5 +1,7 @@
 //! `lockstep demo`: the README's first command. Codes each checkpoint of the trajectory shipped
 //! in `demo/` against its predecessor, decodes it, checks the bytes, and prints the table.
+//! The four checkpoints (6.4 MB) are built into the binary, so an installed or moved
+//! `lockstep` runs it from anywhere.
 
 use std::path::PathBuf;
 
@@ -14,14 +16,55 @@ use super::report;
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Directory of *.safetensors checkpoints, coded in name order.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/demo"))]
-    dir: PathBuf,
+    /// Directory of *.safetensors checkpoints, coded in name order (default: the four
+    /// checkpoints of `demo/`, built into this binary).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print one JSON document (per pair: sizes, times, bits per weight by stage; the
+    /// archive's sizes) instead of the tables.
+    #[arg(long)]
+    json: bool,
 }
 
+macro_rules! embedded {
+    ($($name:literal),*) => {
+        [$(($name, include_bytes!(concat!("../../demo/", $name)).as_slice())),*]
+    };
+}
+
+/// `demo/` as it was at build time.
+static EMBEDDED: [(&str, &[u8]); 4] = embedded!(
+    "step0200_blocks_bf16.safetensors",
+    "step0400_blocks_bf16.safetensors",
+    "step0600_blocks_bf16.safetensors",
+    "step0800_blocks_bf16.safetensors"
+);
+
 pub fn run(args: DemoArgs) -> Result<()> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&args.dir)
-        .map_err(|e| Error::io(&args.dir, e))?
+    let tmp = std::env::temp_dir().join(format!("lockstep-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = list_checkpoints(args.dir.as_deref(), &tmp)
+        .and_then(|files| run_in(&files, &tmp, args.json));
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+/// The checkpoints of `dir`, or the embedded ones written out into `tmp/input`.
+fn list_checkpoints(dir: Option<&std::path::Path>, tmp: &std::path::Path) -> Result<Vec<PathBuf>> {
+    let dir = match dir {
+        Some(d) => d.to_path_buf(),
+        None => {
+            let d = tmp.join("input");
+            std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+            for (name, bytes) in &EMBEDDED {
+                let p = d.join(name);
+                std::fs::write(&p, bytes).map_err(|e| Error::io(&p, e))?;
+            }
+            d
+        }
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| Error::io(&dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
@@ -29,16 +72,25 @@ pub fn run(args: DemoArgs) -> Result<()> {
     if files.len() < 2 {
         return Err(Error::Invalid(format!(
             "{} holds fewer than two checkpoints",
-            args.dir.display()
+            dir.display()
         )));
     }
-    let tmp = std::env::temp_dir().join(format!("lockstep-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    Ok(files)
+}
+
+fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<()> {
+    // Tables for people, or (with --json) one document at the end.
+    let say = |line: String| {
+        if !json {
+            println!("{line}");
+        }
+    };
+    let mut pairs = Vec::new();
     let result = (|| {
         for pair in files.windows(2) {
             let (r, t) = (Checkpoint::open(&pair[0])?, Checkpoint::open(&pair[1])?);
             let name = |p: &PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
-            println!("\n== {} -> {}", name(&pair[0]), name(&pair[1]));
+            say(format!("\n== {} -> {}", name(&pair[0]), name(&pair[1])));
             let lsd = tmp.join("delta.lsd");
             let start = std::time::Instant::now();
             encode_file(&r, &t, &lsd, &EncodeOptions::default(), DEFAULT_BATCH_BYTES)?;
@@ -60,30 +112,46 @@ pub fn run(args: DemoArgs) -> Result<()> {
             let size = std::fs::metadata(&lsd)
                 .map_err(|e| Error::io(&lsd, e))?
                 .len();
-            println!(
+            say(format!(
                 "  .lsd file: {} -> {} bytes ({:.2}%), decoded file byte-identical; encode+verify {:.0} ms, decode {:.0} ms",
                 t.file_len(),
                 size,
                 100.0 * size as f64 / t.file_len() as f64,
                 enc * 1e3,
                 dec * 1e3
-            );
-            report::print_pair_stats(&report::pair_stats(&r, &t, true)?, false);
+            ));
+            let stats = report::pair_stats(&r, &t, true)?;
+            if json {
+                pairs.push(serde_json::json!({
+                    "reference": name(&pair[0]), "target": name(&pair[1]),
+                    "input_bytes": t.file_len(), "lsd_bytes": size, "identical": true,
+                    "encode_seconds": enc, "decode_seconds": dec,
+                    "stats": super::delta::stats_json(&stats),
+                }));
+            } else {
+                report::print_pair_stats(&stats, false);
+            }
         }
-        archive_demo(&files, &tmp)
+        archive_demo(files, tmp, json)
     })();
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    if let (true, Ok(archive)) = (json, &result) {
+        super::text::print_json(&serde_json::json!({ "pairs": pairs, "archive": archive }));
+    }
+    result.map(|_| ())
 }
 
 /// The product's main job on the same checkpoints: one archive for the whole run, the last
 /// step restored from it and compared byte for byte.
-fn archive_demo(files: &[PathBuf], tmp: &std::path::Path) -> Result<()> {
-    println!("\n== the whole run as one archive (lockstep pack)");
+fn archive_demo(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<serde_json::Value> {
+    if !json {
+        println!("\n== the whole run as one archive (lockstep pack)");
+    }
     let sources = archive::resolve_many(files)?;
     let out = tmp.join("run.lstp");
     let reports = archive::pack(&out, &sources, None, &PackOptions::default(), &|_| {})?;
-    super::archive::print_reports(&reports);
+    if !json {
+        super::archive::print_reports(&reports);
+    }
     let a = Archive::open(&out)?;
     let last = reports.last().expect("at least two checkpoints").step;
     let restored = tmp.join("restored.safetensors");
@@ -100,9 +168,14 @@ fn archive_demo(files: &[PathBuf], tmp: &std::path::Path) -> Result<()> {
     let size = std::fs::metadata(&out)
         .map_err(|e| Error::io(&out, e))?
         .len();
-    println!(
-        "  archive: {input} -> {size} bytes ({:.4} of the input, first checkpoint included); step {last} restored byte-identical",
-        size as f64 / input as f64
-    );
-    Ok(())
+    if !json {
+        println!(
+            "  archive: {input} -> {size} bytes ({:.4} of the input, first checkpoint included); step {last} restored byte-identical",
+            size as f64 / input as f64
+        );
+    }
+    Ok(serde_json::json!({
+        "checkpoints": reports.len(), "input_bytes": input, "archive_bytes": size,
+        "ratio": size as f64 / input as f64, "restored_step": last, "identical": true,
+    }))
 }

@@ -4,9 +4,11 @@ mod archive;
 mod backend;
 mod delta;
 mod demo;
+mod files;
 mod parity;
 mod report;
 mod text;
+mod ui;
 
 #[derive(Parser)]
 #[command(
@@ -15,10 +17,16 @@ mod text;
     about = "Lossless compression for checkpoint trajectories and text"
 )]
 pub struct Cli {
-    /// Compute backend: auto tries CUDA, then a discrete GPU (wgpu), then the CPU, and says
-    /// which it fell back to. The bytes never depend on it.
+    /// Compute backend: auto tries CUDA, then a discrete GPU (wgpu), then the CPU (-v says
+    /// which it chose and why). The bytes never depend on it.
     #[arg(long, value_enum, global = true, default_value_t = backend::BackendArg::Auto)]
     pub backend: backend::BackendArg,
+    /// Print nothing on stderr but errors: no summary lines, notes or progress bars.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Say more on stderr: the backend chosen and why.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -37,7 +45,7 @@ pub enum Command {
     /// backend; exit non-zero on any difference.
     Parity(parity::ParityArgs),
     /// List the backends this build has and the devices found.
-    Backends,
+    Backends(backend::BackendsArgs),
     /// Integer model files: convert a Hugging Face GPT-2 checkpoint.
     #[command(subcommand)]
     Model(text::ModelCmd),
@@ -45,8 +53,12 @@ pub enum Command {
     Pack(archive::PackArgs),
     /// Add one checkpoint to an archive (crash-safe, nothing rewritten).
     Append(archive::AppendArgs),
-    /// The checkpoints in an archive: steps, sizes, ratios.
-    List(archive::ArchiveArgs),
+    /// The checkpoints in an archive: steps, sizes, ratios; with --tensors or --step, every
+    /// file and tensor and how each is stored.
+    List(archive::ListArgs),
+    /// What changed between two steps of an archive: tensors and files changed, added,
+    /// removed, and their stored sizes.
+    Diff(archive::DiffArgs),
     /// Restore one checkpoint, byte-identical, verified before it is put in place.
     Extract(archive::ExtractArgs),
     /// Decode everything and check every hash; reports damage and keeps going.
@@ -60,8 +72,17 @@ pub enum Command {
 }
 
 pub fn run(cli: Cli) -> lockstep::Result<()> {
+    ui::set_level(cli.quiet, cli.verbose);
+    // `lockstep list x.lstp | head`, `lockstep text decompress -c f.lst | head`: a reader that
+    // stops early ends us quietly, as it ends every Unix filter, rather than a panic in
+    // println! or an error about the pipe.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: restoring the default disposition of one signal, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match cli.command {
-        Command::Backends => return backend::list(),
+        Command::Backends(args) => return backend::list(args),
         Command::Parity(args) => return parity::run(args),
         // Only the delta codec runs on a backend; other commands should not probe devices.
         Command::Demo(_)
@@ -69,6 +90,7 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         | Command::Pack(_)
         | Command::Append(_)
         | Command::Extract(_)
+        | Command::Diff(_)
         | Command::Verify(_)
         | Command::Repair(_) => backend::install(cli.backend)?,
         // The integer GPT-2 runs on the CPU's integer kernels only: say so rather than
@@ -79,16 +101,16 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
                 backend::BackendArg::Auto | backend::BackendArg::Cpu
             ) =>
         {
-            eprintln!(
+            ui::note(format!(
                 "note: --backend {} applies to the checkpoint codec; the text codec runs on \
                  the CPU's integer kernels (same bytes everywhere)",
                 format!("{:?}", cli.backend).to_lowercase()
-            );
+            ));
         }
         _ => {}
     }
     match cli.command {
-        Command::Backends | Command::Parity(_) => Ok(()),
+        Command::Backends(_) | Command::Parity(_) => Ok(()),
         Command::Demo(args) => demo::run(args),
         Command::Delta(cmd) => delta::run(cmd),
         Command::Text(cmd) => text::run_text(cmd),
@@ -96,9 +118,22 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         Command::Pack(a) => archive::pack(a),
         Command::Append(a) => archive::append(a),
         Command::List(a) => archive::list(a),
+        Command::Diff(a) => archive::diff(a),
         Command::Extract(a) => archive::extract(a),
         Command::Verify(a) => archive::verify(a),
         Command::Stats(a) => archive::stats(a),
         Command::Repair(a) => archive::repair(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own consistency checks (conflicting short flags between the global `-q`/`-v`
+    /// and a subcommand's, and the like) run only in debug builds unless asked for.
+    #[test]
+    fn command_line_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

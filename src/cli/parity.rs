@@ -28,7 +28,19 @@ pub struct ParityArgs {
     /// Integer model for the text files (.lsm); default: the built-in tinygpt2 model.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Print one JSON document (every section's rows of stage hashes) instead of tables.
+    #[arg(long)]
+    json: bool,
 }
+
+/// Where the tables go: printed as they come, or gathered into one JSON document.
+struct Report {
+    json: bool,
+    sections: Vec<serde_json::Value>,
+}
+
+/// One row: the backend or kernel, its device, its stage hashes, its seconds.
+type Row = (String, String, Vec<String>, f64);
 
 /// Every backend that can run here, the reference first.
 fn present() -> Vec<Arc<dyn Backend>> {
@@ -68,36 +80,73 @@ pub fn run(args: ParityArgs) -> Result<()> {
             checkpoints[0].display()
         )));
     }
+    let mut out = Report {
+        json: args.json,
+        sections: Vec::new(),
+    };
     let mut differences = if checkpoints.is_empty() {
         0
     } else {
-        checkpoint_parity(&checkpoints)?
+        checkpoint_parity(&checkpoints, &mut out)?
     };
     if !texts.is_empty() {
         let model = super::text::load_model(args.model.as_deref())?;
         for t in &texts {
-            differences += text_parity(t, &model)?;
+            differences += text_parity(t, &model, &mut out)?;
         }
+    }
+    if out.json {
+        let v = serde_json::json!({ "agree": differences == 0, "differences": differences,
+            "sections": out.sections });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap());
     }
     if differences > 0 {
         return Err(Error::Mismatch(format!(
             "{differences} stage hashes differ from the first row (marked !)"
         )));
     }
-    println!("\nall backends agree on every stage");
+    if !out.json {
+        println!("\nall backends agree on every stage");
+    }
     Ok(())
 }
 
-/// Print one row of stage hashes per backend, marking those that differ from the first row;
-/// returns how many differ.
-fn print_rows(label: &str, names: &[&str], rows: &[(String, String, Vec<String>, f64)]) -> usize {
+/// Print one row of stage hashes per backend, marking those that differ from the first row
+/// (or, with --json, add the section to the report); returns how many differ.
+fn print_rows(out: &mut Report, title: String, label: &str, names: &[&str], rows: &[Row]) -> usize {
+    let want = &rows[0].2;
+    if out.json {
+        let mut differences = 0;
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(name, device, hashes, secs)| {
+                let differs: Vec<&str> = names
+                    .iter()
+                    .zip(hashes.iter().zip(want))
+                    .filter(|(_, (h, w))| h != w)
+                    .map(|(n, _)| *n)
+                    .collect();
+                differences += differs.len();
+                let stages: serde_json::Map<String, serde_json::Value> = names
+                    .iter()
+                    .zip(hashes)
+                    .map(|(n, h)| (n.to_string(), h.clone().into()))
+                    .collect();
+                serde_json::json!({ label: name, "device": device, "stages": stages,
+                    "differs_from_first_row": differs, "seconds": secs })
+            })
+            .collect();
+        out.sections
+            .push(serde_json::json!({ "section": title, "rows": rows }));
+        return differences;
+    }
+    println!("\n== {title}");
     let mut differences = 0;
     print!("{label:<13}");
     for name in names {
         print!(" {name:<13}");
     }
     println!(" {:>7}  device", "secs");
-    let want = &rows[0].2;
     for (name, device, hashes, secs) in rows {
         print!("{name:<13}");
         for (h, w) in hashes.iter().zip(want) {
@@ -119,11 +168,12 @@ fn short(h: &blake3::Hasher) -> String {
 /// The text codec on `path` under every matmul kernel this CPU has: the tokens, the coder's
 /// intervals (the integer model's output through its frequency table: everything the
 /// kernels compute), the compressed stream, and its decode, which must be the input.
-fn text_parity(path: &std::path::Path, model: &Model) -> Result<usize> {
+fn text_parity(path: &std::path::Path, model: &Model, out: &mut Report) -> Result<usize> {
     let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let opts = text_codec::Options::default();
     let seg_len = model.config.n_ctx.saturating_sub(1).max(1) as usize;
     let mut rows = Vec::new();
+    let mut title = String::new();
     for k in [Kernel::Generic, Kernel::Avx2, Kernel::Vnni] {
         forward::force_kernel(Some(k));
         if forward::active_kernel() != k {
@@ -157,8 +207,8 @@ fn text_parity(path: &std::path::Path, model: &Model) -> Result<usize> {
         forward::force_kernel(None);
         let (n_tokens, h) = result?;
         if rows.is_empty() {
-            println!(
-                "\n== {} ({} bytes, {n_tokens} tokens, text codec)",
+            title = format!(
+                "{} ({} bytes, {n_tokens} tokens, text codec)",
                 path.display(),
                 data.len()
             );
@@ -171,6 +221,8 @@ fn text_parity(path: &std::path::Path, model: &Model) -> Result<usize> {
         ));
     }
     Ok(print_rows(
+        out,
+        title,
         "kernel",
         &["tokens", "intervals", "stream", "decoded"],
         &rows,
@@ -178,14 +230,14 @@ fn text_parity(path: &std::path::Path, model: &Model) -> Result<usize> {
 }
 
 /// Every backend on each consecutive pair of checkpoints; returns how many hashes differ.
-fn checkpoint_parity(files: &[PathBuf]) -> Result<usize> {
+fn checkpoint_parity(files: &[PathBuf], out: &mut Report) -> Result<usize> {
     let backends = present();
     let opts = EncodeOptions::default();
     let mut differences = 0;
     for pair in files.windows(2) {
         let (r, t) = (Checkpoint::open(&pair[0])?, Checkpoint::open(&pair[1])?);
         check_compatible(&r, &t)?;
-        println!("\n== {} -> {}", pair[0].display(), pair[1].display());
+        let title = format!("{} -> {}", pair[0].display(), pair[1].display());
         let mut rows = Vec::new();
         for b in &backends {
             let start = std::time::Instant::now();
@@ -222,7 +274,7 @@ fn checkpoint_parity(files: &[PathBuf]) -> Result<usize> {
                 start.elapsed().as_secs_f64(),
             ));
         }
-        differences += print_rows("backend", &STAGE_NAMES, &rows);
+        differences += print_rows(out, title, "backend", &STAGE_NAMES, &rows);
     }
     Ok(differences)
 }

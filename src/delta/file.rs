@@ -2,6 +2,7 @@
 //! Decoding reproduces the target file byte for byte, header and metadata included.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::Path;
 
 use super::{decode_tensor, encode_batched, EncodeOptions, Report, TensorPair};
@@ -58,6 +59,25 @@ pub fn encode_file(
 ) -> Result<Vec<TensorOutcome>> {
     check_compatible(reference, target)?;
     let mut f = AtomicFile::create(out)?;
+    let outcomes = encode_to(reference, target, &mut f, out, opts, budget, &|_| {})?;
+    f.commit()?;
+    Ok(outcomes)
+}
+
+/// [`encode_file`] into any writer (standard output, a file the caller commits); `name` is
+/// what write errors are reported against. `progress` gets the target bytes of each batch
+/// once it is coded and written.
+pub fn encode_to(
+    reference: &Checkpoint,
+    target: &Checkpoint,
+    f: &mut dyn Write,
+    name: &Path,
+    opts: &EncodeOptions,
+    budget: usize,
+    progress: &dyn Fn(u64),
+) -> Result<Vec<TensorOutcome>> {
+    check_compatible(reference, target)?;
+    let mut f = Named { w: f, name };
     let mut w = ByteWriter::new();
     w.bytes(FILE_MAGIC);
     w.u8(FILE_VERSION);
@@ -80,6 +100,7 @@ pub fn encode_file(
             })
             .collect();
         let coded = encode_batched(&pairs, opts, usize::MAX)?;
+        let batch_bytes: u64 = entries.iter().map(|t| (t.end - t.start) as u64).sum();
         for (t, (blob, report)) in entries.iter().zip(coded) {
             let mut w = ByteWriter::new();
             w.blob(t.name.as_bytes());
@@ -91,15 +112,59 @@ pub fn encode_file(
                 report,
             });
         }
+        progress(batch_bytes);
     }
     f.write_all(FILE_END)?;
-    f.commit()?;
+    f.flush()?;
     Ok(outcomes)
+}
+
+/// A writer and the name its errors are reported against.
+struct Named<'a> {
+    w: &'a mut dyn Write,
+    name: &'a Path,
+}
+
+impl Named<'_> {
+    fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
+        self.w.write_all(bytes).map_err(|e| Error::io(self.name, e))
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.w.flush().map_err(|e| Error::io(self.name, e))
+    }
 }
 
 /// Decode `delta` (the bytes of an `.lsd` file) against `reference` into `out`; the result is
 /// checked against the stored BLAKE3 hash of the original before it is renamed into place.
 pub fn decode_file(reference: &Checkpoint, delta: &[u8], out: &Path) -> Result<()> {
+    let mut f = AtomicFile::create(out)?;
+    decode_to(reference, delta, &mut f, out, &|_| {})?;
+    f.commit()
+}
+
+/// The length of the checkpoint an `.lsd` file restores, from its header (for progress).
+pub fn decoded_len(delta: &[u8]) -> Result<u64> {
+    let mut r = ByteReader::new(delta, "delta file");
+    if r.take(4)? != FILE_MAGIC {
+        return Err(r.err("not a lockstep delta file (bad magic)"));
+    }
+    r.u8()?;
+    r.u64()
+}
+
+/// [`decode_file`] into any writer. Bytes reach `f` as each tensor is decoded (each checked
+/// against its blob's checksums); the BLAKE3 of the whole is checked at the end, so a caller
+/// writing to a stream rather than a file it commits must treat an error as "discard what was
+/// written". `progress` gets the bytes of each piece written.
+pub fn decode_to(
+    reference: &Checkpoint,
+    delta: &[u8],
+    f: &mut dyn Write,
+    name: &Path,
+    progress: &dyn Fn(u64),
+) -> Result<()> {
+    let mut f = Named { w: f, name };
     let mut r = ByteReader::new(delta, "delta file");
     if r.take(4)? != FILE_MAGIC {
         return Err(r.err("not a lockstep delta file (bad magic)"));
@@ -113,12 +178,12 @@ pub fn decode_file(reference: &Checkpoint, delta: &[u8], out: &Path) -> Result<(
     let header = r.blob()?;
     let n = r.varint_max(delta.len() as u64, "tensor count")?;
 
-    let mut f = AtomicFile::create(out)?;
     let mut hasher = blake3::Hasher::new();
     let mut written = 0u64;
-    let mut emit = |bytes: &[u8], f: &mut AtomicFile| -> Result<()> {
+    let mut emit = |bytes: &[u8], f: &mut Named| -> Result<()> {
         hasher.update(bytes);
         written += bytes.len() as u64;
+        progress(bytes.len() as u64);
         f.write_all(bytes)
     };
     emit(header, &mut f)?;
@@ -156,5 +221,5 @@ pub fn decode_file(reference: &Checkpoint, delta: &[u8], out: &Path) -> Result<(
             computed.as_bytes(),
         ));
     }
-    f.commit()
+    f.flush()
 }

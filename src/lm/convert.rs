@@ -434,11 +434,59 @@ pub fn input_channel_log2_max(st_bytes: &[u8], name: &str) -> Result<Vec<i32>> {
         .collect())
 }
 
-/// Read a checkpoint from disk and convert it.
+/// Whether `input` is a sharded Hugging Face checkpoint: a `*.safetensors.index.json`, or a
+/// directory with one and no `model.safetensors`.
+fn is_sharded(input: &Path) -> bool {
+    let is_index = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(".safetensors.index.json"))
+    };
+    if input.is_dir() {
+        !input.join("model.safetensors").exists()
+            && std::fs::read_dir(input)
+                .map(|d| d.flatten().any(|e| is_index(&e.path())))
+                .unwrap_or(false)
+    } else {
+        is_index(input)
+    }
+}
+
+/// The tensors of a sharded checkpoint as one safetensors buffer (what `convert_bytes`
+/// reads). The shards are found and checked by the archive's input resolver.
+fn merge_shards(input: &Path) -> Result<Vec<u8>> {
+    let src = crate::archive::resolve(input)?;
+    let files: Vec<_> = src.files.iter().filter(|f| f.safetensors).collect();
+    let data: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(&f.path).map_err(|e| Error::io(&f.path, e)))
+        .collect::<Result<_>>()?;
+    let mut tensors = Vec::new();
+    for (f, bytes) in files.iter().zip(&data) {
+        let st = SafeTensors::deserialize(bytes)
+            .map_err(|e| Error::format(f.path.display().to_string(), e.to_string()))?;
+        tensors.extend(st.tensors());
+    }
+    safetensors::serialize(tensors, None)
+        .map_err(|e| Error::format(input.display().to_string(), e.to_string()))
+}
+
+/// Read a checkpoint from disk (one `model.safetensors`, or the shards of a sharded one) and
+/// convert it.
 pub fn convert_path(input: &Path, equalize: bool) -> Result<Model> {
-    let (cfg, st) = checkpoint_paths(input)?;
+    let (cfg, bytes) = if is_sharded(input) {
+        let dir = if input.is_dir() {
+            input
+        } else {
+            input.parent().unwrap_or(Path::new("."))
+        };
+        (dir.join("config.json"), merge_shards(input)?)
+    } else {
+        let (cfg, st) = checkpoint_paths(input)?;
+        let bytes = std::fs::read(&st).map_err(|e| Error::io(&st, e))?;
+        (cfg, bytes)
+    };
     let cfg_text = std::fs::read_to_string(&cfg).map_err(|e| Error::io(&cfg, e))?;
-    let bytes = std::fs::read(&st).map_err(|e| Error::io(&st, e))?;
     if equalize {
         super::equalize::convert_equalized(&cfg_text, &bytes)
     } else {

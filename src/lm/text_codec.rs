@@ -139,8 +139,34 @@ pub fn segment_intervals(model: &Model, seg: &[u32], use_match: bool) -> Result<
     Ok(out)
 }
 
+/// Which pass a progress report is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Coding the tokens (the first pass of `compress`).
+    Compress,
+    /// The decode `compress` runs before it returns, to check the stream.
+    Verify,
+    /// `decompress`.
+    Decompress,
+}
+
+/// Progress callback: (pass, tokens done, tokens in all). Called from the calling thread
+/// between steps; it never changes the bytes.
+pub type Progress<'a> = &'a dyn Fn(Pass, u64, u64);
+
+fn no_progress(_: Pass, _: u64, _: u64) {}
+
 /// Compress without the verifying decode (used by benches; `compress` is the public path).
 pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
+    compress_unverified_with(model, data, opts, &no_progress)
+}
+
+fn compress_unverified_with(
+    model: &Model,
+    data: &[u8],
+    opts: &Options,
+    progress: Progress,
+) -> Result<Vec<u8>> {
     check_model(model)?;
     let c = model.config.n_ctx;
     let seg_len = opts.segment_tokens.unwrap_or(c - 1);
@@ -152,8 +178,12 @@ pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result
     let tokens = tokenizer::encode(data)?;
     let mut payloads = Vec::new();
     let mut segments = Vec::new();
+    let (mut done, total) = (0u64, tokens.len() as u64);
+    progress(Pass::Compress, 0, total);
     for seg in tokens.chunks(seg_len as usize) {
         let iv = segment_intervals(model, seg, opts.match_model)?;
+        done += seg.len() as u64;
+        progress(Pass::Compress, done, total);
         let mut enc = Encoder::new();
         for (cum, f) in iv {
             enc.encode(cum, f);
@@ -180,9 +210,19 @@ pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result
 
 /// Compress `data`, then decompress the result and compare bytes before returning it.
 pub fn compress(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
-    let out = compress_unverified(model, data, opts)?;
+    compress_with(model, data, opts, &no_progress)
+}
+
+/// [`compress`], reporting progress (the coding pass, then the verifying decode).
+pub fn compress_with(
+    model: &Model,
+    data: &[u8],
+    opts: &Options,
+    progress: Progress,
+) -> Result<Vec<u8>> {
+    let out = compress_unverified_with(model, data, opts, progress)?;
     // Our own output, of an input we were given: no limit on what it may decode to.
-    let back = decompress_limited(model, &out, u64::MAX)?;
+    let back = decompress_pass(model, &out, Pass::Verify, u64::MAX, progress)?;
     if back != data {
         return Err(Error::Mismatch(
             "verification decode differs from the input; nothing written".into(),
@@ -316,12 +356,38 @@ pub fn default_max_output(stream_len: u64) -> u64 {
 
 /// Decompress a stream written with this model, within [`default_max_output`].
 pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
-    decompress_limited(model, data, default_max_output(data.len() as u64))
+    decompress_pass(
+        model,
+        data,
+        Pass::Decompress,
+        default_max_output(data.len() as u64),
+        &no_progress,
+    )
 }
 
 /// [`decompress`], refusing (before any model work) a stream that declares more than
 /// `max_output` bytes.
 pub fn decompress_limited(model: &Model, data: &[u8], max_output: u64) -> Result<Vec<u8>> {
+    decompress_pass(model, data, Pass::Decompress, max_output, &no_progress)
+}
+
+/// [`decompress_limited`], reporting progress.
+pub fn decompress_with(
+    model: &Model,
+    data: &[u8],
+    max_output: u64,
+    progress: Progress,
+) -> Result<Vec<u8>> {
+    decompress_pass(model, data, Pass::Decompress, max_output, progress)
+}
+
+fn decompress_pass(
+    model: &Model,
+    data: &[u8],
+    pass: Pass,
+    max_output: u64,
+    progress: Progress,
+) -> Result<Vec<u8>> {
     let (h, start) = read_header(data)?;
     if h.original_len > max_output {
         return Err(Error::Limit(format!(
@@ -354,9 +420,13 @@ pub fn decompress_limited(model: &Model, data: &[u8], max_output: u64) -> Result
     let group = (GROUP_CACHE_BYTES / cache_bytes).clamp(1, 64);
     // The header's counts are not trusted for allocation sizes.
     let mut tokens = Vec::with_capacity((h.n_tokens as usize).min(data.len().saturating_mul(8)));
+    let total: u64 = h.segments.iter().map(|&(t, _)| t as u64).sum();
+    progress(pass, 0, total);
     for (gi, chunk) in payloads.chunks(group).enumerate() {
         let segs = &h.segments[gi * group..gi * group + chunk.len()];
-        let dec = decode_group(model, chunk, segs, h.flags & FLAG_MATCH != 0)?;
+        let base = tokens.len() as u64;
+        let report = |n: u64| progress(pass, base + n, total);
+        let dec = decode_group(model, chunk, segs, h.flags & FLAG_MATCH != 0, &report)?;
         for s in dec {
             tokens.extend_from_slice(&s[1..]);
         }
@@ -376,7 +446,9 @@ fn decode_group(
     payloads: &[&[u8]],
     segs: &[(u32, u32)],
     use_match: bool,
+    progress: &dyn Fn(u64),
 ) -> Result<Vec<Vec<u32>>> {
+    let mut decoded = 0u64;
     let c = model.config.n_ctx as usize;
     let v = model.config.vocab as usize;
     let nl = model.config.n_layer as usize;
@@ -456,6 +528,8 @@ fn decode_group(
                 }
                 Ok(())
             })?;
+        decoded += who.len() as u64;
+        progress(decoded);
     }
     Ok(st.into_iter().map(|s| s.s).collect())
 }
