@@ -97,11 +97,18 @@ impl Error {
         }
     }
 
-    /// A mismatch of two hashes (BLAKE3): the first 8 bytes of each, in hex.
+    /// A mismatch of two hashes (BLAKE3), in hex: the first 8 bytes of each, or all of them
+    /// where those are equal (a damaged record can differ further in), so the two values
+    /// shown always differ.
     pub fn hash_mismatch(what: impl Into<String>, stored: &[u8], computed: &[u8]) -> Self {
+        let n = if stored.get(..8) == computed.get(..8) {
+            usize::MAX
+        } else {
+            8
+        };
         let hex = |b: &[u8]| {
             b.iter()
-                .take(8)
+                .take(n)
                 .map(|x| format!("{x:02x}"))
                 .collect::<String>()
         };

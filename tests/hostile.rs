@@ -431,6 +431,13 @@ fn checksum_errors_show_two_different_values_and_name_the_file() {
     ]);
     assert_eq!(r.status.code(), Some(3), "{}", stderr(&r));
     assert!(stderr(&r).contains("bad.lsm"), "{}", stderr(&r));
+    let (mut h1, h2) = ([7u8; 32], [7u8; 32]);
+    h1[20] = 8;
+    let e = Error::hash_mismatch("x", &h1, &h2).to_string();
+    assert!(
+        e.contains(&"07".repeat(20)),
+        "differing past 8 bytes, all are shown: {e}"
+    );
     let e = Error::checksum32("x", 1, 2).to_string();
     assert!(e.contains("0x00000001") && e.contains("0x00000002"), "{e}");
 }
