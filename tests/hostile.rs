@@ -237,19 +237,12 @@ fn zstd_zeros_anchor(n: u64) -> Vec<u8> {
     }
     let payload = enc.finish().unwrap();
     // magic | version 1 | mode 2 (zstd) | dtype | ndim 1 | n (varint) | crc of the data | payload | crc
-    let mut b = b"LSAB".to_vec();
-    b.extend_from_slice(&[1, 2, DType::BF16.code(), 1]);
-    let mut v = n;
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            b.push(byte);
-            break;
-        }
-        b.push(byte | 0x80);
-    }
-    b.extend_from_slice(&0u32.to_le_bytes());
+    let mut w = lockstep::bytes::ByteWriter::new();
+    w.bytes(b"LSAB");
+    w.bytes(&[1, 2, DType::BF16.code(), 1]);
+    w.varint(n);
+    w.u32(0);
+    let mut b = w.buf;
     b.extend_from_slice(&payload);
     let crc = crc32fast::hash(&b);
     b.extend_from_slice(&crc.to_le_bytes());

@@ -199,17 +199,7 @@ impl Archive {
                 )));
             }
             for f in &k.files {
-                let ids: Vec<u64> = match f {
-                    FileRecord::Safetensors {
-                        header_blob,
-                        tensors,
-                        ..
-                    } => std::iter::once(*header_blob)
-                        .chain(tensors.iter().map(|t| t.blob))
-                        .collect(),
-                    FileRecord::Verbatim { blob, .. } => vec![*blob],
-                };
-                if let Some(id) = ids.iter().find(|&&id| id >= n) {
+                if let Some(id) = f.blob_ids().into_iter().find(|&id| id >= n) {
                     return Err(bad(format!("step {} refers to blob {id} of {n}", k.step)));
                 }
                 safe_rel_path(f.path())?;
@@ -976,17 +966,7 @@ impl Archive {
     /// A key that is equal for two file records exactly when they rebuild the same bytes the
     /// same way (same blobs, same recorded hash): the second need not be checked again.
     fn file_key(f: &FileRecord) -> (Vec<u64>, [u8; 32], u64) {
-        let ids = match f {
-            FileRecord::Verbatim { blob, .. } => vec![*blob],
-            FileRecord::Safetensors {
-                header_blob,
-                tensors,
-                ..
-            } => std::iter::once(*header_blob)
-                .chain(tensors.iter().map(|t| t.blob))
-                .collect(),
-        };
-        (ids, *f.hash(), f.len())
+        (f.blob_ids(), *f.hash(), f.len())
     }
 
     /// Bytes `verify` will decode: every file once (files repeated unchanged are not decoded

@@ -856,19 +856,20 @@ fn read_range(file: &File, path: &Path, from: u64) -> Result<Vec<u8>> {
 }
 
 /// After a repair the archive must open with `more` checkpoints than before and nothing after
-/// its last footer; otherwise `undo` puts the old bytes back and it is an error.
+/// its last footer; otherwise `undo` puts the old bytes back and it is an error. Returns the
+/// repaired archive.
 fn check_repaired(
     path: &Path,
     file: &File,
     before: &Archive,
     more: usize,
     undo: impl Fn() -> Result<()>,
-) -> Result<()> {
+) -> Result<Archive> {
     match Archive::from_file(path, file) {
         Ok(a)
             if a.checkpoints.len() == before.checkpoints.len() + more && a.ignored_tail() == 0 =>
         {
-            Ok(())
+            Ok(a)
         }
         other => {
             undo()?;
@@ -920,7 +921,6 @@ fn rebuild_footer(path: &Path, file: &File, archive: &Archive) -> Result<u64> {
             .map_err(|e| Error::io(path, e))
     };
     write(&footer)?;
-    check_repaired(path, file, archive, 1, || write(&old))?;
-    let a = Archive::from_file(path, file)?;
+    let a = check_repaired(path, file, archive, 1, || write(&old))?;
     Ok(a.checkpoints.last().map_or(0, |c| c.step))
 }
