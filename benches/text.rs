@@ -5,7 +5,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lockstep::lm::equalize::CALIBRATION_TEXT;
-use lockstep::lm::model_file::Model;
+use lockstep::format::lm::model_file::Model;
 use lockstep::lm::random_model::random_model;
 use lockstep::lm::text_codec::{compress_unverified, decompress, Options};
 use lockstep::lm::tokenizer;

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use lockstep::checkpoint::Checkpoint;
-use lockstep::delta::symbols::{encode_element, ref_info, sign_state, Layout};
+use lockstep::format::symbols::{encode_element, ref_info, sign_state, Layout};
 
 fn entropy(counts: &HashMap<(u64, u64), u64>) -> f64 {
     let mut ctx_tot: HashMap<u64, u64> = HashMap::new();

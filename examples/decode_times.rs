@@ -7,8 +7,8 @@ use std::time::Instant;
 use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::{Backend, DecodeJob, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
-use lockstep::delta::blob::neighbor_distance;
-use lockstep::delta::model::{StageTable, Tables};
+use lockstep::format::neighbor_distance;
+use lockstep::format::tables::{StageTable, Tables};
 use lockstep::delta::Layout;
 
 fn main() {
@@ -70,7 +70,7 @@ fn main() {
                 condition: true,
                 distance: Some(*d),
                 tables,
-                chunks: &lockstep::delta::chunk::views(chunks),
+                chunks: &lockstep::format::chunk::views(chunks),
                 reference: rd,
             };
             let got = cpu.decode(&job).unwrap();

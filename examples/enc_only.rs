@@ -4,8 +4,8 @@ use std::time::Instant;
 use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::{Backend, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
-use lockstep::delta::blob::neighbor_distance;
-use lockstep::delta::model::{StageTable, Tables};
+use lockstep::format::neighbor_distance;
+use lockstep::format::tables::{StageTable, Tables};
 use lockstep::delta::Layout;
 
 fn main() {

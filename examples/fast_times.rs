@@ -23,7 +23,7 @@ use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::{Backend, DecodeJob, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::{encode_unverified, neighbor_distance};
-use lockstep::delta::model::{StageTable, Tables};
+use lockstep::format::tables::{StageTable, Tables};
 use lockstep::delta::{decode_tensor_with, EncodeOptions, Layout, LayoutChoice, TensorPair};
 
 const LAYOUTS: [(Layout, &str); 2] = [(Layout::Signed, "default"), (Layout::Joint, "fast")];
@@ -161,7 +161,7 @@ fn main() {
                         condition: true,
                         distance: distance(layout, t),
                         tables,
-                        chunks: &lockstep::delta::chunk::views(chunks),
+                        chunks: &lockstep::format::chunk::views(chunks),
                         reference: t.reference,
                     };
                     let (got, s) = timed(|| cpu.decode(&job).unwrap());

@@ -17,5 +17,6 @@ pub mod delta;
 pub mod dtype;
 pub mod entropy;
 pub mod float;
+pub mod format;
 pub mod memory;
 pub mod output;

@@ -7,13 +7,13 @@ mod common;
 use std::sync::Arc;
 
 use lockstep::backend::cpu::{CpuAt, Isa};
-use lockstep::backend::parity::{first_difference, stages};
+use lockstep::delta::parity::{first_difference, stages};
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
 use lockstep::backend::{Backend, DecodeJob, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_modeled_only_on;
-use lockstep::delta::model::{StageTable, Tables};
+use lockstep::format::tables::{StageTable, Tables};
 use lockstep::delta::{
     decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, Layout,
     LayoutChoice, TensorPair, CHUNK_ELEMS, LANES,
@@ -491,7 +491,7 @@ pub fn quiet_chunks(backend: &dyn Backend) {
                     condition: true,
                     distance: None,
                     tables: &tables,
-                    chunks: &lockstep::delta::chunk::views(&chunks),
+                    chunks: &lockstep::format::chunk::views(&chunks),
                     reference: &r,
                 })
                 .unwrap_or_else(|e| panic!("{dtype}: {} failed: {e}", backend.name()));

@@ -471,7 +471,7 @@ fn write_fuzz_seeds() {
     // A tiny random model (the shipped one is 8 MB).
     let mut m = lockstep::lm::random_model::random_model(1, 8, 2, 8, 16, 1);
     let bytes = m.to_bytes();
-    assert!(lockstep::lm::model_file::Model::from_bytes(&bytes).is_ok());
+    assert!(lockstep::format::lm::model_file::Model::from_bytes(&bytes).is_ok());
     write_seed("model_load", "tiny.lsm", &bytes);
 
     // Range coder: a skewed table and a flat one, with symbols.

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use lockstep::lm::model_file::Model;
+use lockstep::format::lm::model_file::Model;
 use lockstep::lm::random_model::random_model;
 use lockstep::lm::text_codec::{compress, compress_unverified, decompress, read_header, Options};
 use lockstep::Error;

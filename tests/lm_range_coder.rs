@@ -1,6 +1,6 @@
 //! Property tests of the 2^32 range coder and the frequency rule.
 
-use lockstep::lm::fixed::exp_table;
+use lockstep::format::lm::fixed::exp_table;
 use lockstep::lm::freq::{cumulative, frequencies, TOTAL};
 use lockstep::lm::range_coder::{find_symbol, Decoder, Encoder};
 use proptest::prelude::*;

@@ -19,14 +19,14 @@ use lockstep::backend::reference::{layout_stages, ReferenceBackend};
 use lockstep::backend::{Backend, DecodeJob};
 use lockstep::bytes::{crc32, ByteReader};
 use lockstep::checkpoint::Checkpoint;
-use lockstep::delta::chunk::DecodeChunk;
-use lockstep::delta::model::{Space, Stage, StageTable, Tables};
-use lockstep::delta::symbols::JOINT_MAX_WIDTH;
+use lockstep::format::chunk::DecodeChunk;
+use lockstep::format::tables::{Space, Stage, StageTable, Tables};
+use lockstep::format::symbols::JOINT_MAX_WIDTH;
 use lockstep::delta::{self, Layout, Mode, CHUNK_ELEMS, LANES};
 use lockstep::dtype::DType;
 use lockstep::entropy::freq::{normalize, PROB_BITS};
 use lockstep::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
-use lockstep::lm::model_file::Model;
+use lockstep::format::lm::model_file::Model;
 use lockstep::lm::range_coder;
 use lockstep::lm::text_codec;
 
@@ -454,7 +454,7 @@ pub fn text_decode(data: &[u8]) {
 /// must serialize back to the same bytes.
 pub fn model_load(data: &[u8]) {
     let _ = Model::from_bytes(data);
-    if data.len() >= 44 && &data[..8] == lockstep::lm::model_file::MAGIC {
+    if data.len() >= 44 && &data[..8] == lockstep::format::lm::model_file::MAGIC {
         let mut b = data.to_vec();
         let n = b.len();
         let h = blake3::hash(&b[..n - 32]);

@@ -67,7 +67,7 @@ impl Hist {
     }
 }
 
-pub use crate::delta::model::Row;
+pub use crate::format::tables::Row;
 
 /// The transmitted table of one stage.
 #[derive(Clone, Debug)]

@@ -1,6 +1,7 @@
 //! Opening an archive (finding the last valid commit, rebuilding the index), decoding blobs
 //! along their reference chains, extracting a checkpoint, and verifying everything.
 
+use crate::backend::Device;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,8 @@ pub struct Archive {
     pub valid_end: u64,
     /// Most bytes one command may decode ([`default_max_size`] unless set).
     pub max_size: u64,
+    /// Where delta blobs are decoded (the CPU unless [`Archive::on`] says otherwise).
+    device: Device,
 }
 
 /// What follows the last complete checkpoint of an archive.
@@ -219,10 +222,22 @@ impl Archive {
             commits: spans,
             valid_end: end as u64,
             max_size,
+            device: Device::cpu(),
         })
     }
 
     /// Set the most bytes one command may decode (`--max-size`); `None` keeps the default.
+    /// Decode delta blobs on `device` from now on.
+    pub fn on(mut self, device: &Device) -> Archive {
+        self.device = device.clone();
+        self
+    }
+
+    /// The device delta blobs are decoded on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn with_max_size(mut self, max: Option<u64>) -> Archive {
         if let Some(m) = max {
             self.max_size = m;
@@ -473,7 +488,7 @@ impl Archive {
             BlobKind::Anchor => anchor::decode_sized(bytes, rec.raw_len).map_err(what)?,
             BlobKind::Delta => {
                 let r = reference.expect("delta blobs are decoded after their reference");
-                delta::decode_tensor(bytes, r).map_err(what)?
+                delta::decode_tensor(bytes, r, self.device.delta()?).map_err(what)?
             }
             BlobKind::Bytes => decode_bytes_blob(bytes, rec.raw_len).map_err(what)?,
         };

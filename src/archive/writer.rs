@@ -1,6 +1,7 @@
 //! Adding checkpoints: `pack` (a new archive, written to a temporary file and renamed into
 //! place) and `append` (new blobs after the last commit, then a new commit and footer).
 
+use crate::backend::Device;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
@@ -25,7 +26,7 @@ pub const ABORT_ENV: &str = "LOCKSTEP_ABORT_AFTER_BYTES";
 pub const DEFAULT_KEYFRAME_INTERVAL: u32 = 8;
 
 /// How checkpoints are coded. None of it is needed to decode.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PackOptions {
     /// Every K-th checkpoint (the first included) is a keyframe, so restoring any step decodes
     /// at most K blobs per tensor. Fixed when the archive is created.
@@ -39,6 +40,8 @@ pub struct PackOptions {
     /// Also code delta-eligible tensors standalone and keep the smaller blob (slower encode;
     /// pays early in training when checkpoints are far apart).
     pub try_anchor: bool,
+    /// Where tensors are coded (and, when appending, the archive's blobs decoded).
+    pub device: Device,
 }
 
 impl Default for PackOptions {
@@ -49,6 +52,7 @@ impl Default for PackOptions {
             batch_bytes: delta::DEFAULT_BATCH_BYTES,
             overwrite: false,
             try_anchor: false,
+            device: Device::cpu(),
         }
     }
 }
@@ -301,7 +305,7 @@ fn encode_one(
             reference: &reference,
             target: data,
         };
-        let (bytes, rep) = delta::encode_tensor(&pair, &opts.delta)
+        let (bytes, rep) = delta::encode_tensor(&pair, &opts.delta, opts.device.delta()?)
             .map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
         let keep = rep.mode != Some(Mode::Raw)
             && (!opts.try_anchor || {
@@ -659,6 +663,7 @@ pub fn append_with_previous(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<AddReport> {
     let (file, archive) = open_for_writing(path)?;
+    let archive = archive.on(&opts.device);
     let opened = open_source(src)?;
     let prev_opened = match previous {
         Some(p) => {

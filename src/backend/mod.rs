@@ -1,5 +1,10 @@
-//! Backends: the parts of the delta codec that touch every element, behind one trait, so the
-//! same tensor gives the same bytes on the CPU reference, the fast CPU path and a GPU.
+//! Devices: what `--backend` selects. A [`Device`] offers the kernels it has for each codec:
+//! the delta codec's per-element stages ([`Backend`], below) and the integer GPT-2's forward
+//! pass and frequency step ([`lm::LmKernels`]). The same input gives the same bytes on every
+//! device; a device passes through the codecs explicitly (no process-wide default).
+//!
+//! Dependency direction: this module builds on `crate::format` (what the bytes mean) and never
+//! imports a codec (`crate::delta`, `crate::lm`); the codecs import it.
 //!
 //! Split of work (DESIGN.md, "parity by construction"):
 //!
@@ -8,30 +13,31 @@
 //!   (encode and decode) and the raw-tail bit packing. Between these stages the residuals stay
 //!   where the backend put them ([`Resident`]), so a GPU uploads a tensor once.
 //! - The host owns everything that decides bytes from counts: table selection and
-//!   normalization (`delta::model`, integer-only) and blob assembly (`delta::blob`).
+//!   normalization (`format::tables`, integer-only) and blob assembly (`delta::blob`).
 //!
 //! Backends:
-//! - [`reference::ReferenceBackend`]: the readable oracle (`delta::chunk`, `delta::symbols`).
+//! - [`reference::ReferenceBackend`]: the readable oracle (`format::chunk`, `format::symbols`).
 //! - [`cpu::CpuBackend`]: the fast one, and the default.
 //! - [`wgpu::WgpuBackend`]: WGSL compute shaders on any Vulkan/Metal/DX12/GL adapter.
 //!
-//! Selection (`--backend auto|cpu|wgpu|cuda`) lives in [`select`].
+//! Selection (`--backend auto|cpu|wgpu|cuda|reference`) lives in `select.rs`.
 
 pub mod cpu;
-pub mod parity;
+mod device;
+pub mod lm;
 pub mod reference;
 mod select;
 pub mod wgpu;
 
-use std::sync::{Arc, RwLock};
-
-use crate::delta::chunk::{DecodeChunk, EncodedChunk};
-use crate::delta::model::{Hist, Space, Tables};
-use crate::delta::symbols::{Layout, JOINT_MAX_WIDTH};
 use crate::dtype::FloatLayout;
+use crate::format::chunk::{DecodeChunk, EncodedChunk};
+use crate::format::symbols::Layout;
+use crate::format::tables::{Hist, Tables};
 use crate::Result;
 
-pub use select::{available, select, BackendChoice, Found, Selected};
+pub use cpu::Isa;
+pub use device::Device;
+pub use select::{available, select, BackendChoice, Found};
 
 /// One float tensor pair to encode. `reference` and `target` hold the same number of
 /// `width / 8`-byte little-endian elements (checked by the caller).
@@ -59,7 +65,7 @@ pub struct DecodeJob<'a> {
     pub reference: &'a [u8],
 }
 
-/// A compute engine for the delta codec. Implementations must be byte-identical to
+/// The delta codec's kernels on one device ([`Device::delta`]). Implementations must be byte-identical to
 /// [`reference::ReferenceBackend`] at every stage, for any thread count.
 pub trait Backend: Send + Sync {
     /// Short name used on the command line and in parity tables ("cpu", "wgpu", ...).
@@ -99,11 +105,18 @@ pub trait Resident {
     /// The residual stage as bytes, for parity checks: each element's w-bit displacement
     /// `key(target) - key(reference) mod 2^w`, little-endian, `w / 8` bytes per element.
     fn residual_bytes(&self) -> Result<Vec<u8>>;
-    /// Histograms of every stage of `layout` (B, Q1, Q2 and, for Signed, S). With a
-    /// `distance` (Signed only), B and S are counted in their neighbor forms
-    /// ([`layout_spaces`]); the host folds a neighbor away where it does not pay. Chunk-local,
-    /// like the coder.
-    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>>;
+    /// For each request, in order, the histograms of every stage of its layout (B, Q1, Q2
+    /// and, for Signed, S). With a `distance` (Signed only), B and S are counted in their
+    /// neighbor forms ([`crate::format::layout_spaces`]); the host folds a neighbor away where
+    /// it does not pay. Chunk-local, like the coder. A backend may answer several requests in
+    /// one pass (the CPU counts Signed and Paper together).
+    fn histograms_for(&self, requests: &[HistRequest]) -> Result<Vec<Vec<Hist>>>;
+    /// [`Resident::histograms_for`] of one request.
+    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
+        let mut all = self.histograms_for(&[HistRequest { layout, distance }])?;
+        all.pop()
+            .ok_or_else(|| crate::Error::Invalid("backend answered no histograms".into()))
+    }
     /// Code every chunk: interleaved rANS lanes and the packed raw tail. Each stage's context
     /// form is its table's `space` (`space.neighbor` for B and S); `distance` is the neighbor.
     fn encode(
@@ -114,38 +127,10 @@ pub trait Resident {
     ) -> Result<Vec<EncodedChunk>>;
 }
 
-/// The stage spaces [`Resident::histograms`] counts: every stage of `layout`, B and S in their
-/// neighbor forms when a neighbor `distance` is given.
-pub fn layout_spaces(layout: Layout, width: u32, distance: Option<usize>) -> Vec<Space> {
-    reference::layout_stages(layout)
-        .iter()
-        .map(|&s| Space::new(s, width, distance.is_some()))
-        .collect()
-}
-
-/// Whether `layout` is defined for `width`-bit floats: the Joint layout only up to 32 bits
-/// (docs/FORMAT.md); every backend refuses it above, with this error.
-pub fn check_layout(layout: Layout, width: u32) -> Result<()> {
-    if layout == Layout::Joint && width > JOINT_MAX_WIDTH {
-        return Err(crate::Error::Unsupported(format!(
-            "the joint (fast) layout for {width}-bit floats"
-        )));
-    }
-    Ok(())
-}
-
-static DEFAULT: RwLock<Option<Arc<dyn Backend>>> = RwLock::new(None);
-
-/// The backend used by calls that do not name one (the fast CPU backend unless
-/// [`set_default`] chose another, as `--backend` does).
-pub fn default_backend() -> Arc<dyn Backend> {
-    if let Some(b) = DEFAULT.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
-        return b.clone();
-    }
-    Arc::new(cpu::CpuBackend)
-}
-
-/// Make `backend` the process-wide default.
-pub fn set_default(backend: Arc<dyn Backend>) {
-    *DEFAULT.write().unwrap_or_else(|e| e.into_inner()) = Some(backend);
+/// One histogram request: every stage of `layout`, B and S in their neighbor forms when a
+/// neighbor `distance` is given (Signed only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistRequest {
+    pub layout: Layout,
+    pub distance: Option<usize>,
 }

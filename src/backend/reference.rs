@@ -1,13 +1,14 @@
-//! The reference backend: the readable codec of `delta::symbols` and `delta::chunk`, one
+//! The reference backend: the readable codec of `format::symbols` and `format::chunk`, one
 //! `Sym` per element, exactly as docs/FORMAT.md describes it. It is the oracle every other
 //! backend is checked against, stage by stage; it is not meant to be fast.
 
 use rayon::prelude::*;
 
-use super::{check_layout, layout_spaces, Backend, DecodeJob, EncodeJob, Resident};
-use crate::delta::chunk::{chunk_ranges, decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS};
-use crate::delta::model::{Hist, Space, Stage, Tables, STAGES};
-use crate::delta::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
+use crate::format::{check_layout, layout_spaces};
+use super::{Backend, DecodeJob, EncodeJob, HistRequest, Resident};
+use crate::format::chunk::{chunk_ranges, decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS};
+use crate::format::tables::{Hist, Space, Tables};
+use crate::format::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
 use crate::dtype::FloatLayout;
 use crate::float;
 use crate::Result;
@@ -90,15 +91,6 @@ pub fn histograms(
         .collect()
 }
 
-/// The stages a layout codes, in decoding order.
-pub fn layout_stages(layout: Layout) -> &'static [Stage] {
-    match layout {
-        Layout::Paper => &STAGES[..3],
-        Layout::Signed => &STAGES,
-        Layout::Joint => &[Stage::J],
-    }
-}
-
 struct RefResident {
     fl: FloatLayout,
     refs: Vec<u64>,
@@ -132,12 +124,17 @@ impl Resident for RefResident {
         Ok(out)
     }
 
-    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
-        check_layout(layout, self.fl.width)?;
-        let syms = self.syms(layout);
-        let distance = distance.filter(|_| layout == Layout::Signed);
-        let spaces = layout_spaces(layout, self.fl.width, distance);
-        Ok(histograms(&syms, &self.info, &spaces, distance))
+    fn histograms_for(&self, requests: &[HistRequest]) -> Result<Vec<Vec<Hist>>> {
+        requests
+            .iter()
+            .map(|&HistRequest { layout, distance }| {
+                check_layout(layout, self.fl.width)?;
+                let syms = self.syms(layout);
+                let distance = distance.filter(|_| layout == Layout::Signed);
+                let spaces = layout_spaces(layout, self.fl.width, distance);
+                Ok(histograms(&syms, &self.info, &spaces, distance))
+            })
+            .collect()
     }
 
     fn encode(

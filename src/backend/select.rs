@@ -1,29 +1,22 @@
-//! Choosing a backend: `--backend auto|cpu|wgpu|cuda|reference`, and what `lockstep backends`
+//! Choosing a device: `--backend auto|cpu|wgpu|cuda|reference`, and what `lockstep backends`
 //! lists. A requested device that is missing is an error; `auto` falls back, and says so.
-
-use std::sync::Arc;
 
 use super::cpu::CpuBackend;
 use super::reference::ReferenceBackend;
 use super::wgpu::{self as gpu, WgpuBackend};
-use super::Backend;
+use super::{Backend, Device};
 use crate::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
-    /// CUDA, then a discrete wgpu adapter, then the fast CPU backend.
+    /// A discrete wgpu adapter for the delta codec, else the CPU; the language model on the
+    /// CPU (no GPU has LM kernels yet; there is no CUDA device in this build).
     Auto,
     Cpu,
     Wgpu,
     Cuda,
-    /// The readable oracle (slow; for checks).
+    /// The readable references (slow; for checks).
     Reference,
-}
-
-/// A chosen backend, and what a person should be told about the choice (a fallback).
-pub struct Selected {
-    pub backend: Arc<dyn Backend>,
-    pub note: Option<String>,
 }
 
 /// One line of `lockstep backends`.
@@ -37,35 +30,33 @@ pub struct Found {
 const NO_CUDA: &str = "CUDA is not built into this version of lockstep (no CUDA kernels yet): \
 use --backend wgpu for a GPU, or --backend cpu";
 
-pub fn select(choice: BackendChoice) -> Result<Selected> {
-    let plain = |backend: Arc<dyn Backend>| Selected {
-        backend,
-        note: None,
-    };
+/// The device for `choice`, and what a person should be told about the choice (a fallback).
+pub fn select(choice: BackendChoice) -> Result<(Device, Option<String>)> {
     match choice {
-        BackendChoice::Cpu => Ok(plain(Arc::new(CpuBackend))),
-        BackendChoice::Reference => Ok(plain(Arc::new(ReferenceBackend))),
+        BackendChoice::Cpu => Ok((Device::cpu(), None)),
+        BackendChoice::Reference => Ok((Device::reference(), None)),
         BackendChoice::Cuda => Err(Error::Unsupported(NO_CUDA.into())),
-        BackendChoice::Wgpu => Ok(plain(Arc::new(WgpuBackend::new(false)?))),
+        BackendChoice::Wgpu => Ok((Device::wgpu(false)?, None)),
         BackendChoice::Auto => match WgpuBackend::new(true) {
-            Ok(b) => Ok(Selected {
-                note: Some(format!(
-                    "auto: no CUDA in this build; using wgpu on {}",
+            Ok(b) => {
+                let note = format!(
+                    "auto: no CUDA in this build; using wgpu on {} for checkpoints, the CPU \
+                     for the language model",
                     b.device()
-                )),
-                backend: Arc::new(b),
-            }),
+                );
+                Ok((Device::wgpu_from(b).lm_from(&Device::cpu()), Some(note)))
+            }
             Err(e) => {
                 let why = match e {
                     Error::Unsupported(m) => m,
                     other => other.to_string(),
                 };
-                Ok(Selected {
-                    backend: Arc::new(CpuBackend),
-                    note: Some(format!(
+                Ok((
+                    Device::cpu(),
+                    Some(format!(
                         "auto: no CUDA in this build; {why}; using the CPU backend"
                     )),
-                })
+                ))
             }
         },
     }

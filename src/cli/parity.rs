@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use clap::Args;
 use lockstep::backend::cpu::{CpuAt, Isa};
-use lockstep::backend::parity::{stages, STAGE_NAMES};
+use lockstep::delta::parity::{stages, STAGE_NAMES};
 use lockstep::backend::{self, Backend, BackendChoice};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::file::check_compatible;
 use lockstep::delta::{EncodeOptions, TensorPair};
 use lockstep::lm::forward::{self, Kernel};
-use lockstep::lm::model_file::Model;
+use lockstep::format::lm::model_file::Model;
 use lockstep::lm::{text_codec, tokenizer};
 use lockstep::{Error, Result};
 

@@ -1,7 +1,7 @@
 //! Diagnostics the paper reports: how much the reference exponent tells about the residual's
 //! bit length. Floating point is fine here: nothing in this module shapes coded bytes.
 
-use super::symbols::{bitlen, exp_class};
+use crate::format::symbols::{bitlen, exp_class};
 use crate::dtype::DType;
 use crate::float;
 

@@ -2,12 +2,13 @@
 
 use std::borrow::Cow;
 
-use super::chunk::{chunk_ranges, DecodeChunk, CHUNK_ELEMS, LANES};
-use super::model::{Hist, Space, Stage, StageTable, Tables};
-use super::symbols::{joint_parts, Layout, JOINT_MAX_WIDTH};
+use crate::format::chunk::{chunk_ranges, DecodeChunk, CHUNK_ELEMS, LANES};
+use crate::format::tables::{Hist, Space, Stage, StageTable, Tables};
+use crate::format::symbols::{joint_parts, Layout, JOINT_MAX_WIDTH};
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
-use crate::backend::reference::layout_stages;
-use crate::backend::{Backend, Checked, DecodeJob, EncodeJob, Resident};
+use crate::format::layout_stages;
+use crate::backend::{Backend, Checked, DecodeJob, EncodeJob, HistRequest};
+use crate::format::neighbor_distance;
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::{COST_ONE_BIT, PROB_BITS};
@@ -112,18 +113,6 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
     Ok((header, r.rest()))
 }
 
-/// The neighbor whose update sign is a context for the sign stage: one row up when rows are at
-/// least `LANES` wide (so it is always decoded in an earlier step), else the same lane's
-/// previous element.
-pub fn neighbor_distance(shape: &[u64]) -> usize {
-    match shape.last() {
-        Some(&cols) if shape.len() >= 2 && cols >= LANES as u64 && cols <= u32::MAX as u64 => {
-            cols as usize
-        }
-        _ => LANES,
-    }
-}
-
 fn table_bytes(t: &StageTable) -> u64 {
     let mut w = ByteWriter::new();
     t.write(&mut w);
@@ -161,28 +150,18 @@ fn tail_bits(b_hist: &Hist) -> u64 {
         .sum()
 }
 
-fn candidate(resident: &dyn Resident, layout: Layout, shape: &[u64]) -> Result<Candidate> {
-    let (mut hists, mut stages, distance) = match layout {
-        Layout::Paper => {
-            let hists = resident.histograms(layout, None)?;
-            let stages: Vec<StageTable> =
-                hists.iter().map(|h| StageTable::select(h, false)).collect();
-            (hists, stages, None)
-        }
-        Layout::Signed => {
-            let d = neighbor_distance(shape);
-            let hists = resident.histograms(layout, Some(d))?;
-            let stages: Vec<StageTable> =
-                hists.iter().map(|h| StageTable::select(h, true)).collect();
-            (hists, stages, Some(d))
-        }
-        Layout::Joint => {
-            let hists = resident.histograms(layout, None)?;
-            let stages: Vec<StageTable> =
-                hists.iter().map(|h| StageTable::select(h, true)).collect();
-            (hists, stages, None)
-        }
-    };
+/// The histogram request of one layout for a tensor of `shape`.
+fn request(layout: Layout, shape: &[u64]) -> HistRequest {
+    let distance = (layout == Layout::Signed).then(|| neighbor_distance(shape));
+    HistRequest { layout, distance }
+}
+
+/// The best tables of one layout for its histograms (`req` says what they count).
+fn candidate(req: HistRequest, mut hists: Vec<Hist>) -> Result<Candidate> {
+    let (layout, distance) = (req.layout, req.distance);
+    // The Paper layout is the paper's control: every occupied context keeps its own row.
+    let prune = layout != Layout::Paper;
+    let mut stages: Vec<StageTable> = hists.iter().map(|h| StageTable::select(h, prune)).collect();
     hists.truncate(stages.len());
     // Where a neighbor context does not pay for its larger tables, fold it away.
     for i in 0..stages.len() {
@@ -222,13 +201,8 @@ pub fn encode_unverified(
 }
 
 /// Encode a float tensor in the Modeled mode even where the raw fallback would be smaller:
-/// lets tests drive the entropy coder over every bit pattern. Not verified. Default backend.
-pub fn encode_modeled_only(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
-    encode_with(pair, opts, &*crate::backend::default_backend(), false)
-}
-
-/// [`encode_modeled_only`] on a given backend.
-pub fn encode_modeled_only_on(
+/// lets tests drive the entropy coder over every bit pattern. Not verified.
+pub fn encode_modeled_only(
     pair: &TensorPair,
     opts: &EncodeOptions,
     backend: &dyn Backend,
@@ -332,23 +306,33 @@ fn encode_modeled(
         target: pair.target,
         condition: opts.condition_on_exponent,
     })?;
-    let make = |layout| candidate(resident.as_ref(), layout, pair.shape);
-    let chosen = match opts.layout {
-        LayoutChoice::Paper => make(Layout::Paper)?,
-        LayoutChoice::Signed => make(Layout::Signed)?,
-        LayoutChoice::Fast if fl.width <= JOINT_MAX_WIDTH => make(Layout::Joint)?,
-        // The Joint layout stops at 32-bit floats; wider ones take the smaller of the others.
-        LayoutChoice::Fast => make(Layout::Signed)?,
-        LayoutChoice::Auto => {
-            let signed = make(Layout::Signed)?;
-            let paper = make(Layout::Paper)?;
-            if paper.cost < signed.cost {
-                paper
-            } else {
-                signed
-            }
-        }
+    let layouts: &[Layout] = match opts.layout {
+        LayoutChoice::Paper => &[Layout::Paper],
+        LayoutChoice::Signed => &[Layout::Signed],
+        LayoutChoice::Fast if fl.width <= JOINT_MAX_WIDTH => &[Layout::Joint],
+        // The Joint layout stops at 32-bit floats; wider ones take the Signed layout.
+        LayoutChoice::Fast => &[Layout::Signed],
+        // Whichever is estimated smaller; Signed wins ties.
+        LayoutChoice::Auto => &[Layout::Signed, Layout::Paper],
     };
+    let requests: Vec<HistRequest> = layouts.iter().map(|&l| request(l, pair.shape)).collect();
+    let hists = resident.histograms_for(&requests)?;
+    if hists.len() != requests.len() {
+        return Err(Error::Invalid(format!(
+            "backend {} answered {} of {} histogram requests",
+            backend.name(),
+            hists.len(),
+            requests.len()
+        )));
+    }
+    let mut chosen: Option<Candidate> = None;
+    for (req, h) in requests.into_iter().zip(hists) {
+        let c = candidate(req, h)?;
+        if chosen.as_ref().is_none_or(|best| c.cost < best.cost) {
+            chosen = Some(c);
+        }
+    }
+    let chosen = chosen.expect("at least one layout");
     let chunks = resident.encode(chosen.layout, &chosen.tables, chosen.distance)?;
     if chunks.len() != chunk_ranges(pair.target.len() / pair.dtype.size()).len() {
         return Err(Error::Invalid(format!(

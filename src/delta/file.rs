@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::Path;
 
 use super::{decode_tensor, encode_batched, EncodeOptions, Report, TensorPair};
+use crate::backend::Device;
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::checkpoint::Checkpoint;
 use crate::output::AtomicFile;
@@ -56,10 +57,11 @@ pub fn encode_file(
     out: &Path,
     opts: &EncodeOptions,
     budget: usize,
+    device: &Device,
 ) -> Result<Vec<TensorOutcome>> {
     check_compatible(reference, target)?;
     let mut f = AtomicFile::create(out)?;
-    let outcomes = encode_to(reference, target, &mut f, out, opts, budget, &|_| {})?;
+    let outcomes = encode_to(reference, target, &mut f, out, opts, budget, device, &|_| {})?;
     f.commit()?;
     Ok(outcomes)
 }
@@ -67,6 +69,7 @@ pub fn encode_file(
 /// [`encode_file`] into any writer (standard output, a file the caller commits); `name` is
 /// what write errors are reported against. `progress` gets the target bytes of each batch
 /// once it is coded and written.
+#[allow(clippy::too_many_arguments)]
 pub fn encode_to(
     reference: &Checkpoint,
     target: &Checkpoint,
@@ -74,9 +77,11 @@ pub fn encode_to(
     name: &Path,
     opts: &EncodeOptions,
     budget: usize,
+    device: &Device,
     progress: &dyn Fn(u64),
 ) -> Result<Vec<TensorOutcome>> {
     check_compatible(reference, target)?;
+    let backend = device.delta()?;
     let mut f = Named { w: f, name };
     let mut w = ByteWriter::new();
     w.bytes(FILE_MAGIC);
@@ -99,7 +104,7 @@ pub fn encode_to(
                 target: target.data(t),
             })
             .collect();
-        let coded = encode_batched(&pairs, opts, usize::MAX)?;
+        let coded = encode_batched(&pairs, opts, usize::MAX, backend)?;
         let batch_bytes: u64 = entries.iter().map(|t| (t.end - t.start) as u64).sum();
         for (t, (blob, report)) in entries.iter().zip(coded) {
             let mut w = ByteWriter::new();
@@ -137,9 +142,14 @@ impl Named<'_> {
 
 /// Decode `delta` (the bytes of an `.lsd` file) against `reference` into `out`; the result is
 /// checked against the stored BLAKE3 hash of the original before it is renamed into place.
-pub fn decode_file(reference: &Checkpoint, delta: &[u8], out: &Path) -> Result<()> {
+pub fn decode_file(
+    reference: &Checkpoint,
+    delta: &[u8],
+    out: &Path,
+    device: &Device,
+) -> Result<()> {
     let mut f = AtomicFile::create(out)?;
-    decode_to(reference, delta, &mut f, out, &|_| {})?;
+    decode_to(reference, delta, &mut f, out, device, &|_| {})?;
     f.commit()
 }
 
@@ -162,8 +172,10 @@ pub fn decode_to(
     delta: &[u8],
     f: &mut dyn Write,
     name: &Path,
+    device: &Device,
     progress: &dyn Fn(u64),
 ) -> Result<()> {
+    let backend = device.delta()?;
     let mut f = Named { w: f, name };
     let mut r = ByteReader::new(delta, "delta file");
     if r.take(4)? != FILE_MAGIC {
@@ -198,7 +210,7 @@ pub fn decode_to(
                 reference.path.display()
             ))
         })?;
-        let data = decode_tensor(blob, reference.data(reference_tensor))
+        let data = decode_tensor(blob, reference.data(reference_tensor), backend)
             .map_err(|e| e.context(format!("tensor '{name}'")))?;
         emit(&data, &mut f)?;
     }

@@ -3,31 +3,32 @@
 //!
 //! Pipeline for a float tensor (read top to bottom; the byte layout is in docs/FORMAT.md):
 //!
-//! 1. [`symbols`]: every element pair becomes (b, q1, q2, sign, raw tail), from the exact
-//!    ordered-integer residual of src/float.rs.
-//! 2. [`model`]: per-tensor histograms of each stage under its context; integer table
-//!    selection (which contexts get their own row) and normalization.
-//! 3. [`chunk`]: chunks of `CHUNK_ELEMS` elements, each coded by `LANES` interleaved rANS
-//!    states in a fixed order, raw tails bit-packed beside them.
+//! 1. [`crate::format::symbols`]: every element pair becomes (b, q1, q2, sign, raw tail), from
+//!    the exact ordered-integer residual of src/float.rs.
+//! 2. [`crate::format::tables`]: per-tensor histograms of each stage under its context;
+//!    integer table selection (which contexts get their own row) and normalization.
+//! 3. [`crate::format::chunk`]: chunks of `CHUNK_ELEMS` elements, each coded by `LANES`
+//!    interleaved rANS states in a fixed order, raw tails bit-packed beside them.
 //! 4. [`blob`]: header, tables, chunk index, streams, checksum. If that is not smaller than the
 //!    raw tensor, the raw tensor is stored instead.
+//!
+//! Steps 1–3 run on a device's delta kernels ([`crate::backend::Backend`], passed in by the
+//! caller); this module decides tables and assembles bytes on the host.
 //!
 //! Every encode is decoded again and compared with the target before it is returned.
 
 pub mod analysis;
 pub mod blob;
-pub mod chunk;
 pub mod file;
-pub mod model;
+pub mod parity;
 pub mod stats;
-pub mod symbols;
 
-use crate::backend::{self, Backend};
+use crate::backend::Backend;
 use crate::dtype::DType;
 use crate::{Error, Result};
+pub use crate::format::chunk::{CHUNK_ELEMS, LANES};
+pub use crate::format::symbols::Layout;
 pub use blob::{BlobHeader, Mode};
-pub use chunk::{CHUNK_ELEMS, LANES};
-pub use symbols::Layout;
 
 /// Which symbol layout to use for float tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -102,19 +103,15 @@ impl Report {
     }
 }
 
-/// Encode one tensor into a self-contained, verified blob, on the default backend.
-pub fn encode_tensor(pair: &TensorPair, opts: &EncodeOptions) -> Result<(Vec<u8>, Report)> {
-    encode_tensor_with(pair, opts, backend::default_backend().as_ref())
-}
-
-/// [`encode_tensor`] on a given backend (the bytes do not depend on which).
-pub fn encode_tensor_with(
+/// Encode one tensor into a self-contained, verified blob on `backend` (the bytes do not
+/// depend on which).
+pub fn encode_tensor(
     pair: &TensorPair,
     opts: &EncodeOptions,
     backend: &dyn Backend,
 ) -> Result<(Vec<u8>, Report)> {
     let (bytes, report) = blob::encode_unverified(pair, opts, backend)?;
-    let decoded = decode_tensor_with(&bytes, pair.reference, backend)?;
+    let decoded = decode_tensor(&bytes, pair.reference, backend)?;
     if decoded != pair.target {
         return Err(Error::Invalid(
             "internal error: encoded tensor did not decode to the target (nothing written)".into(),
@@ -123,37 +120,14 @@ pub fn encode_tensor_with(
     Ok((bytes, report))
 }
 
-/// Decode a blob against its reference tensor's bytes, on the default backend.
-pub fn decode_tensor(bytes: &[u8], reference: &[u8]) -> Result<Vec<u8>> {
-    decode_tensor_with(bytes, reference, backend::default_backend().as_ref())
-}
-
-/// [`decode_tensor`] on a given backend.
-pub fn decode_tensor_with(
-    bytes: &[u8],
-    reference: &[u8],
-    backend: &dyn Backend,
-) -> Result<Vec<u8>> {
+/// Decode a blob against its reference tensor's bytes, on `backend`.
+pub fn decode_tensor(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<Vec<u8>> {
     blob::decode(bytes, reference, backend)
 }
 
 /// Encode many tensors, batch by batch under a byte budget, tensors within a batch in parallel.
 /// Blobs are tensor-local: neither the budget nor the thread count changes a single byte.
 pub fn encode_batched(
-    pairs: &[TensorPair],
-    opts: &EncodeOptions,
-    budget_bytes: usize,
-) -> Result<Vec<(Vec<u8>, Report)>> {
-    encode_batched_with(
-        pairs,
-        opts,
-        budget_bytes,
-        backend::default_backend().as_ref(),
-    )
-}
-
-/// [`encode_batched`] on a given backend.
-pub fn encode_batched_with(
     pairs: &[TensorPair],
     opts: &EncodeOptions,
     budget_bytes: usize,
@@ -164,7 +138,7 @@ pub fn encode_batched_with(
     for batch in batches(pairs.iter().map(|p| p.target.len()), budget_bytes) {
         let coded: Vec<_> = pairs[batch]
             .par_iter()
-            .map(|p| encode_tensor_with(p, opts, backend))
+            .map(|p| encode_tensor(p, opts, backend))
             .collect::<Result<_>>()?;
         out.extend(coded);
     }

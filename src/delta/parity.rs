@@ -1,14 +1,12 @@
 //! Stage-by-stage outputs of a backend on one tensor pair, for parity checks: the tests
 //! compare them byte for byte, `lockstep parity` prints their hashes per backend.
 
-use super::{Backend, EncodeJob};
-use crate::delta::blob::neighbor_distance;
-use crate::delta::chunk::EncodedChunk;
-use crate::delta::model::{StageTable, Tables};
-use crate::delta::symbols::{Layout, JOINT_MAX_WIDTH};
-use crate::delta::{
-    decode_tensor_with, encode_tensor_with, EncodeOptions, LayoutChoice, TensorPair,
-};
+use super::{decode_tensor, encode_tensor, EncodeOptions, LayoutChoice, TensorPair};
+use crate::backend::{Backend, EncodeJob, HistRequest};
+use crate::format::chunk::EncodedChunk;
+use crate::format::neighbor_distance;
+use crate::format::symbols::{Layout, JOINT_MAX_WIDTH};
+use crate::format::tables::{StageTable, Tables};
 use crate::Result;
 
 /// Names of the stages, in pipeline order.
@@ -93,9 +91,27 @@ pub fn stages(
     let d = neighbor_distance(pair.shape);
     let paper = resident.histograms(Layout::Paper, None)?;
     let signed = resident.histograms(Layout::Signed, Some(d))?;
-    // Asked again after Signed, the order the encoder asks in (a backend may count both in
-    // one pass and keep the Paper result for this call).
-    let paper_again = resident.histograms(Layout::Paper, None)?;
+    // Asked together, as the encoder's `auto` asks (a backend may count both in one pass).
+    let both = resident.histograms_for(&[
+        HistRequest {
+            layout: Layout::Signed,
+            distance: Some(d),
+        },
+        HistRequest {
+            layout: Layout::Paper,
+            distance: None,
+        },
+    ])?;
+    let (signed_again, paper_again) = match &both[..] {
+        [s, p] => (s.clone(), p.clone()),
+        _ => {
+            return Err(crate::Error::Invalid(format!(
+                "backend {} answered {} of 2 histogram requests",
+                backend.name(),
+                both.len()
+            )))
+        }
+    };
     // Every mix of context forms: B and S both in their neighbor forms, then each folded.
     let mut chunks = Vec::new();
     for fold in [[false, false], [true, false], [false, true]] {
@@ -125,20 +141,21 @@ pub fn stages(
         chunks.extend(resident.encode(Layout::Joint, &Tables { stages }, None)?);
     }
     drop(resident);
-    let (blob, report) = encode_tensor_with(pair, opts, backend)?;
-    let decoded = decode_tensor_with(&blob, pair.reference, backend)?;
+    let (blob, report) = encode_tensor(pair, opts, backend)?;
+    let decoded = decode_tensor(&blob, pair.reference, backend)?;
     // And the whole blob of the fast layout, decoded on the same backend.
     let fast = EncodeOptions {
         layout: LayoutChoice::Fast,
         ..*opts
     };
-    let (fast_blob, _) = encode_tensor_with(pair, &fast, backend)?;
-    let fast_decoded = decode_tensor_with(&fast_blob, pair.reference, backend)?;
+    let (fast_blob, _) = encode_tensor(pair, &fast, backend)?;
+    let fast_decoded = decode_tensor(&fast_blob, pair.reference, backend)?;
     Ok(Some(Stages {
         residuals,
         histograms: (paper
             .into_iter()
             .chain(signed)
+            .chain(signed_again)
             .chain(paper_again)
             .chain(joint))
         .map(|h| h.dense())

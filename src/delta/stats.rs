@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::analysis::BitlenExponent;
+use crate::backend::Device;
 use super::{encode_batched, EncodeOptions, LayoutChoice, Report, TensorPair, DEFAULT_BATCH_BYTES};
 use crate::baseline;
 use crate::checkpoint::Checkpoint;
@@ -91,8 +92,10 @@ pub fn pair_stats(
     reference: &Checkpoint,
     target: &Checkpoint,
     baseline_zstd: bool,
+    device: &Device,
 ) -> Result<PairStats> {
     super::file::check_compatible(reference, target)?;
+    let backend = device.delta()?;
     let pairs: Vec<(String, TensorPair)> = target
         .tensors
         .iter()
@@ -117,7 +120,7 @@ pub fn pair_stats(
             layout,
             condition_on_exponent: cond,
         };
-        per_config.push(encode_batched(&just_pairs, &opts, DEFAULT_BATCH_BYTES)?);
+        per_config.push(encode_batched(&just_pairs, &opts, DEFAULT_BATCH_BYTES, backend)?);
     }
     for (ci, coded) in per_config.iter().enumerate() {
         for ((_, p), (_, rep)) in pairs.iter().zip(coded) {

@@ -7,7 +7,7 @@
 //! 16-bit words. The encoder performs the mirror image (steps, stages and lanes all reversed)
 //! and reverses its words. Raw tails are bit-packed separately, in element order, LSB first.
 
-use super::model::{Space, Tables};
+use super::tables::{Space, Tables};
 use super::symbols::{neighbor, RefInfo, Sym};
 use crate::entropy::freq::PROB_BITS;
 use crate::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
@@ -140,11 +140,11 @@ pub fn decode_chunk(
                 }
                 let s = &mut syms[j];
                 match space.stage {
-                    super::model::Stage::B => s.b = sym as u8,
-                    super::model::Stage::Q1 => s.q1 = sym as u8,
-                    super::model::Stage::Q2 => s.q2 = sym as u8,
-                    super::model::Stage::S => s.neg = sym as u8,
-                    super::model::Stage::J => {
+                    super::tables::Stage::B => s.b = sym as u8,
+                    super::tables::Stage::Q1 => s.q1 = sym as u8,
+                    super::tables::Stage::Q2 => s.q2 = sym as u8,
+                    super::tables::Stage::S => s.neg = sym as u8,
+                    super::tables::Stage::J => {
                         (s.b, s.q1, s.q2, s.neg) = super::symbols::joint_parts(sym)
                     }
                 }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::fixed::{round_half_even, round_scaled, ExactF32};
-use super::model_file::*;
+use crate::format::lm::fixed::{round_half_even, round_scaled, ExactF32};
+use crate::format::lm::model_file::*;
 use crate::{Error, Result};
 
 /// A checkpoint's tensors as exact values.

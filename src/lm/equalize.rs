@@ -8,8 +8,9 @@
 //! exponents, so the folded model is the same real function and conversion stays exact.
 
 use super::convert::{convert_bytes, input_channel_log2_max, Equalization};
-use super::forward::{forward, Item, KvCache, Stats};
-use super::model_file::{Model, FLN};
+use crate::backend::lm::{Item, Trace};
+use crate::backend::Device;
+use crate::format::lm::model_file::{Model, FLN};
 use super::tokenizer;
 use crate::Result;
 
@@ -30,24 +31,26 @@ the work. If you are just wrapping or filling one or two text strings, the conve
 should be good enough; otherwise, you should use an instance of TextWrapper for efficiency.\n";
 
 /// Per-channel maxima of every LayerNorm output over the calibration text.
-pub fn calibrate(model: &Model) -> Result<Stats> {
+/// Conversion runs on the CPU: the maxima are integers every device computes alike.
+pub fn calibrate(model: &Model) -> Result<Trace> {
     let d = model.config.n_embd as usize;
     let nl = model.config.n_layer as usize;
-    let mut stats = Stats::new(nl, d);
+    let mut stats = Trace::new(nl, d);
+    let lm = Device::cpu();
     let toks = tokenizer::encode(CALIBRATION_TEXT.as_bytes())?;
     let c = (model.config.n_ctx as usize).max(2);
     for chunk in toks.chunks(c - 1) {
-        let mut caches = vec![KvCache::new(nl)];
+        let mut session = lm.lm()?.load(model, 1)?;
         let items: Vec<Item> = std::iter::once(tokenizer::EOT)
             .chain(chunk.iter().copied())
             .filter(|&t| t < model.config.vocab)
             .map(|t| Item {
-                cache: 0,
+                seq: 0,
                 token: t,
-                want_logits: false,
+                query: None,
             })
             .collect();
-        forward(model, &mut caches, &items, Some(&mut stats))?;
+        session.step_traced(&items, &mut stats)?;
     }
     Ok(stats)
 }

@@ -99,27 +99,11 @@ impl MatchModel {
     }
 }
 
-/// Move `lambda / 2^16` of every other token's frequency to `x` (each keeps at least 1), so the
-/// total is unchanged.
-pub fn mix(f: &mut [u64], x: usize, lambda: u64) {
-    if x >= f.len() || lambda == 0 || lambda >= 1 << 16 {
-        return;
-    }
-    let total: u64 = f.iter().sum();
-    let mut rest = 0u64;
-    for (j, v) in f.iter_mut().enumerate() {
-        if j != x {
-            // v <= 2^32 and lambda < 2^16: the product fits u64.
-            *v = (*v - ((*v * lambda) >> 16)).max(1);
-            rest += *v;
-        }
-    }
-    f[x] = total - rest;
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::lm::freq::mix;
 
     #[test]
     fn predicts_repeats_and_keeps_the_total() {

@@ -1,12 +1,7 @@
 //! Integer-only GPT-2 text codec (the Taco method). See docs/INTEGER_GPT2.md.
 pub mod convert;
 pub mod equalize;
-pub mod fixed;
-pub mod forward;
-pub mod freq;
 pub mod match_model;
-pub mod model_file;
-pub mod random_model;
 pub mod range_coder;
 pub mod text_codec;
 pub mod tokenizer;

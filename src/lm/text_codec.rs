@@ -6,14 +6,12 @@
 //! each with its own KV cache. Both sides compute every table with the same integer code, so
 //! the tables are identical by construction.
 
-use rayon::prelude::*;
-
-use super::forward::{forward, Item, KvCache};
-use super::freq::{cumulative, frequencies};
-use super::match_model::{mix, MatchModel};
-use super::model_file::{hex, Model};
-use super::range_coder::{find_symbol, Decoder, Encoder};
+use super::match_model::MatchModel;
+use super::range_coder::{Decoder, Encoder};
 use super::tokenizer::{self, EOT};
+use crate::backend::lm::{Find, Item, LmSession, Query};
+use crate::backend::Device;
+use crate::format::lm::model_file::{hex, Model};
 use crate::{Error, Result};
 
 pub const MAGIC: &[u8; 8] = b"LSTPTXT1";
@@ -79,19 +77,15 @@ fn check_model(model: &Model) -> Result<()> {
     Ok(())
 }
 
-/// The coder's frequency table: the model's, with the match model's prediction mixed in.
-fn table(logits: &[i32], model: &Model, pred: Option<(u32, u64)>) -> Result<Vec<u64>> {
-    let mut f = frequencies(logits, &model.tables.exp40)?;
-    if let Some((x, lambda)) = pred {
-        mix(&mut f, x as usize, lambda);
-    }
-    Ok(f)
-}
-
-/// `(cum, freq)` of every token of one segment under the model (the encoder's side).
-pub fn segment_intervals(model: &Model, seg: &[u32], use_match: bool) -> Result<Vec<(u64, u64)>> {
+/// `(cum, freq)` of every token of one segment under the model (the encoder's side), on a
+/// session of `model` whose sequence 0 this uses (and clears).
+pub fn segment_intervals(
+    lm: &mut dyn LmSession,
+    model: &Model,
+    seg: &[u32],
+    use_match: bool,
+) -> Result<Vec<(u64, u64)>> {
     let c = model.config.n_ctx as usize;
-    let v = model.config.vocab as usize;
     let mut s = Vec::with_capacity(seg.len() + 1);
     s.push(EOT);
     s.extend_from_slice(seg);
@@ -115,25 +109,18 @@ pub fn segment_intervals(model: &Model, seg: &[u32], use_match: bool) -> Result<
         while end < last && window_start(end, c) == a {
             end += 1;
         }
-        let mut caches = vec![KvCache::new(model.config.n_layer as usize)];
+        lm.clear(0)?;
         let items: Vec<Item> = (a..end)
             .map(|p| Item {
-                cache: 0,
+                seq: 0,
                 token: s[p],
-                want_logits: p >= j,
+                query: (p >= j).then(|| Query {
+                    find: Find::Symbol(s[p + 1]),
+                    mix: preds[p],
+                }),
             })
             .collect();
-        let logits = forward(model, &mut caches, &items, None)?;
-        let iv: Vec<(u64, u64)> = logits
-            .par_chunks(v)
-            .enumerate()
-            .map(|(i, l)| {
-                let f = table(l, model, preds[j + i])?;
-                let sym = s[j + i + 1] as usize;
-                Ok((f[..sym].iter().sum(), f[sym]))
-            })
-            .collect::<Result<_>>()?;
-        out.extend(iv);
+        out.extend(lm.step(&items)?.into_iter().map(|c| (c.cum, c.freq)));
         j = end;
     }
     Ok(out)
@@ -157,17 +144,24 @@ pub type Progress<'a> = &'a dyn Fn(Pass, u64, u64);
 fn no_progress(_: Pass, _: u64, _: u64) {}
 
 /// Compress without the verifying decode (used by benches; `compress` is the public path).
-pub fn compress_unverified(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
-    compress_unverified_with(model, data, opts, &no_progress)
+pub fn compress_unverified(
+    model: &Model,
+    data: &[u8],
+    opts: &Options,
+    device: &Device,
+) -> Result<Vec<u8>> {
+    compress_unverified_with(model, data, opts, device, &no_progress)
 }
 
 fn compress_unverified_with(
     model: &Model,
     data: &[u8],
     opts: &Options,
+    device: &Device,
     progress: Progress,
 ) -> Result<Vec<u8>> {
     check_model(model)?;
+    let mut lm = device.lm()?.load(model, 1)?;
     let c = model.config.n_ctx;
     let seg_len = opts.segment_tokens.unwrap_or(c - 1);
     if seg_len == 0 || seg_len > 1 << 20 {
@@ -181,7 +175,7 @@ fn compress_unverified_with(
     let (mut done, total) = (0u64, tokens.len() as u64);
     progress(Pass::Compress, 0, total);
     for seg in tokens.chunks(seg_len as usize) {
-        let iv = segment_intervals(model, seg, opts.match_model)?;
+        let iv = segment_intervals(lm.as_mut(), model, seg, opts.match_model)?;
         done += seg.len() as u64;
         progress(Pass::Compress, done, total);
         let mut enc = Encoder::new();
@@ -209,8 +203,8 @@ fn compress_unverified_with(
 }
 
 /// Compress `data`, then decompress the result and compare bytes before returning it.
-pub fn compress(model: &Model, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
-    compress_with(model, data, opts, &no_progress)
+pub fn compress(model: &Model, data: &[u8], opts: &Options, device: &Device) -> Result<Vec<u8>> {
+    compress_with(model, data, opts, device, &no_progress)
 }
 
 /// [`compress`], reporting progress (the coding pass, then the verifying decode).
@@ -218,11 +212,12 @@ pub fn compress_with(
     model: &Model,
     data: &[u8],
     opts: &Options,
+    device: &Device,
     progress: Progress,
 ) -> Result<Vec<u8>> {
-    let out = compress_unverified_with(model, data, opts, progress)?;
+    let out = compress_unverified_with(model, data, opts, device, progress)?;
     // Our own output, of an input we were given: no limit on what it may decode to.
-    let back = decompress_pass(model, &out, Pass::Verify, u64::MAX, progress)?;
+    let back = decompress_pass(model, &out, device, Pass::Verify, u64::MAX, progress)?;
     if back != data {
         return Err(Error::Mismatch(
             "verification decode differs from the input; nothing written".into(),
@@ -355,10 +350,11 @@ pub fn default_max_output(stream_len: u64) -> u64 {
 }
 
 /// Decompress a stream written with this model, within [`default_max_output`].
-pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
+pub fn decompress(model: &Model, data: &[u8], device: &Device) -> Result<Vec<u8>> {
     decompress_pass(
         model,
         data,
+        device,
         Pass::Decompress,
         default_max_output(data.len() as u64),
         &no_progress,
@@ -367,8 +363,13 @@ pub fn decompress(model: &Model, data: &[u8]) -> Result<Vec<u8>> {
 
 /// [`decompress`], refusing (before any model work) a stream that declares more than
 /// `max_output` bytes.
-pub fn decompress_limited(model: &Model, data: &[u8], max_output: u64) -> Result<Vec<u8>> {
-    decompress_pass(model, data, Pass::Decompress, max_output, &no_progress)
+pub fn decompress_limited(
+    model: &Model,
+    data: &[u8],
+    max_output: u64,
+    device: &Device,
+) -> Result<Vec<u8>> {
+    decompress_pass(model, data, device, Pass::Decompress, max_output, &no_progress)
 }
 
 /// [`decompress_limited`], reporting progress.
@@ -376,14 +377,16 @@ pub fn decompress_with(
     model: &Model,
     data: &[u8],
     max_output: u64,
+    device: &Device,
     progress: Progress,
 ) -> Result<Vec<u8>> {
-    decompress_pass(model, data, Pass::Decompress, max_output, progress)
+    decompress_pass(model, data, device, Pass::Decompress, max_output, progress)
 }
 
 fn decompress_pass(
     model: &Model,
     data: &[u8],
+    device: &Device,
     pass: Pass,
     max_output: u64,
     progress: Progress,
@@ -426,7 +429,9 @@ fn decompress_pass(
         let segs = &h.segments[gi * group..gi * group + chunk.len()];
         let base = tokens.len() as u64;
         let report = |n: u64| progress(pass, base + n, total);
-        let dec = decode_group(model, chunk, segs, h.flags & FLAG_MATCH != 0, &report)?;
+        let mut lm = device.lm()?.load(model, chunk.len())?;
+        let use_match = h.flags & FLAG_MATCH != 0;
+        let dec = decode_group(lm.as_mut(), model, chunk, segs, use_match, &report)?;
         for s in dec {
             tokens.extend_from_slice(&s[1..]);
         }
@@ -442,6 +447,7 @@ fn decompress_pass(
 }
 
 fn decode_group(
+    lm: &mut dyn LmSession,
     model: &Model,
     payloads: &[&[u8]],
     segs: &[(u32, u32)],
@@ -450,8 +456,6 @@ fn decode_group(
 ) -> Result<Vec<Vec<u32>>> {
     let mut decoded = 0u64;
     let c = model.config.n_ctx as usize;
-    let v = model.config.vocab as usize;
-    let nl = model.config.n_layer as usize;
     let mut st: Vec<SegState> = payloads
         .iter()
         .zip(segs)
@@ -466,7 +470,6 @@ fn decode_group(
             }),
         })
         .collect();
-    let mut caches = vec![KvCache::new(nl); st.len()];
     loop {
         let mut items = Vec::new();
         let mut who = Vec::new();
@@ -477,38 +480,36 @@ fn decode_group(
             let j = s.s.len() - 1;
             let a = window_start(j, c);
             if j >= c && (j - c).is_multiple_of((c / 2).max(1)) {
-                caches[i].clear();
+                lm.clear(i)?;
                 for p in a..j {
                     items.push(Item {
-                        cache: i,
+                        seq: i,
                         token: s.s[p],
-                        want_logits: false,
+                        query: None,
                     });
                 }
             }
             items.push(Item {
-                cache: i,
+                seq: i,
                 token: s.s[j],
-                want_logits: true,
+                query: Some(Query {
+                    find: Find::Target(s.dec.target()),
+                    mix: s.mm.as_ref().and_then(|m| m.predict(&s.s)),
+                }),
             });
             who.push(i);
         }
         if who.is_empty() {
             break;
         }
-        let logits = forward(model, &mut caches, &items, None)?;
-        // Decode one symbol per active segment, in parallel.
-        let mut active: Vec<&mut SegState> =
-            st.iter_mut().filter(|s| s.s.len() < s.target).collect();
+        let coded = lm.step(&items)?;
+        // One symbol per active segment: the device found it, the coder consumes it.
+        let active = st.iter_mut().filter(|s| s.s.len() < s.target);
         active
-            .par_iter_mut()
-            .zip(logits.par_chunks(v))
-            .try_for_each(|(s, l)| -> Result<()> {
-                let pred = s.mm.as_ref().and_then(|m| m.predict(&s.s));
-                let f = table(l, model, pred)?;
-                let cum = cumulative(&f);
-                let sym = find_symbol(&cum, s.dec.target());
-                s.dec.consume(cum[sym], f[sym]);
+            .zip(coded)
+            .try_for_each(|(s, c)| -> Result<()> {
+                let sym = c.symbol;
+                s.dec.consume(c.cum, c.freq);
                 // The decoder reads exactly the bytes the encoder wrote: needing more means
                 // the segment is corrupt or cut short. Stop now, not after all its tokens.
                 if s.dec.overrun() > 0 {
@@ -522,7 +523,7 @@ fn decode_group(
                         ),
                     ));
                 }
-                s.s.push(sym as u32);
+                s.s.push(sym);
                 if let Some(m) = s.mm.as_mut() {
                     m.update(&s.s);
                 }

@@ -8,7 +8,7 @@ use super::joint::JointDec;
 use super::tables::DecStage;
 use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
 use super::Isa;
-use crate::delta::chunk::{DecodeChunk, LANES};
+use crate::format::chunk::{DecodeChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::{Error, Result};
@@ -370,7 +370,7 @@ fn finish<T: Word>(
     // The bit lengths say how long the tail is: check that once, then read it unchecked.
     // In 32 bits (twice the lanes of a 64-bit sum): whatever the codes, a chunk's lengths
     // sum to less than 2^18 × 128.
-    const _: () = assert!(crate::delta::chunk::CHUNK_ELEMS as u64 * 127 < 1 << 32);
+    const _: () = assert!(crate::format::chunk::CHUNK_ELEMS as u64 * 127 < 1 << 32);
     let need = if j_codes {
         // Joint symbols (`j_codes`): `J + 17 = 8·b + …` from J = 7 (b = 3) on, so the tail
         // length max(b - 3, 0) is `max(J - 7, 0) >> 3`.

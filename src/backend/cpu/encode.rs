@@ -6,7 +6,7 @@
 use super::bits::BitWriter;
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
 use super::word::{self, b_context, neighbor_b, rs, up, Word};
-use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::rans::RANS_L;
 
 /// Symbol codes of a chunk's elements; with `tail`, also pack their raw tails.
@@ -39,7 +39,7 @@ pub fn codes<T: Word>(d: &[T], signed: bool, out: &mut Vec<u32>, tail: Option<&m
 }
 
 /// The interleaved lanes of one chunk: the exact mirror of the decoding order of
-/// `delta::chunk` (steps, stages and lanes reversed), words reversed at the end. Elements
+/// `format::chunk` (steps, stages and lanes reversed), words reversed at the end. Elements
 /// absent from a stage code the identity symbol, so the inner loops are branch-free.
 #[inline(always)]
 pub fn lanes(

@@ -10,9 +10,9 @@ use super::encode::{codes, Scratch};
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY, PACKED_IDENTITY};
 use super::word::{rs, Word};
 use super::Isa;
-use crate::delta::chunk::{chunk_ranges, EncodedChunk, LANES};
-use crate::delta::model::{Hist, Space, Stage, StageTable};
-use crate::delta::symbols::{joint_parts, joint_symbol, Sym};
+use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
+use crate::format::tables::{Hist, Space, Stage, StageTable};
+use crate::format::symbols::{joint_parts, joint_symbol, Sym};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::Result;
@@ -188,7 +188,7 @@ fn er_range(info: &[u16]) -> (usize, usize) {
 
 /// Code one chunk: per-element codes and raw tails as in the other layouts, then one joint
 /// symbol per element through the lanes (steps and lanes reversed, words reversed at the end:
-/// the mirror of `delta::chunk`'s decoding order).
+/// the mirror of `format::chunk`'s decoding order).
 #[inline(always)]
 pub fn encode_chunk<T: Word>(
     d: &[T],

@@ -10,18 +10,18 @@ mod decode;
 mod encode;
 mod hist;
 mod joint;
+pub mod lm;
 mod tables;
 mod word;
 
-use std::sync::Mutex;
-
 use rayon::prelude::*;
 
-use super::reference::layout_stages;
-use super::{check_layout, layout_spaces, Backend, Checked, DecodeJob, EncodeJob, Resident};
-use crate::delta::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS};
-use crate::delta::model::{Hist, Tables};
-use crate::delta::symbols::Layout;
+use crate::format::layout_stages;
+use crate::format::{check_layout, layout_spaces};
+use super::{Backend, Checked, DecodeJob, EncodeJob, HistRequest, Resident};
+use crate::format::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS};
+use crate::format::tables::{Hist, Tables};
+use crate::format::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::{Error, Result};
 use tables::{DecStage, EncStage};
@@ -97,6 +97,15 @@ impl Isa {
         }
     }
 
+    /// Lower-case name for device names and the command line ("portable", "avx2", ...).
+    pub fn tag(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
@@ -113,9 +122,6 @@ struct CpuResident<T: Word> {
     fl: FloatLayout,
     d: Vec<T>,
     info: Vec<u16>,
-    /// The Paper layout's histograms, counted along with the Signed ones (the encoder asks
-    /// for Signed first, then Paper); taken by the next Paper request.
-    paper: Mutex<Option<Vec<Hist>>>,
 }
 
 /// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) when `isa` allows it, else as built.
@@ -189,12 +195,50 @@ impl<T: Word> CpuResident<T> {
             fl: job.fl,
             d,
             info,
-            paper: Mutex::new(None),
         }
     }
 
     fn w1(&self) -> usize {
         self.fl.width as usize + 1
+    }
+
+    /// The histograms of `layout`, and with `and_paper` (Signed only) the Paper layout's,
+    /// counted in the same pass.
+    fn counts(
+        &self,
+        layout: Layout,
+        distance: Option<usize>,
+        and_paper: bool,
+    ) -> Result<(Vec<Hist>, Option<Vec<Hist>>)> {
+        check_layout(layout, self.fl.width)?;
+        if layout == Layout::Joint {
+            let (d, info, w) = (&self.d, &self.info, self.fl.width);
+            return Ok((vec![joint::histogram(self.isa, d, info, w)], None));
+        }
+        let signed = layout == Layout::Signed;
+        let neighbor = if signed { distance } else { None };
+        let spaces = layout_spaces(layout, self.fl.width, neighbor);
+        let shape = hist::Shape::new(&spaces, signed, neighbor);
+        let paper_spaces = layout_spaces(Layout::Paper, self.fl.width, None);
+        let paper_shape = hist::Shape::new(&paper_spaces, false, None);
+        let with_paper = signed && and_paper;
+        let new = || {
+            if with_paper {
+                hist::Acc::with_paper(shape, paper_shape)
+            } else {
+                hist::Acc::new(shape)
+            }
+        };
+        let acc = chunk_ranges(self.d.len())
+            .into_par_iter()
+            .fold(new, |mut acc, r| {
+                hist::count(self.isa, &self.d[r.clone()], &self.info[r], &mut acc);
+                acc
+            })
+            .reduce_with(hist::Acc::merge)
+            .unwrap_or_else(new);
+        let paper = acc.paper().map(|p| p.hists(&paper_spaces));
+        Ok((acc.hists(&spaces), paper))
     }
 }
 
@@ -225,43 +269,23 @@ impl<T: Word> Resident for CpuResident<T> {
         Ok(out)
     }
 
-    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
-        check_layout(layout, self.fl.width)?;
-        if layout == Layout::Joint {
-            let (d, info, w) = (&self.d, &self.info, self.fl.width);
-            return Ok(vec![joint::histogram(self.isa, d, info, w)]);
+    fn histograms_for(&self, requests: &[HistRequest]) -> Result<Vec<Vec<Hist>>> {
+        // A Signed pass also counts the Paper layout (same displacements, one more table):
+        // a request for both, as the encoder's `auto` makes, is answered in one pass.
+        let signed = requests.iter().position(|r| r.layout == Layout::Signed);
+        let paper = requests.iter().position(|r| r.layout == Layout::Paper);
+        let mut out: Vec<Option<Vec<Hist>>> = vec![None; requests.len()];
+        if let (Some(s), Some(p)) = (signed, paper) {
+            let (hs, hp) = self.counts(Layout::Signed, requests[s].distance, true)?;
+            out[s] = Some(hs);
+            out[p] = hp;
         }
-        let signed = layout == Layout::Signed;
-        if !signed {
-            if let Some(h) = self.paper.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                return Ok(h);
+        for (o, r) in out.iter_mut().zip(requests) {
+            if o.is_none() {
+                *o = Some(self.counts(r.layout, r.distance, false)?.0);
             }
         }
-        let neighbor = if signed { distance } else { None };
-        let spaces = layout_spaces(layout, self.fl.width, neighbor);
-        let shape = hist::Shape::new(&spaces, signed, neighbor);
-        // A Signed pass also counts the Paper layout: same displacements, one more table.
-        let paper_spaces = layout_spaces(Layout::Paper, self.fl.width, None);
-        let paper_shape = hist::Shape::new(&paper_spaces, false, None);
-        let new = || {
-            if signed {
-                hist::Acc::with_paper(shape, paper_shape)
-            } else {
-                hist::Acc::new(shape)
-            }
-        };
-        let acc = chunk_ranges(self.d.len())
-            .into_par_iter()
-            .fold(new, |mut acc, r| {
-                hist::count(self.isa, &self.d[r.clone()], &self.info[r], &mut acc);
-                acc
-            })
-            .reduce_with(hist::Acc::merge)
-            .unwrap_or_else(new);
-        if let Some(p) = acc.paper() {
-            *self.paper.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.hists(&paper_spaces));
-        }
-        Ok(acc.hists(&spaces))
+        Ok(out.into_iter().flatten().collect())
     }
 
     fn encode(

@@ -1,7 +1,7 @@
 //! Transmitted tables turned into what the inner loops want: per row and symbol, the
 //! encoder's division replaced by an exact multiply, and the decoder's slot lookup as a table.
 
-use crate::delta::model::StageTable;
+use crate::format::tables::StageTable;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 
 /// One symbol of one row, ready to encode (after ryg_rans' `RansEncSymbol`).

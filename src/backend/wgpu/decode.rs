@@ -4,7 +4,7 @@
 use super::params::{flatten_tables, Params};
 use super::{check_len, WgpuBackend};
 use crate::backend::DecodeJob;
-use crate::delta::chunk::chunk_ranges;
+use crate::format::chunk::chunk_ranges;
 use crate::{Error, Result};
 
 impl WgpuBackend {

@@ -4,10 +4,11 @@
 use super::gpu::Gpu;
 use super::params::{flatten_tables, Params};
 use super::{groups, u32s, WgpuBackend};
-use crate::backend::{layout_spaces, Resident};
-use crate::delta::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
-use crate::delta::model::{Hist, Tables};
-use crate::delta::symbols::Layout;
+use crate::backend::{HistRequest, Resident};
+use crate::format::layout_spaces;
+use crate::format::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
+use crate::format::tables::{Hist, Tables};
+use crate::format::symbols::Layout;
 use crate::{Error, Result};
 
 pub struct WgpuResident<'a> {
@@ -46,9 +47,14 @@ impl Resident for WgpuResident<'_> {
             .checked("readback", || self.residual_bytes_inner())
     }
 
-    fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
-        self.gpu()
-            .checked("histograms", || self.histograms_inner(layout, distance))
+    fn histograms_for(&self, requests: &[HistRequest]) -> Result<Vec<Vec<Hist>>> {
+        requests
+            .iter()
+            .map(|r| {
+                self.gpu()
+                    .checked("histograms", || self.histograms_inner(r.layout, r.distance))
+            })
+            .collect()
     }
 
     fn encode(

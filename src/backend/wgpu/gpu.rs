@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use wgpu::util::DeviceExt;
 
-use crate::delta::chunk::{CHUNK_ELEMS, LANES};
+use crate::format::chunk::{CHUNK_ELEMS, LANES};
 use crate::{Error, Result};
 
 const PRELUDE: &str = include_str!("../../../shaders/prelude.wgsl");

@@ -1,10 +1,10 @@
 //! The uniform parameter block and the tables as the shaders read them.
 
-use super::super::reference::layout_stages;
-use crate::backend::check_layout;
-use crate::delta::chunk::CHUNK_ELEMS;
-use crate::delta::model::{Space, Tables};
-use crate::delta::symbols::Layout;
+use crate::format::layout_stages;
+use crate::format::check_layout;
+use crate::format::chunk::CHUNK_ELEMS;
+use crate::format::tables::{Space, Tables};
+use crate::format::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::entropy::freq::PROB_TOTAL;
 use crate::{Error, Result};

@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use super::super::decode::{no_row, Stream};
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
-use crate::delta::chunk::LANES;
+use crate::format::chunk::LANES;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::{Error, Result};
 

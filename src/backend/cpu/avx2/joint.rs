@@ -12,7 +12,7 @@ use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, first, gather_flat, load_u16, load_u32, put4, SLACK};
-use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::Result;

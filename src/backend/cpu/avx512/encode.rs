@@ -21,7 +21,7 @@ use super::super::bits::BitWriter;
 use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
-use crate::delta::chunk::{EncodedChunk, LANES};
+use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 

@@ -4,6 +4,7 @@
 //! remainder to the largest weight (lowest id on ties). Since `f_j` depends only on the gap
 //! `L - l_j`, each distinct gap is divided once.
 
+use crate::backend::lm::{Coded, Find};
 use crate::{Error, Result};
 
 pub const TOTAL: u64 = 1 << 32;
@@ -46,27 +47,71 @@ pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
     Ok(f)
 }
 
-/// `(cum, freq)` of one symbol without materializing the cumulative table.
-pub fn symbol_interval(f: &[u64], sym: usize) -> (u64, u64) {
-    (f[..sym].iter().sum(), f[sym])
+/// Move `lambda / 2^16` of every other token's frequency to `x` (each keeps at least 1), so the
+/// total is unchanged.
+pub fn mix(f: &mut [u64], x: usize, lambda: u64) {
+    if x >= f.len() || lambda == 0 || lambda >= 1 << 16 {
+        return;
+    }
+    let total: u64 = f.iter().sum();
+    let mut rest = 0u64;
+    for (j, v) in f.iter_mut().enumerate() {
+        if j != x {
+            // v <= 2^32 and lambda < 2^16: the product fits u64.
+            *v = (*v - ((*v * lambda) >> 16)).max(1);
+            rest += *v;
+        }
+    }
+    f[x] = total - rest;
 }
 
-/// Cumulative table with `len + 1` entries, from 0 to 2^32.
-pub fn cumulative(f: &[u64]) -> Vec<u64> {
-    let mut c = Vec::with_capacity(f.len() + 1);
-    let mut s = 0u64;
-    c.push(0);
-    for &x in f {
-        s += x;
-        c.push(s);
+/// The coder's table for one position: the model's frequencies with the match prediction
+/// mixed in.
+pub fn table(logits: &[i32], exp40: &[u64], mix_in: Option<(u32, u64)>) -> Result<Vec<u64>> {
+    let mut f = frequencies(logits, exp40)?;
+    if let Some((x, lambda)) = mix_in {
+        mix(&mut f, x as usize, lambda);
     }
-    c
+    Ok(f)
+}
+
+/// Answer a query from its table: the symbol's interval, or the symbol whose interval holds
+/// the target (every frequency is at least 1, so there is exactly one).
+pub fn answer(f: &[u64], find: Find) -> Result<Coded> {
+    let mut cum = 0u64;
+    match find {
+        Find::Symbol(s) => {
+            let s = s as usize;
+            let freq = *f
+                .get(s)
+                .ok_or_else(|| Error::Invalid(format!("symbol {s} beyond the vocabulary")))?;
+            cum = f[..s].iter().sum();
+            Ok(Coded {
+                symbol: s as u32,
+                cum,
+                freq,
+            })
+        }
+        Find::Target(t) => {
+            for (s, &freq) in f.iter().enumerate() {
+                if t < cum + freq {
+                    return Ok(Coded {
+                        symbol: s as u32,
+                        cum,
+                        freq,
+                    });
+                }
+                cum += freq;
+            }
+            Err(Error::Invalid(format!("target {t} beyond the table's total")))
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lm::fixed::exp_table;
+    use crate::format::lm::fixed::exp_table;
 
     #[test]
     fn total_floor_and_remainder() {

@@ -1,0 +1,149 @@
+//! [`Device`]: what `--backend` selects, offering each codec the kernels it has.
+
+use std::sync::Arc;
+
+use super::cpu::lm::CpuLm;
+use super::cpu::{CpuAt, CpuBackend, Isa};
+use super::lm::LmKernels;
+use super::reference::ReferenceBackend;
+use super::wgpu::WgpuBackend;
+use super::Backend;
+use crate::{Error, Result};
+
+/// One compute device and the kernels it offers: the delta codec's ([`Backend`]) and the
+/// integer GPT-2's ([`LmKernels`]). A device lacking one says why ([`Device::lm`]). Cheap to
+/// clone; passed explicitly to every codec entry point that computes.
+#[derive(Clone)]
+pub struct Device {
+    name: String,
+    delta: std::result::Result<Arc<dyn Backend>, String>,
+    lm: std::result::Result<Arc<dyn LmKernels>, String>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.describe())
+    }
+}
+
+impl Default for Device {
+    /// The CPU at its best instruction-set level.
+    fn default() -> Self {
+        Device::cpu()
+    }
+}
+
+/// Why the wgpu device has no language-model kernels.
+const NO_WGPU_LM: &str = "the wgpu device has no language-model kernels yet (the text codec \
+                          runs on --backend cpu)";
+
+impl Device {
+    /// The CPU at the best instruction-set level it runs ([`Isa::detect`]), for both codecs.
+    pub fn cpu() -> Device {
+        let isa = Isa::detect();
+        Device {
+            name: "cpu".into(),
+            delta: Ok(Arc::new(CpuBackend)),
+            lm: Ok(Arc::new(CpuLm::new(isa).expect("the detected level runs"))),
+        }
+    }
+
+    /// The CPU pinned to `isa` for both codecs, if this CPU runs it.
+    pub fn cpu_at(isa: Isa) -> Option<Device> {
+        Some(Device {
+            name: format!("cpu-{}", isa.tag()),
+            delta: Ok(Arc::new(CpuAt::new(isa)?)),
+            lm: Ok(Arc::new(CpuLm::new(isa)?)),
+        })
+    }
+
+    /// The readable references: the delta codec's oracle and the LM's scalar kernels.
+    pub fn reference() -> Device {
+        Device {
+            name: "reference".into(),
+            delta: Ok(Arc::new(ReferenceBackend)),
+            lm: Ok(Arc::new(
+                CpuLm::new(Isa::Portable).expect("the portable level runs"),
+            )),
+        }
+    }
+
+    /// A wgpu adapter (`discrete_only`: refuse software and integrated adapters).
+    pub fn wgpu(discrete_only: bool) -> Result<Device> {
+        Ok(Device::wgpu_from(WgpuBackend::new(discrete_only)?))
+    }
+
+    pub(super) fn wgpu_from(b: WgpuBackend) -> Device {
+        Device {
+            name: "wgpu".into(),
+            delta: Ok(Arc::new(b)),
+            lm: Err(NO_WGPU_LM.into()),
+        }
+    }
+
+    /// This device's delta kernels with `other`'s language model where this device has none
+    /// (`auto`: a GPU for checkpoints, the CPU for text).
+    pub fn lm_from(mut self, other: &Device) -> Device {
+        if self.lm.is_err() {
+            if let Ok(lm) = &other.lm {
+                self.lm = Ok(lm.clone());
+                self.name = format!("{}+{}-lm", self.name, other.name);
+            }
+        }
+        self
+    }
+
+    /// Short name for the command line and parity tables ("cpu", "cpu-avx2", "wgpu", ...).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What it runs on, per codec, for people.
+    pub fn describe(&self) -> String {
+        let delta = match &self.delta {
+            Ok(b) => b.device(),
+            Err(why) => format!("none ({why})"),
+        };
+        let lm = match &self.lm {
+            Ok(k) => k.describe(),
+            Err(why) => format!("none ({why})"),
+        };
+        if delta == lm {
+            delta
+        } else {
+            format!("delta codec: {delta}; language model: {lm}")
+        }
+    }
+
+    /// The delta codec's kernels, or why this device has none.
+    pub fn delta(&self) -> Result<&dyn Backend> {
+        match &self.delta {
+            Ok(b) => Ok(b.as_ref()),
+            Err(why) => Err(Error::Unsupported(why.clone())),
+        }
+    }
+
+    /// The language model's kernels, or why this device has none.
+    pub fn lm(&self) -> Result<&dyn LmKernels> {
+        match &self.lm {
+            Ok(k) => Ok(k.as_ref()),
+            Err(why) => Err(Error::Unsupported(why.clone())),
+        }
+    }
+
+    /// Every device this build can run here, CPU levels included, for tests and `parity`:
+    /// the reference, each CPU level this CPU runs, and wgpu if an adapter answers (`Err`
+    /// says why it did not).
+    pub fn all_here() -> (Vec<Device>, std::result::Result<(), String>) {
+        let mut out = vec![Device::reference()];
+        out.extend(Isa::ALL.into_iter().filter_map(Device::cpu_at));
+        let wgpu = match Device::wgpu(false) {
+            Ok(d) => {
+                out.push(d);
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        (out, wgpu)
+    }
+}

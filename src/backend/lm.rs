@@ -1,0 +1,96 @@
+//! The integer GPT-2's kernels on a device: what the CPU implements today and what a CUDA or
+//! wgpu implementation has to provide (docs/BACKENDS.md, "Language model").
+//!
+//! The interface is shaped for a GPU: a [`LmSession`] holds the model's weights and every
+//! sequence's KV cache on the device for its whole life; one [`LmSession::step`] runs a batch
+//! of tokens (many sequences, many positions) and answers each position's question with three
+//! integers ([`Coded`]), so no 50,257-entry table crosses back to the host per token. The full
+//! stage-by-stage integers (per-layer values, logits, frequency tables) come back only when a
+//! caller asks for a [`Trace`] (parity tests, calibration).
+//!
+//! Every device must give the integers of the CPU's scalar reference (docs/INTEGER_GPT2.md):
+//! the same tokens give the same [`Coded`] answers whatever the batch, the order of items or
+//! the thread count.
+
+use crate::format::lm::model_file::Model;
+use crate::Result;
+
+/// A device's language-model kernels ([`super::Device::lm`]).
+pub trait LmKernels: Send + Sync {
+    /// What runs them, for people ("CPU, AVX2").
+    fn describe(&self) -> String;
+    /// Make `model` resident (weights uploaded once) with `sequences` empty KV caches.
+    fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>>;
+}
+
+/// A model resident on a device, with one KV cache per sequence.
+pub trait LmSession: Send {
+    /// Empty sequence `seq`'s cache: its next token goes to position 0.
+    fn clear(&mut self, seq: usize) -> Result<()>;
+    /// Run `items` in order (each appends its token to its sequence at the next position)
+    /// and answer the queries, one [`Coded`] per item that has one, in item order.
+    fn step(&mut self, items: &[Item]) -> Result<Vec<Coded>>;
+    /// [`LmSession::step`], also filling `trace` with the integers of every stage.
+    fn step_traced(&mut self, items: &[Item], trace: &mut Trace) -> Result<Vec<Coded>>;
+}
+
+/// One token to run: appended to sequence `seq` at its next position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub seq: usize,
+    pub token: u32,
+    /// What the coder needs to know about the next token, if anything.
+    pub query: Option<Query>,
+}
+
+/// A question about the token after an item, under the model's frequency table (total 2^32,
+/// docs/INTEGER_GPT2.md §5) with an optional match-model prediction mixed in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Query {
+    pub find: Find,
+    /// `(token, lambda)`: move `lambda / 2^16` of every other token's frequency to `token`
+    /// (floor 1 kept), as `cpu::lm::freq::mix` defines.
+    pub mix: Option<(u32, u64)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Find {
+    /// The encoder's question: the interval of this symbol.
+    Symbol(u32),
+    /// The decoder's: the symbol whose interval holds this value (below 2^32).
+    Target(u64),
+}
+
+/// The answer to a [`Query`]: a symbol and its interval `[cum, cum + freq)` of 2^32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coded {
+    pub symbol: u32,
+    pub cum: u64,
+    pub freq: u64,
+}
+
+/// Every stage's integers, for parity tests and calibration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// Per layer, per channel: the largest |LayerNorm output| before attention and before
+    /// the MLP, over every call traced into this value (calibration of outlier channels).
+    pub ln1: Vec<Vec<i64>>,
+    pub ln2: Vec<Vec<i64>>,
+    /// The residual stream (Q12, items x n_embd) after each block, of the last call.
+    pub resid: Vec<Vec<i32>>,
+    /// Logits (Q8, `vocab` each) of the last call's items that have a query, in order.
+    pub logits: Vec<i32>,
+    /// Their frequency tables (total 2^32, the match prediction mixed in).
+    pub freqs: Vec<Vec<u64>>,
+}
+
+impl Trace {
+    /// A trace for a model with `n_layer` layers of width `d`.
+    pub fn new(n_layer: usize, d: usize) -> Self {
+        Trace {
+            ln1: vec![vec![0; d]; n_layer],
+            ln2: vec![vec![0; d]; n_layer],
+            ..Trace::default()
+        }
+    }
+}
