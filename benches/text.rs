@@ -4,8 +4,8 @@
 //! of each input is printed so tokens/s follow.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use lockstep::lm::equalize::CALIBRATION_TEXT;
 use lockstep::format::lm::model_file::Model;
+use lockstep::lm::equalize::CALIBRATION_TEXT;
 use lockstep::lm::random_model::random_model;
 use lockstep::lm::text_codec::{compress_unverified, decompress, Options};
 use lockstep::lm::tokenizer;

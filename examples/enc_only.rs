@@ -4,9 +4,9 @@ use std::time::Instant;
 use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::{Backend, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
+use lockstep::delta::Layout;
 use lockstep::format::neighbor_distance;
 use lockstep::format::tables::{StageTable, Tables};
-use lockstep::delta::Layout;
 
 fn main() {
     // As the `lockstep` binary does (src/main.rs).

@@ -23,8 +23,8 @@ use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::{Backend, DecodeJob, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::{encode_unverified, neighbor_distance};
-use lockstep::format::tables::{StageTable, Tables};
 use lockstep::delta::{decode_tensor_with, EncodeOptions, Layout, LayoutChoice, TensorPair};
+use lockstep::format::tables::{StageTable, Tables};
 
 const LAYOUTS: [(Layout, &str); 2] = [(Layout::Signed, "default"), (Layout::Joint, "fast")];
 

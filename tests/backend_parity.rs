@@ -7,18 +7,18 @@ mod common;
 use std::sync::Arc;
 
 use lockstep::backend::cpu::{CpuAt, Isa};
-use lockstep::delta::parity::{first_difference, stages};
 use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::wgpu::WgpuBackend;
 use lockstep::backend::{Backend, DecodeJob, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_modeled_only_on;
-use lockstep::format::tables::{StageTable, Tables};
+use lockstep::delta::parity::{first_difference, stages};
 use lockstep::delta::{
     decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, Layout,
     LayoutChoice, TensorPair, CHUNK_ELEMS, LANES,
 };
 use lockstep::dtype::DType;
+use lockstep::format::tables::{StageTable, Tables};
 
 const DATA: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

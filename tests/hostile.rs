@@ -312,7 +312,8 @@ fn a_forged_count_cannot_size_an_allocation() {
 
 /// The shipped model.
 fn model() -> lockstep::format::lm::model_file::Model {
-    lockstep::format::lm::model_file::Model::from_bytes(include_bytes!("../models/tinygpt2.lsm")).unwrap()
+    lockstep::format::lm::model_file::Model::from_bytes(include_bytes!("../models/tinygpt2.lsm"))
+        .unwrap()
 }
 
 #[test]

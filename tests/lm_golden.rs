@@ -7,8 +7,8 @@ mod lm_common;
 use std::sync::OnceLock;
 
 use lm_common::*;
-use lockstep::lm::forward::{forward, Item, KvCache, Stats};
 use lockstep::format::lm::model_file::{Model, FR};
+use lockstep::lm::forward::{forward, Item, KvCache, Stats};
 use lockstep::lm::{convert, equalize, freq};
 
 /// blake3 of `lockstep model convert ../shared/data/tinygpt2` (equalized, the default).

@@ -19,14 +19,14 @@ use lockstep::backend::reference::{layout_stages, ReferenceBackend};
 use lockstep::backend::{Backend, DecodeJob};
 use lockstep::bytes::{crc32, ByteReader};
 use lockstep::checkpoint::Checkpoint;
-use lockstep::format::chunk::DecodeChunk;
-use lockstep::format::tables::{Space, Stage, StageTable, Tables};
-use lockstep::format::symbols::JOINT_MAX_WIDTH;
 use lockstep::delta::{self, Layout, Mode, CHUNK_ELEMS, LANES};
 use lockstep::dtype::DType;
 use lockstep::entropy::freq::{normalize, PROB_BITS};
 use lockstep::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
+use lockstep::format::chunk::DecodeChunk;
 use lockstep::format::lm::model_file::Model;
+use lockstep::format::symbols::JOINT_MAX_WIDTH;
+use lockstep::format::tables::{Space, Stage, StageTable, Tables};
 use lockstep::lm::range_coder;
 use lockstep::lm::text_codec;
 

@@ -4,13 +4,15 @@
 
 use rayon::prelude::*;
 
-use crate::format::{check_layout, layout_spaces};
 use super::{Backend, DecodeJob, EncodeJob, HistRequest, Resident};
-use crate::format::chunk::{chunk_ranges, decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS};
-use crate::format::tables::{Hist, Space, Tables};
-use crate::format::symbols::{self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym};
 use crate::dtype::FloatLayout;
 use crate::float;
+use crate::format::chunk::{chunk_ranges, decode_chunk, encode_chunk, EncodedChunk, CHUNK_ELEMS};
+use crate::format::symbols::{
+    self, decode_element, encode_element, ref_info, Layout, RefInfo, Sym,
+};
+use crate::format::tables::{Hist, Space, Tables};
+use crate::format::{check_layout, layout_spaces};
 use crate::Result;
 
 pub struct ReferenceBackend;

@@ -8,6 +8,7 @@ use indicatif::ProgressBar;
 use lockstep::archive::{
     self, AddReport, Archive, Contents, ExtractOptions, PackOptions, Repaired, Tail,
 };
+use lockstep::backend::Device;
 use lockstep::delta::{EncodeOptions, LayoutChoice};
 use lockstep::{Error, Result};
 use serde_json::json;
@@ -261,7 +262,7 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-pub fn pack(a: PackArgs) -> Result<()> {
+pub fn pack(a: PackArgs, device: &Device) -> Result<()> {
     let mut sources = archive::resolve_many(&a.checkpoints)?;
     // A shell glob sorts step1000 before step200: put named steps in order (--steps keeps
     // the order given, as its values follow it).
@@ -283,6 +284,7 @@ pub fn pack(a: PackArgs) -> Result<()> {
         overwrite: a.force,
         try_anchor: a.try_anchor,
         delta: delta_options(a.fast),
+        device: device.clone(),
         ..Default::default()
     };
     let pb = bar(total, a.json, "pack");
@@ -316,12 +318,13 @@ pub fn pack(a: PackArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn append(a: AppendArgs) -> Result<()> {
+pub fn append(a: AppendArgs, device: &Device) -> Result<()> {
     let src = archive::resolve(&a.checkpoint)?;
     let total: u64 = src.files.iter().map(|f| file_len(&f.path)).sum();
     let opts = PackOptions {
         batch_bytes: (a.batch_mib.max(1) as usize) << 20,
         delta: delta_options(a.fast),
+        device: device.clone(),
         ..Default::default()
     };
     let pb = bar(total, a.json, "append");
@@ -578,9 +581,9 @@ fn list_contents(ar: &Archive, a: &ListArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn diff(a: DiffArgs) -> Result<()> {
+pub fn diff(a: DiffArgs, device: &Device) -> Result<()> {
     use archive::Change;
-    let ar = Archive::open(&a.archive)?;
+    let ar = Archive::open(&a.archive)?.on(device);
     let d = ar.diff(a.step_a, a.step_b, a.elements)?;
     let fmt_shape = |x: &Option<(lockstep::dtype::DType, Vec<u64>)>| match x {
         None => "-".to_string(),
@@ -706,8 +709,10 @@ pub fn diff(a: DiffArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn extract(a: ExtractArgs) -> Result<()> {
-    let ar = Archive::open(&a.archive)?.with_max_size(a.max_size);
+pub fn extract(a: ExtractArgs, device: &Device) -> Result<()> {
+    let ar = Archive::open(&a.archive)?
+        .with_max_size(a.max_size)
+        .on(device);
     let step = match (a.step, ar.tail_error()) {
         (Some(s), None) => s,
         (Some(s), Some(e)) => {
@@ -780,13 +785,15 @@ pub fn extract(a: ExtractArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn verify(a: VerifyArgs) -> Result<()> {
-    verify_with(a, None)
+pub fn verify(a: VerifyArgs, device: &Device) -> Result<()> {
+    verify_with(a, None, device)
 }
 
 /// `verify`; `repair` (a JSON object) is what `repair --json` adds to the one document.
-fn verify_with(a: VerifyArgs, repair: Option<serde_json::Value>) -> Result<()> {
-    let ar = Archive::open(&a.archive)?.with_max_size(a.max_size);
+fn verify_with(a: VerifyArgs, repair: Option<serde_json::Value>, device: &Device) -> Result<()> {
+    let ar = Archive::open(&a.archive)?
+        .with_max_size(a.max_size)
+        .on(device);
     let total: u64 = ar.checkpoints.iter().map(|c| c.input_bytes()).sum();
     let pb = bar(total, a.json, "verify");
     let t0 = Instant::now();
@@ -875,7 +882,7 @@ fn tail_name(t: &Tail) -> &'static str {
     }
 }
 
-pub fn repair(a: VerifyArgs) -> Result<()> {
+pub fn repair(a: VerifyArgs, device: &Device) -> Result<()> {
     let repaired = lockstep::archive::repair(&a.archive)?;
     let what = match repaired {
         Repaired::Nothing => "the archive ends with its last footer; nothing to repair".into(),
@@ -895,10 +902,10 @@ pub fn repair(a: VerifyArgs) -> Result<()> {
     if a.json {
         // One JSON document: the repair's outcome goes into verify's.
         let v = json!({ "outcome": repaired_name(&repaired), "message": what });
-        return verify_with(a, Some(v));
+        return verify_with(a, Some(v), device);
     }
     super::ui::note(format!("{}: {what}", a.archive.display()));
-    verify(a)
+    verify(a, device)
 }
 
 fn repaired_name(r: &Repaired) -> &'static str {

@@ -1,12 +1,13 @@
 //! `--backend` (on every command) and `lockstep backends`.
 
 use clap::{Args, ValueEnum};
-use lockstep::backend::{self, BackendChoice};
+use lockstep::backend::{self, BackendChoice, Device};
 use lockstep::Result;
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default)]
 pub enum BackendArg {
-    /// CUDA, then a discrete GPU through wgpu, then the CPU (-v says which).
+    /// A discrete GPU through wgpu for checkpoints, else the CPU; text on the CPU (no CUDA
+    /// in this build; -v says which).
     #[default]
     Auto,
     Cpu,
@@ -28,20 +29,38 @@ impl BackendArg {
     }
 }
 
-/// Make the chosen backend the default for this process. What `auto` chose and why is said
-/// under `-v`; a device asked for by name that is not there is an error (`backend::select`).
-pub fn install(arg: BackendArg) -> Result<()> {
-    let selected = backend::select(arg.choice())?;
-    match &selected.note {
+/// The chosen device, for the commands to pass on. What `auto` chose and why is said under
+/// `-v`; a device asked for by name that is not there is an error (`backend::select`).
+pub fn choose(arg: BackendArg) -> Result<Device> {
+    let (device, note) = backend::select(arg.choice())?;
+    match note {
         Some(note) => super::ui::detail(note),
         None => super::ui::detail(format!(
             "backend: {} ({})",
-            selected.backend.name(),
-            selected.backend.device()
+            device.name(),
+            device.describe()
         )),
     }
-    backend::set_default(selected.backend);
-    Ok(())
+    Ok(device)
+}
+
+/// The device for the text codec and model commands: the CPU's integer kernels (the
+/// readable ones for `reference`) without probing a GPU, since no GPU has language-model
+/// kernels yet; a GPU asked for is named in a note rather than silently ignored.
+pub fn choose_for_text(arg: BackendArg) -> Result<Device> {
+    match arg {
+        BackendArg::Auto | BackendArg::Cpu => Ok(Device::cpu()),
+        BackendArg::Reference => Ok(Device::reference()),
+        BackendArg::Cuda => backend::select(BackendChoice::Cuda).map(|(d, _)| d),
+        BackendArg::Wgpu => {
+            super::ui::note(
+                "note: --backend wgpu applies to the checkpoint codec; the wgpu device has no \
+                 language-model kernels yet, so the text codec runs on the CPU's integer \
+                 kernels (same bytes everywhere)",
+            );
+            Ok(Device::cpu())
+        }
+    }
 }
 
 #[derive(Args)]
@@ -58,10 +77,10 @@ pub fn list(args: BackendsArgs) -> Result<()> {
             .into_iter()
             .map(|f| serde_json::json!({"backend": f.name, "usable": f.usable, "device": f.detail}))
             .collect();
-        let auto = backend::select(BackendChoice::Auto)?;
+        let (auto, note) = backend::select(BackendChoice::Auto)?;
         super::text::print_json(&serde_json::json!({
             "backends": found,
-            "auto": {"backend": auto.backend.name(), "device": auto.backend.device(), "note": auto.note},
+            "auto": {"backend": auto.name(), "device": auto.describe(), "note": note},
         }));
         return Ok(());
     }
@@ -74,11 +93,7 @@ pub fn list(args: BackendsArgs) -> Result<()> {
             f.detail
         );
     }
-    let auto = backend::select(BackendChoice::Auto)?;
-    println!(
-        "auto picks: {} ({})",
-        auto.backend.name(),
-        auto.backend.device()
-    );
+    let (auto, _) = backend::select(BackendChoice::Auto)?;
+    println!("auto picks: {} ({})", auto.name(), auto.describe());
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `lockstep delta ...`: code one checkpoint against another.
 
+use lockstep::backend::Device;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -157,7 +158,7 @@ pub(crate) fn stats_json(s: &lockstep::delta::stats::PairStats) -> serde_json::V
     json!({ "by_dtype": by_dtype, "tensors": tensors })
 }
 
-pub fn run(cmd: DeltaCmd) -> Result<()> {
+pub fn run(cmd: DeltaCmd, device: &Device) -> Result<()> {
     match cmd {
         DeltaCmd::Encode {
             reference,
@@ -183,6 +184,7 @@ pub fn run(cmd: DeltaCmd) -> Result<()> {
                 &dest.path(),
                 &model.options(),
                 (model.batch_mib as usize) << 20,
+                device,
                 &|n| pb.inc(n),
             );
             pb.finish_and_clear();
@@ -239,7 +241,7 @@ pub fn run(cmd: DeltaCmd) -> Result<()> {
             let pb = ui::bar(decoded_len(&bytes).unwrap_or(0), json, "decode");
             let mut sink = files::Sink::open(&dest)?;
             let written = std::cell::Cell::new(0u64);
-            let res = decode_to(&r, &bytes, &mut sink, &dest.path(), &|n| {
+            let res = decode_to(&r, &bytes, &mut sink, &dest.path(), device, &|n| {
                 written.set(written.get() + n);
                 pb.inc(n)
             });
@@ -271,7 +273,7 @@ pub fn run(cmd: DeltaCmd) -> Result<()> {
             json,
         } => {
             let (r, t) = (open_checkpoint(&reference)?, open_checkpoint(&target)?);
-            let table = report::pair_stats(&r, &t, !no_baseline)?;
+            let table = report::pair_stats(&r, &t, !no_baseline, device)?;
             if json {
                 print_json(&stats_json(&table));
             } else {

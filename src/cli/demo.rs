@@ -3,6 +3,7 @@
 //! The four checkpoints (6.4 MB) are built into the binary, so an installed or moved
 //! `lockstep` runs it from anywhere.
 
+use lockstep::backend::Device;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -40,11 +41,11 @@ static EMBEDDED: [(&str, &[u8]); 4] = embedded!(
     "step0800_blocks_bf16.safetensors"
 );
 
-pub fn run(args: DemoArgs) -> Result<()> {
+pub fn run(args: DemoArgs, device: &Device) -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("lockstep-demo-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let result = list_checkpoints(args.dir.as_deref(), &tmp)
-        .and_then(|files| run_in(&files, &tmp, args.json));
+        .and_then(|files| run_in(&files, &tmp, args.json, device));
     let _ = std::fs::remove_dir_all(&tmp);
     result
 }
@@ -78,7 +79,7 @@ fn list_checkpoints(dir: Option<&std::path::Path>, tmp: &std::path::Path) -> Res
     Ok(files)
 }
 
-fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<()> {
+fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool, device: &Device) -> Result<()> {
     // Tables for people, or (with --json) one document at the end.
     let say = |line: String| {
         if !json {
@@ -93,7 +94,14 @@ fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<()> {
             say(format!("\n== {} -> {}", name(&pair[0]), name(&pair[1])));
             let lsd = tmp.join("delta.lsd");
             let start = std::time::Instant::now();
-            encode_file(&r, &t, &lsd, &EncodeOptions::default(), DEFAULT_BATCH_BYTES)?;
+            encode_file(
+                &r,
+                &t,
+                &lsd,
+                &EncodeOptions::default(),
+                DEFAULT_BATCH_BYTES,
+                device,
+            )?;
             let enc = start.elapsed().as_secs_f64();
             let back = tmp.join("decoded.safetensors");
             let start = std::time::Instant::now();
@@ -101,6 +109,7 @@ fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<()> {
                 &r,
                 &std::fs::read(&lsd).map_err(|e| Error::io(&lsd, e))?,
                 &back,
+                device,
             )?;
             let dec = start.elapsed().as_secs_f64();
             let same = std::fs::read(&back).map_err(|e| Error::io(&back, e))? == t.bytes();
@@ -120,7 +129,7 @@ fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<()> {
                 enc * 1e3,
                 dec * 1e3
             ));
-            let stats = report::pair_stats(&r, &t, true)?;
+            let stats = report::pair_stats(&r, &t, true, device)?;
             if json {
                 pairs.push(serde_json::json!({
                     "reference": name(&pair[0]), "target": name(&pair[1]),
@@ -132,7 +141,7 @@ fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<()> {
                 report::print_pair_stats(&stats, false);
             }
         }
-        archive_demo(files, tmp, json)
+        archive_demo(files, tmp, json, device)
     })();
     if let (true, Ok(archive)) = (json, &result) {
         super::text::print_json(&serde_json::json!({ "pairs": pairs, "archive": archive }));
@@ -142,17 +151,31 @@ fn run_in(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<()> {
 
 /// The product's main job on the same checkpoints: one archive for the whole run, the last
 /// step restored from it and compared byte for byte.
-fn archive_demo(files: &[PathBuf], tmp: &std::path::Path, json: bool) -> Result<serde_json::Value> {
+fn archive_demo(
+    files: &[PathBuf],
+    tmp: &std::path::Path,
+    json: bool,
+    device: &Device,
+) -> Result<serde_json::Value> {
     if !json {
         println!("\n== the whole run as one archive (lockstep pack)");
     }
     let sources = archive::resolve_many(files)?;
     let out = tmp.join("run.lstp");
-    let reports = archive::pack(&out, &sources, None, &PackOptions::default(), &|_| {})?;
+    let reports = archive::pack(
+        &out,
+        &sources,
+        None,
+        &PackOptions {
+            device: device.clone(),
+            ..PackOptions::default()
+        },
+        &|_| {},
+    )?;
     if !json {
         super::archive::print_reports(&reports);
     }
-    let a = Archive::open(&out)?;
+    let a = Archive::open(&out)?.on(device);
     let last = reports.last().expect("at least two checkpoints").step;
     let restored = tmp.join("restored.safetensors");
     a.extract(last, &restored, &|_| {})?;

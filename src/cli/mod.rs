@@ -81,48 +81,24 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Only the commands that compute choose a device: listing and inspecting never probe one.
+    let device = || backend::choose(cli.backend);
+    let text_device = || backend::choose_for_text(cli.backend);
     match cli.command {
-        Command::Backends(args) => return backend::list(args),
-        Command::Parity(args) => return parity::run(args),
-        // Only the delta codec runs on a backend; other commands should not probe devices.
-        Command::Demo(_)
-        | Command::Delta(_)
-        | Command::Pack(_)
-        | Command::Append(_)
-        | Command::Extract(_)
-        | Command::Diff(_)
-        | Command::Verify(_)
-        | Command::Repair(_) => backend::install(cli.backend)?,
-        // The integer GPT-2 runs on the CPU's integer kernels only: say so rather than
-        // silently ignore a device the user asked for.
-        Command::Text(_) | Command::Model(_)
-            if !matches!(
-                cli.backend,
-                backend::BackendArg::Auto | backend::BackendArg::Cpu
-            ) =>
-        {
-            ui::note(format!(
-                "note: --backend {} applies to the checkpoint codec; the text codec runs on \
-                 the CPU's integer kernels (same bytes everywhere)",
-                format!("{:?}", cli.backend).to_lowercase()
-            ));
-        }
-        _ => {}
-    }
-    match cli.command {
-        Command::Backends(_) | Command::Parity(_) => Ok(()),
-        Command::Demo(args) => demo::run(args),
-        Command::Delta(cmd) => delta::run(cmd),
-        Command::Text(cmd) => text::run_text(cmd),
-        Command::Model(cmd) => text::run_model(cmd),
-        Command::Pack(a) => archive::pack(a),
-        Command::Append(a) => archive::append(a),
+        Command::Backends(args) => backend::list(args),
+        Command::Parity(args) => parity::run(args),
+        Command::Demo(args) => demo::run(args, &device()?),
+        Command::Delta(cmd) => delta::run(cmd, &device()?),
+        Command::Text(cmd) => text::run_text(cmd, &text_device()?),
+        Command::Model(cmd) => text::run_model(cmd, &text_device()?),
+        Command::Pack(a) => archive::pack(a, &device()?),
+        Command::Append(a) => archive::append(a, &device()?),
         Command::List(a) => archive::list(a),
-        Command::Diff(a) => archive::diff(a),
-        Command::Extract(a) => archive::extract(a),
-        Command::Verify(a) => archive::verify(a),
+        Command::Diff(a) => archive::diff(a, &device()?),
+        Command::Extract(a) => archive::extract(a, &device()?),
+        Command::Verify(a) => archive::verify(a, &device()?),
         Command::Stats(a) => archive::stats(a),
-        Command::Repair(a) => archive::repair(a),
+        Command::Repair(a) => archive::repair(a, &device()?),
     }
 }
 

@@ -1,20 +1,17 @@
 //! `lockstep parity FILES...`: run every backend present on each consecutive pair of
 //! checkpoints, print one hash per stage per backend, and fail on any difference. What a user
 //! runs to trust a new machine or driver. Text files get the same treatment from the text
-//! codec: every integer matmul kernel this CPU has (the only part of the integer GPT-2 that
-//! differs between machines' code paths), one hash per stage.
+//! codec: every device with language-model kernels, each CPU instruction-set level this CPU
+//! runs included, one hash per stage.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Args;
-use lockstep::backend::cpu::{CpuAt, Isa};
-use lockstep::delta::parity::{stages, STAGE_NAMES};
-use lockstep::backend::{self, Backend, BackendChoice};
+use lockstep::backend::{self, BackendChoice, Device, Isa};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::file::check_compatible;
+use lockstep::delta::parity::{stages, STAGE_NAMES};
 use lockstep::delta::{EncodeOptions, TensorPair};
-use lockstep::lm::forward::{self, Kernel};
 use lockstep::format::lm::model_file::Model;
 use lockstep::lm::{text_codec, tokenizer};
 use lockstep::{Error, Result};
@@ -42,8 +39,9 @@ struct Report {
 /// One row: the backend or kernel, its device, its stage hashes, its seconds.
 type Row = (String, String, Vec<String>, f64);
 
-/// Every backend that can run here, the reference first.
-fn present() -> Vec<Arc<dyn Backend>> {
+/// Every device that can run here, the reference first; the CPU's slower instruction-set
+/// levels too, since their code paths differ from the default's.
+fn present() -> Vec<Device> {
     let mut out = Vec::new();
     for choice in [
         BackendChoice::Reference,
@@ -52,18 +50,17 @@ fn present() -> Vec<Arc<dyn Backend>> {
         BackendChoice::Cuda,
     ] {
         match backend::select(choice) {
-            Ok(s) => out.push(s.backend),
+            Ok((d, _)) => out.push(d),
             Err(e) => eprintln!("skipping {choice:?}: {e}"),
         }
         if choice == BackendChoice::Cpu {
-            // The slower instruction-set levels this CPU also runs: their code paths differ
-            // from the default's, so a new machine should check them too.
             let best = Isa::detect();
-            for isa in Isa::ALL.into_iter().filter(|&i| i < best) {
-                if let Some(b) = CpuAt::new(isa) {
-                    out.push(Arc::new(b));
-                }
-            }
+            out.extend(
+                Isa::ALL
+                    .into_iter()
+                    .filter(|&i| i < best)
+                    .filter_map(Device::cpu_at),
+            );
         }
     }
     out
@@ -165,20 +162,24 @@ fn short(h: &blake3::Hasher) -> String {
     h.finalize().to_hex()[..12].to_string()
 }
 
-/// The text codec on `path` under every matmul kernel this CPU has: the tokens, the coder's
-/// intervals (the integer model's output through its frequency table: everything the
-/// kernels compute), the compressed stream, and its decode, which must be the input.
+/// The text codec on `path` on every CPU instruction-set level this CPU runs (each runs its
+/// own matmul, rescale and attention kernels): the tokens, the coder's intervals (the integer
+/// model's output through its frequency table: everything the kernels compute), the
+/// compressed stream, and its decode, which must be the input.
 fn text_parity(path: &std::path::Path, model: &Model, out: &mut Report) -> Result<usize> {
     let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let opts = text_codec::Options::default();
     let seg_len = model.config.n_ctx.saturating_sub(1).max(1) as usize;
     let mut rows = Vec::new();
     let mut title = String::new();
-    for k in [Kernel::Generic, Kernel::Avx2, Kernel::Vnni] {
-        forward::force_kernel(Some(k));
-        if forward::active_kernel() != k {
+    for isa in Isa::ALL {
+        let Some(device) = Device::cpu_at(isa) else {
+            eprintln!(
+                "skipping the {} level: this CPU does not run it",
+                isa.name()
+            );
             continue;
-        }
+        };
         let start = std::time::Instant::now();
         let result = (|| {
             let tokens = tokenizer::encode(&data)?;
@@ -186,25 +187,28 @@ fn text_parity(path: &std::path::Path, model: &Model, out: &mut Report) -> Resul
             for t in &tokens {
                 h[0].update(&t.to_le_bytes());
             }
+            let mut session = device.lm()?.load(model, 1)?;
             for seg in tokens.chunks(seg_len) {
-                for (cum, f) in text_codec::segment_intervals(model, seg, opts.match_model)? {
+                let iv =
+                    text_codec::segment_intervals(session.as_mut(), model, seg, opts.match_model)?;
+                for (cum, f) in iv {
                     h[1].update(&cum.to_le_bytes());
                     h[1].update(&f.to_le_bytes());
                 }
             }
-            let stream = text_codec::compress_unverified(model, &data, &opts)?;
+            let stream = text_codec::compress_unverified(model, &data, &opts, &device)?;
             h[2].update(&stream);
-            let back = text_codec::decompress(model, &stream)?;
+            let back = text_codec::decompress(model, &stream, &device)?;
             if back != data {
                 return Err(Error::Mismatch(format!(
-                    "{}: the {k:?} kernel's stream does not decode to the input",
-                    path.display()
+                    "{}: the stream of {} does not decode to the input",
+                    path.display(),
+                    device.name()
                 )));
             }
             h[3].update(&back);
             Ok((tokens.len(), h))
         })();
-        forward::force_kernel(None);
         let (n_tokens, h) = result?;
         if rows.is_empty() {
             title = format!(
@@ -214,8 +218,8 @@ fn text_parity(path: &std::path::Path, model: &Model, out: &mut Report) -> Resul
             );
         }
         rows.push((
-            format!("{k:?}").to_lowercase(),
-            "CPU, integer GPT-2 matmul kernel".to_string(),
+            device.name().to_string(),
+            device.describe(),
             h.iter().map(short).collect(),
             start.elapsed().as_secs_f64(),
         ));
@@ -223,7 +227,7 @@ fn text_parity(path: &std::path::Path, model: &Model, out: &mut Report) -> Resul
     Ok(print_rows(
         out,
         title,
-        "kernel",
+        "device",
         &["tokens", "intervals", "stream", "decoded"],
         &rows,
     ))
@@ -239,7 +243,8 @@ fn checkpoint_parity(files: &[PathBuf], out: &mut Report) -> Result<usize> {
         check_compatible(&r, &t)?;
         let title = format!("{} -> {}", pair[0].display(), pair[1].display());
         let mut rows = Vec::new();
-        for b in &backends {
+        for device in &backends {
+            let b = device.delta()?;
             let start = std::time::Instant::now();
             let mut hashers: [blake3::Hasher; 6] = Default::default();
             for e in &t.tensors {
@@ -249,7 +254,7 @@ fn checkpoint_parity(files: &[PathBuf], out: &mut Report) -> Result<usize> {
                     reference: r.data(r.get(&e.name).unwrap()),
                     target: t.data(e),
                 };
-                let s = stages(b.as_ref(), &p, &opts).map_err(|err| {
+                let s = stages(b, &p, &opts).map_err(|err| {
                     Error::Invalid(format!("{} on '{}': {err}", b.name(), e.name))
                 })?;
                 if let Some(s) = s {
@@ -268,8 +273,8 @@ fn checkpoint_parity(files: &[PathBuf], out: &mut Report) -> Result<usize> {
                 .map(|h| h.finalize().to_hex()[..12].to_string())
                 .collect();
             rows.push((
-                b.name().to_string(),
-                b.device(),
+                device.name().to_string(),
+                device.describe(),
                 hashes,
                 start.elapsed().as_secs_f64(),
             ));

@@ -1,9 +1,11 @@
 //! `lockstep text ...` and `lockstep model ...`.
 
+use lockstep::backend::Device;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
-use lockstep::lm::{convert, model_file::Model, text_codec};
+use lockstep::format::lm::model_file::Model;
+use lockstep::lm::{convert, text_codec};
 use lockstep::Error;
 use serde_json::json;
 
@@ -119,7 +121,7 @@ fn progress_of(
     }
 }
 
-pub fn run_text(cmd: TextCmd) -> lockstep::Result<()> {
+pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
     match cmd {
         TextCmd::Compress {
             input,
@@ -142,6 +144,7 @@ pub fn run_text(cmd: TextCmd) -> lockstep::Result<()> {
                     segment_tokens,
                     match_model: !no_match,
                 },
+                device,
                 &progress_of(&pb, data.len() as u64),
             );
             pb.finish_and_clear();
@@ -187,7 +190,8 @@ pub fn run_text(cmd: TextCmd) -> lockstep::Result<()> {
             let len = text_codec::read_header(&data).map_or(0, |(h, _)| h.original_len);
             let pb = ui::bar(len, json, "decompress");
             let limit = max_size.unwrap_or(text_codec::default_max_output(data.len() as u64));
-            let plain = text_codec::decompress_with(&model, &data, limit, &progress_of(&pb, len));
+            let plain =
+                text_codec::decompress_with(&model, &data, limit, device, &progress_of(&pb, len));
             pb.finish_and_clear();
             let plain =
                 plain.map_err(|e| e.context(format!("text stream {}", files::shown(&input))))?;
@@ -219,7 +223,7 @@ pub(crate) fn print_json(v: &serde_json::Value) {
     );
 }
 
-pub fn run_model(cmd: ModelCmd) -> lockstep::Result<()> {
+pub fn run_model(cmd: ModelCmd, _device: &Device) -> lockstep::Result<()> {
     match cmd {
         ModelCmd::Convert {
             input,

@@ -1,9 +1,9 @@
 //! Diagnostics the paper reports: how much the reference exponent tells about the residual's
 //! bit length. Floating point is fine here: nothing in this module shapes coded bytes.
 
-use crate::format::symbols::{bitlen, exp_class};
 use crate::dtype::DType;
 use crate::float;
+use crate::format::symbols::{bitlen, exp_class};
 
 /// Joint counts of (paper-layout b, reference exponent class).
 #[derive(Clone, Debug, Default)]

@@ -2,16 +2,16 @@
 
 use std::borrow::Cow;
 
-use crate::format::chunk::{chunk_ranges, DecodeChunk, CHUNK_ELEMS, LANES};
-use crate::format::tables::{Hist, Space, Stage, StageTable, Tables};
-use crate::format::symbols::{joint_parts, Layout, JOINT_MAX_WIDTH};
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
-use crate::format::layout_stages;
 use crate::backend::{Backend, Checked, DecodeJob, EncodeJob, HistRequest};
-use crate::format::neighbor_distance;
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::{COST_ONE_BIT, PROB_BITS};
+use crate::format::chunk::{chunk_ranges, DecodeChunk, CHUNK_ELEMS, LANES};
+use crate::format::layout_stages;
+use crate::format::neighbor_distance;
+use crate::format::symbols::{joint_parts, Layout, JOINT_MAX_WIDTH};
+use crate::format::tables::{Hist, Space, Stage, StageTable, Tables};
 use crate::{Error, Result};
 
 pub const MAGIC: &[u8; 4] = b"LSDB";

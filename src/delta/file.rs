@@ -61,7 +61,16 @@ pub fn encode_file(
 ) -> Result<Vec<TensorOutcome>> {
     check_compatible(reference, target)?;
     let mut f = AtomicFile::create(out)?;
-    let outcomes = encode_to(reference, target, &mut f, out, opts, budget, device, &|_| {})?;
+    let outcomes = encode_to(
+        reference,
+        target,
+        &mut f,
+        out,
+        opts,
+        budget,
+        device,
+        &|_| {},
+    )?;
     f.commit()?;
     Ok(outcomes)
 }

@@ -25,9 +25,9 @@ pub mod stats;
 
 use crate::backend::Backend;
 use crate::dtype::DType;
-use crate::{Error, Result};
 pub use crate::format::chunk::{CHUNK_ELEMS, LANES};
 pub use crate::format::symbols::Layout;
+use crate::{Error, Result};
 pub use blob::{BlobHeader, Mode};
 
 /// Which symbol layout to use for float tensors.

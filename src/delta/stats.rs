@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::analysis::BitlenExponent;
-use crate::backend::Device;
 use super::{encode_batched, EncodeOptions, LayoutChoice, Report, TensorPair, DEFAULT_BATCH_BYTES};
+use crate::backend::Device;
 use crate::baseline;
 use crate::checkpoint::Checkpoint;
 use crate::dtype::DType;
@@ -120,7 +120,12 @@ pub fn pair_stats(
             layout,
             condition_on_exponent: cond,
         };
-        per_config.push(encode_batched(&just_pairs, &opts, DEFAULT_BATCH_BYTES, backend)?);
+        per_config.push(encode_batched(
+            &just_pairs,
+            &opts,
+            DEFAULT_BATCH_BYTES,
+            backend,
+        )?);
     }
     for (ci, coded) in per_config.iter().enumerate() {
         for ((_, p), (_, rep)) in pairs.iter().zip(coded) {

@@ -7,8 +7,8 @@
 //! 16-bit words. The encoder performs the mirror image (steps, stages and lanes all reversed)
 //! and reverses its words. Raw tails are bit-packed separately, in element order, LSB first.
 
-use super::tables::{Space, Tables};
 use super::symbols::{neighbor, RefInfo, Sym};
+use super::tables::{Space, Tables};
 use crate::entropy::freq::PROB_BITS;
 use crate::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
 use crate::{Error, Result};

@@ -8,10 +8,10 @@
 //! exponents, so the folded model is the same real function and conversion stays exact.
 
 use super::convert::{convert_bytes, input_channel_log2_max, Equalization};
+use super::tokenizer;
 use crate::backend::lm::{Item, Trace};
 use crate::backend::Device;
 use crate::format::lm::model_file::{Model, FLN};
-use super::tokenizer;
 use crate::Result;
 
 /// Fixed calibration text (English prose, Python, numbers, markup).

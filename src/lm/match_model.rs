@@ -99,7 +99,6 @@ impl MatchModel {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

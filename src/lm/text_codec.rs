@@ -369,7 +369,14 @@ pub fn decompress_limited(
     max_output: u64,
     device: &Device,
 ) -> Result<Vec<u8>> {
-    decompress_pass(model, data, device, Pass::Decompress, max_output, &no_progress)
+    decompress_pass(
+        model,
+        data,
+        device,
+        Pass::Decompress,
+        max_output,
+        &no_progress,
+    )
 }
 
 /// [`decompress_limited`], reporting progress.
@@ -505,30 +512,28 @@ fn decode_group(
         let coded = lm.step(&items)?;
         // One symbol per active segment: the device found it, the coder consumes it.
         let active = st.iter_mut().filter(|s| s.s.len() < s.target);
-        active
-            .zip(coded)
-            .try_for_each(|(s, c)| -> Result<()> {
-                let sym = c.symbol;
-                s.dec.consume(c.cum, c.freq);
-                // The decoder reads exactly the bytes the encoder wrote: needing more means
-                // the segment is corrupt or cut short. Stop now, not after all its tokens.
-                if s.dec.overrun() > 0 {
-                    return Err(Error::format(
-                        WHAT,
-                        format!(
-                            "a segment's coded bytes end after {} of its {} tokens (corrupt or \
+        active.zip(coded).try_for_each(|(s, c)| -> Result<()> {
+            let sym = c.symbol;
+            s.dec.consume(c.cum, c.freq);
+            // The decoder reads exactly the bytes the encoder wrote: needing more means
+            // the segment is corrupt or cut short. Stop now, not after all its tokens.
+            if s.dec.overrun() > 0 {
+                return Err(Error::format(
+                    WHAT,
+                    format!(
+                        "a segment's coded bytes end after {} of its {} tokens (corrupt or \
                              truncated stream)",
-                            s.s.len() - 1,
-                            s.target - 1
-                        ),
-                    ));
-                }
-                s.s.push(sym);
-                if let Some(m) = s.mm.as_mut() {
-                    m.update(&s.s);
-                }
-                Ok(())
-            })?;
+                        s.s.len() - 1,
+                        s.target - 1
+                    ),
+                ));
+            }
+            s.s.push(sym);
+            if let Some(m) = s.mm.as_mut() {
+                m.update(&s.s);
+            }
+            Ok(())
+        })?;
         decoded += who.len() as u64;
         progress(decoded);
     }

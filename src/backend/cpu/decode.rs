@@ -8,9 +8,9 @@ use super::joint::JointDec;
 use super::tables::DecStage;
 use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
 use super::Isa;
-use crate::format::chunk::{DecodeChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{DecodeChunk, LANES};
 use crate::{Error, Result};
 
 fn bad(detail: &str) -> Error {

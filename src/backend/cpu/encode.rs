@@ -6,8 +6,8 @@
 use super::bits::BitWriter;
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
 use super::word::{self, b_context, neighbor_b, rs, up, Word};
-use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{EncodedChunk, LANES};
 
 /// Symbol codes of a chunk's elements; with `tail`, also pack their raw tails.
 #[inline(always)]

@@ -16,8 +16,8 @@ use std::cell::RefCell;
 
 use super::word::{self, Word};
 use super::Isa;
-use crate::format::tables::{Hist, Space};
 use crate::format::symbols::EXP_CLASSES;
+use crate::format::tables::{Hist, Space};
 
 /// What one tensor's pass counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

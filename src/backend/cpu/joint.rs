@@ -10,11 +10,11 @@ use super::encode::{codes, Scratch};
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY, PACKED_IDENTITY};
 use super::word::{rs, Word};
 use super::Isa;
-use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
-use crate::format::tables::{Hist, Space, Stage, StageTable};
-use crate::format::symbols::{joint_parts, joint_symbol, Sym};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
+use crate::format::symbols::{joint_parts, joint_symbol, Sym};
+use crate::format::tables::{Hist, Space, Stage, StageTable};
 use crate::Result;
 
 /// Joint symbol of every per-element code (`b | q1 << 7 | q2 << 8 | neg << 9`, b <= 32).

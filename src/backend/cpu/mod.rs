@@ -16,13 +16,13 @@ mod word;
 
 use rayon::prelude::*;
 
-use crate::format::layout_stages;
-use crate::format::{check_layout, layout_spaces};
 use super::{Backend, Checked, DecodeJob, EncodeJob, HistRequest, Resident};
-use crate::format::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS};
-use crate::format::tables::{Hist, Tables};
-use crate::format::symbols::Layout;
 use crate::dtype::FloatLayout;
+use crate::format::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS};
+use crate::format::layout_stages;
+use crate::format::symbols::Layout;
+use crate::format::tables::{Hist, Tables};
+use crate::format::{check_layout, layout_spaces};
 use crate::{Error, Result};
 use tables::{DecStage, EncStage};
 use word::{InfoFn, Word};

@@ -1,8 +1,8 @@
 //! Transmitted tables turned into what the inner loops want: per row and symbol, the
 //! encoder's division replaced by an exact multiply, and the decoder's slot lookup as a table.
 
-use crate::format::tables::StageTable;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::format::tables::StageTable;
 
 /// One symbol of one row, ready to encode (after ryg_rans' `RansEncSymbol`).
 #[derive(Clone, Copy, Default)]

@@ -5,10 +5,10 @@ use super::gpu::Gpu;
 use super::params::{flatten_tables, Params};
 use super::{groups, u32s, WgpuBackend};
 use crate::backend::{HistRequest, Resident};
-use crate::format::layout_spaces;
 use crate::format::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
-use crate::format::tables::{Hist, Tables};
+use crate::format::layout_spaces;
 use crate::format::symbols::Layout;
+use crate::format::tables::{Hist, Tables};
 use crate::{Error, Result};
 
 pub struct WgpuResident<'a> {

@@ -1,12 +1,12 @@
 //! The uniform parameter block and the tables as the shaders read them.
 
-use crate::format::layout_stages;
-use crate::format::check_layout;
-use crate::format::chunk::CHUNK_ELEMS;
-use crate::format::tables::{Space, Tables};
-use crate::format::symbols::Layout;
 use crate::dtype::FloatLayout;
 use crate::entropy::freq::PROB_TOTAL;
+use crate::format::check_layout;
+use crate::format::chunk::CHUNK_ELEMS;
+use crate::format::layout_stages;
+use crate::format::symbols::Layout;
+use crate::format::tables::{Space, Tables};
 use crate::{Error, Result};
 
 /// The uniform parameter block (struct Params in shaders/prelude.wgsl).

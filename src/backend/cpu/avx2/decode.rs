@@ -21,8 +21,8 @@ use std::mem::MaybeUninit;
 use super::super::decode::{no_row, Stream};
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
-use crate::format::chunk::LANES;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::format::chunk::LANES;
 use crate::{Error, Result};
 
 const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;

@@ -35,9 +35,9 @@ use super::super::bits::BitWriter;
 use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
-use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{EncodedChunk, LANES};
 
 /// Words kept below the stream in the word buffer: [`put4`] stores 8-word blocks that end at
 /// the cursor, so up to 7 words under the lowest stream word are written too.

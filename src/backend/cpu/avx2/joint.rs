@@ -12,9 +12,9 @@ use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, first, gather_flat, load_u16, load_u32, put4, SLACK};
-use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{EncodedChunk, LANES};
 use crate::Result;
 
 /// 8-lane vectors per chunk.

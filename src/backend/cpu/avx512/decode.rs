@@ -14,9 +14,9 @@ use super::super::decode::{no_row, Stream};
 use super::super::joint::code_of_joint;
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
-use crate::format::chunk::LANES;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::LANES;
 use crate::{Error, Result};
 
 const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;

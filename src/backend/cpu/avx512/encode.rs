@@ -21,9 +21,9 @@ use super::super::bits::BitWriter;
 use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
-use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{EncodedChunk, LANES};
 
 /// A chunk's per-element codes into `s.codes` and raw tails into `s.tail` (every layout's
 /// first encoding step): 16-bit elements by the vector pass, others by the portable one.

@@ -13,9 +13,9 @@ use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, gather_flat, put2};
-use crate::format::chunk::{EncodedChunk, LANES};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{EncodedChunk, LANES};
 use crate::Result;
 
 /// The J contexts `er·2 + rs` of 16 elements' reference facts.

@@ -95,4 +95,3 @@ fn attention_body(
         }
     }
 }
-

@@ -103,7 +103,9 @@ pub fn answer(f: &[u64], find: Find) -> Result<Coded> {
                 }
                 cum += freq;
             }
-            Err(Error::Invalid(format!("target {t} beyond the table's total")))
+            Err(Error::Invalid(format!(
+                "target {t} beyond the table's total"
+            )))
         }
     }
 }

@@ -52,4 +52,3 @@ pub fn quantize(y: &[i64], d: usize, frac: i32) -> (Vec<i8>, Vec<(i64, i32)>) {
         .collect();
     (q, scales)
 }
-

@@ -137,7 +137,19 @@ mod tests {
         rescale_reference(&acc, n, &ms, &es, &bias, &tms, &tes, 12, 1 << 26, &mut want);
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
             let mut got = vec![0; 5 * n];
-            rescale(isa, &acc, n, &ms, &es, &bias, &tms, &tes, 12, 1 << 26, &mut got);
+            rescale(
+                isa,
+                &acc,
+                n,
+                &ms,
+                &es,
+                &bias,
+                &tms,
+                &tes,
+                12,
+                1 << 26,
+                &mut got,
+            );
             assert_eq!(got, want, "{isa:?}");
         }
     }
