@@ -9,7 +9,7 @@ use lockstep::backend::wgpu::WgpuBackend;
 use lockstep::backend::Backend;
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
-use lockstep::delta::{decode_tensor_with, EncodeOptions, LayoutChoice, TensorPair};
+use lockstep::delta::{decode_tensor, EncodeOptions, LayoutChoice, TensorPair};
 
 const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/demo");
 
@@ -80,7 +80,7 @@ fn bench_backend(
         bench.iter(|| {
             pool.install(|| {
                 for (p, blob) in pairs.iter().zip(&blobs) {
-                    decode_tensor_with(blob, p.reference, b).unwrap();
+                    decode_tensor(blob, p.reference, b).unwrap();
                 }
             })
         })

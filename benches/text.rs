@@ -6,9 +6,11 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lockstep::format::lm::model_file::Model;
 use lockstep::lm::equalize::CALIBRATION_TEXT;
-use lockstep::lm::random_model::random_model;
+#[path = "../tests/lm_common/random_model.rs"]
+mod random_model;
 use lockstep::lm::text_codec::{compress_unverified, decompress, Options};
 use lockstep::lm::tokenizer;
+use random_model::random_model;
 
 fn bench_model(c: &mut Criterion, name: &str, model: &Model, text: &[u8], seg: u32) {
     let opts = Options {
@@ -20,16 +22,22 @@ fn bench_model(c: &mut Criterion, name: &str, model: &Model, text: &[u8], seg: u
         "{name}: {} bytes, {tokens} tokens, segments of {seg} tokens",
         text.len()
     );
-    let packed = compress_unverified(model, text, &opts).unwrap();
-    assert_eq!(decompress(model, &packed).unwrap(), text);
+    let packed =
+        compress_unverified(model, text, &opts, &lockstep::backend::Device::cpu()).unwrap();
+    assert_eq!(
+        decompress(model, &packed, &lockstep::backend::Device::cpu()).unwrap(),
+        text
+    );
     let mut g = c.benchmark_group(format!("text/{name}"));
     g.sample_size(10);
     g.throughput(Throughput::Bytes(text.len() as u64));
     g.bench_function("compress", |b| {
-        b.iter(|| compress_unverified(model, text, &opts).unwrap())
+        b.iter(|| {
+            compress_unverified(model, text, &opts, &lockstep::backend::Device::cpu()).unwrap()
+        })
     });
     g.bench_function("decompress", |b| {
-        b.iter(|| decompress(model, &packed).unwrap())
+        b.iter(|| decompress(model, &packed, &lockstep::backend::Device::cpu()).unwrap())
     });
     g.finish();
 }

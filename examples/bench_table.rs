@@ -14,7 +14,7 @@ use lockstep::backend::Backend;
 use lockstep::baseline;
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
-use lockstep::delta::{decode_tensor_with, EncodeOptions, LayoutChoice, TensorPair};
+use lockstep::delta::{decode_tensor, EncodeOptions, LayoutChoice, TensorPair};
 
 fn pairs<'a>(r: &'a Checkpoint, t: &'a Checkpoint) -> Vec<TensorPair<'a>> {
     t.tensors
@@ -89,7 +89,7 @@ fn layout_row(
             pairs
                 .par_iter()
                 .zip(&blobs)
-                .map(|(p, blob)| decode_tensor_with(blob, p.reference, b).unwrap())
+                .map(|(p, blob)| decode_tensor(blob, p.reference, b).unwrap())
                 .collect::<Vec<_>>()
         });
         assert!(decoded.iter().zip(pairs).all(|(d, p)| d == p.target));

@@ -8,7 +8,7 @@
 use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
-use lockstep::delta::{decode_tensor_with, EncodeOptions, LayoutChoice, TensorPair};
+use lockstep::delta::{decode_tensor, EncodeOptions, LayoutChoice, TensorPair};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -58,7 +58,7 @@ fn main() {
         let mut pass = 0.0;
         for (b, r, target) in &blobs {
             let start = std::time::Instant::now();
-            let out = decode_tensor_with(b, r, &cpu).unwrap();
+            let out = decode_tensor(b, r, &cpu).unwrap();
             pass += start.elapsed().as_secs_f64();
             assert!(out == *target, "decoded other bytes");
         }

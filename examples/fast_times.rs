@@ -11,7 +11,7 @@
 //! - `decode`: `Backend::decode` (tables, lanes, tails, inverse transform); every output is
 //!   compared with the target outside the timed region;
 //! - `blob enc` / `blob dec`: the whole per-tensor pipeline, `encode_unverified` (with its
-//!   layout trials: the default layout tries Signed and Paper) and `decode_tensor_with`
+//!   layout trials: the default layout tries Signed and Paper) and `decode_tensor`
 //!   (blob parsing, tables, checks), as `examples/bench_table.rs` times it.
 //!
 //! `cargo run --release --example fast_times [portable|avx2|avx512 ...]` (default: every
@@ -22,8 +22,9 @@ use std::time::Instant;
 use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::{Backend, DecodeJob, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
-use lockstep::delta::blob::{encode_unverified, neighbor_distance};
-use lockstep::delta::{decode_tensor_with, EncodeOptions, Layout, LayoutChoice, TensorPair};
+use lockstep::delta::blob::encode_unverified;
+use lockstep::delta::{decode_tensor, EncodeOptions, Layout, LayoutChoice, TensorPair};
+use lockstep::format::neighbor_distance;
 use lockstep::format::tables::{StageTable, Tables};
 
 const LAYOUTS: [(Layout, &str); 2] = [(Layout::Signed, "default"), (Layout::Joint, "fast")];
@@ -181,7 +182,7 @@ fn main() {
                 for t in &tensors {
                     let (blob, s) = timed(|| encode_unverified(&t.pair, &opts, &cpu).unwrap().0);
                     t_benc += s;
-                    let (got, s) = timed(|| decode_tensor_with(&blob, t.reference, &cpu).unwrap());
+                    let (got, s) = timed(|| decode_tensor(&blob, t.reference, &cpu).unwrap());
                     t_bdec += s;
                     assert!(got == t.target, "{name} blob decode differs");
                 }

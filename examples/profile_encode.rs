@@ -3,7 +3,7 @@
 use lockstep::backend::cpu::CpuBackend;
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_unverified;
-use lockstep::delta::{decode_tensor_with, EncodeOptions, TensorPair};
+use lockstep::delta::{decode_tensor, EncodeOptions, TensorPair};
 
 fn main() {
     let dir = concat!(
@@ -33,7 +33,7 @@ fn main() {
                 target: t.data(e),
             };
             let (blob, _) = encode_unverified(&p, &opts, &CpuBackend).unwrap();
-            decode_tensor_with(&blob, p.reference, &CpuBackend).unwrap();
+            decode_tensor(&blob, p.reference, &CpuBackend).unwrap();
         }
     }
 }

@@ -1,21 +1,20 @@
-//! Parity of every backend with the reference, stage by stage and end to end. Each check is
-//! written once as `fn check(backend)` and instantiated per backend by `parity_tests!` (after
-//! candle's `test_device!`). Exact means exact: bytes are compared, never tolerances.
+//! Parity of every device's delta kernels with the reference, stage by stage and end to end.
+//! Each check is written once as `fn check(backend)` and instantiated per device by
+//! `parity_tests!` (after candle's `test_device!`; `tests/devices` says which are present and
+//! which `LOCKSTEP_REQUIRE` makes mandatory). Exact means exact: bytes are compared, never
+//! tolerances.
 
 mod common;
+mod devices;
 
-use std::sync::Arc;
-
-use lockstep::backend::cpu::{CpuAt, Isa};
 use lockstep::backend::reference::ReferenceBackend;
-use lockstep::backend::wgpu::WgpuBackend;
-use lockstep::backend::{Backend, DecodeJob, EncodeJob};
+use lockstep::backend::{Backend, DecodeJob, Device, EncodeJob};
 use lockstep::checkpoint::Checkpoint;
-use lockstep::delta::blob::encode_modeled_only_on;
+use lockstep::delta::blob::encode_modeled_only;
 use lockstep::delta::parity::{first_difference, stages};
 use lockstep::delta::{
-    decode_tensor_with, encode_batched_with, encode_tensor_with, EncodeOptions, Layout,
-    LayoutChoice, TensorPair, CHUNK_ELEMS, LANES,
+    decode_tensor, encode_batched, encode_tensor, EncodeOptions, Layout, LayoutChoice, TensorPair,
+    CHUNK_ELEMS, LANES,
 };
 use lockstep::dtype::DType;
 use lockstep::format::tables::{StageTable, Tables};
@@ -225,11 +224,11 @@ pub fn cross_decode(backend: &dyn Backend) {
                 layout,
                 ..EncodeOptions::default()
             };
-            let (ours, _) = encode_tensor_with(&pair, &opts, backend).unwrap();
-            let (theirs, _) = encode_tensor_with(&pair, &opts, &ReferenceBackend).unwrap();
+            let (ours, _) = encode_tensor(&pair, &opts, backend).unwrap();
+            let (theirs, _) = encode_tensor(&pair, &opts, &ReferenceBackend).unwrap();
             assert_eq!(ours, theirs, "{dtype} {layout:?}");
-            assert_eq!(decode_tensor_with(&ours, &r, &ReferenceBackend).unwrap(), x);
-            assert_eq!(decode_tensor_with(&theirs, &r, backend).unwrap(), x);
+            assert_eq!(decode_tensor(&ours, &r, &ReferenceBackend).unwrap(), x);
+            assert_eq!(decode_tensor(&theirs, &r, backend).unwrap(), x);
         }
     }
 }
@@ -261,15 +260,15 @@ pub fn every_pattern_modeled(backend: &dyn Backend) {
             target: t,
         };
         for opts in options() {
-            let (want, _) = encode_modeled_only_on(&pair, &opts, &ReferenceBackend).unwrap();
-            let (got, _) = encode_modeled_only_on(&pair, &opts, backend).unwrap();
+            let (want, _) = encode_modeled_only(&pair, &opts, &ReferenceBackend).unwrap();
+            let (got, _) = encode_modeled_only(&pair, &opts, backend).unwrap();
             assert!(
                 want == got,
                 "{dtype} {opts:?}: {} blob differs",
                 backend.name()
             );
             assert_eq!(
-                &decode_tensor_with(&got, r, backend).unwrap(),
+                &decode_tensor(&got, r, backend).unwrap(),
                 t,
                 "{dtype} {opts:?}"
             );
@@ -312,8 +311,8 @@ pub fn corrupt_streams_error(backend: &dyn Backend) {
         layout: LayoutChoice::Fast,
         ..EncodeOptions::default()
     };
-    let (blob, _) = encode_tensor_with(&pair, &EncodeOptions::default(), backend).unwrap();
-    let (fast_blob, _) = encode_tensor_with(&pair, &fast, backend).unwrap();
+    let (blob, _) = encode_tensor(&pair, &EncodeOptions::default(), backend).unwrap();
+    let (fast_blob, _) = encode_tensor(&pair, &fast, backend).unwrap();
     let mut rng = Rng(77);
     for i in 0..80 {
         let blob = if i % 2 == 0 { &blob } else { &fast_blob };
@@ -323,8 +322,8 @@ pub fn corrupt_streams_error(backend: &dyn Backend) {
         bad[at] ^= 1 << (rng.next() % 8);
         let crc = crc32fast::hash(&bad[..body]);
         bad[body..].copy_from_slice(&crc.to_le_bytes());
-        let want = decode_tensor_with(&bad, &r, &ReferenceBackend);
-        let got = decode_tensor_with(&bad, &r, backend);
+        let want = decode_tensor(&bad, &r, &ReferenceBackend);
+        let got = decode_tensor(&bad, &r, backend);
         assert_eq!(want.is_ok(), got.is_ok(), "byte {at}: {want:?} vs {got:?}");
         if let (Ok(a), Ok(b)) = (want, got) {
             assert_eq!(a, b);
@@ -346,7 +345,7 @@ pub fn golden_blobs(backend: &dyn Backend) {
             reference: &c.reference,
             target: &c.target,
         };
-        let (ours, _) = encode_tensor_with(&pair, &c.opts, backend).unwrap();
+        let (ours, _) = encode_tensor(&pair, &c.opts, backend).unwrap();
         assert!(
             ours == blob,
             "{}: {} does not emit the golden bytes",
@@ -354,7 +353,7 @@ pub fn golden_blobs(backend: &dyn Backend) {
             backend.name()
         );
         assert_eq!(
-            decode_tensor_with(&blob, &c.reference, backend).unwrap(),
+            decode_tensor(&blob, &c.reference, backend).unwrap(),
             c.target,
             "{}: {} decode of the golden blob",
             c.name,
@@ -430,14 +429,14 @@ pub fn threads_and_budgets(backend: &dyn Backend, max_elems: usize) {
         .map(|(_, p)| p)
         .collect();
     let opts = EncodeOptions::default();
-    let want = encode_batched_with(&pairs, &opts, usize::MAX, &ReferenceBackend).unwrap();
+    let want = encode_batched(&pairs, &opts, usize::MAX, &ReferenceBackend).unwrap();
     for threads in [1, 2, 7] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .unwrap();
         for budget in [1 << 16, 1 << 20, 64 << 20] {
-            let got = pool.install(|| encode_batched_with(&pairs, &opts, budget, backend).unwrap());
+            let got = pool.install(|| encode_batched(&pairs, &opts, budget, backend).unwrap());
             assert!(
                 got.iter().map(|g| &g.0).eq(want.iter().map(|w| &w.0)),
                 "threads={threads} budget={budget}"
@@ -511,103 +510,79 @@ pub fn quiet_chunks(backend: &dyn Backend) {
 }
 
 macro_rules! parity_tests {
-    ($name:ident, $backend:expr, $max_len:expr, $batch_elems:expr) => {
+    ($name:ident, $max_len:expr, $batch_elems:expr) => {
         mod $name {
             use super::*;
 
-            fn backend() -> Option<Arc<dyn Backend>> {
-                $backend
+            fn device() -> Option<Device> {
+                devices::device(stringify!($name))
             }
 
             #[test]
             fn random_tensors_every_dtype_and_odd_length() {
-                if let Some(b) = backend() {
-                    random_every_dtype(b.as_ref(), $max_len);
+                if let Some(d) = device() {
+                    random_every_dtype(d.delta().unwrap(), $max_len);
                 }
             }
 
             #[test]
             fn golden_blobs_encode_and_decode() {
-                if let Some(b) = backend() {
-                    golden_blobs(b.as_ref());
+                if let Some(d) = device() {
+                    golden_blobs(d.delta().unwrap());
                 }
             }
 
             #[test]
             fn every_bit_pattern_in_modeled_mode() {
-                if let Some(b) = backend() {
-                    every_pattern_modeled(b.as_ref());
+                if let Some(d) = device() {
+                    every_pattern_modeled(d.delta().unwrap());
                 }
             }
 
             #[test]
             fn cross_backend_decode() {
-                if let Some(b) = backend() {
-                    cross_decode(b.as_ref());
+                if let Some(d) = device() {
+                    cross_decode(d.delta().unwrap());
                 }
             }
 
             #[test]
             fn quiet_chunks_decode() {
-                if let Some(b) = backend() {
-                    quiet_chunks(b.as_ref());
+                if let Some(d) = device() {
+                    quiet_chunks(d.delta().unwrap());
                 }
             }
 
             #[test]
             fn corrupt_streams_are_errors() {
-                if let Some(b) = backend() {
-                    corrupt_streams_error(b.as_ref());
+                if let Some(d) = device() {
+                    corrupt_streams_error(d.delta().unwrap());
                 }
             }
 
             #[test]
             fn real_trajectory_stage_by_stage() {
-                if let Some(b) = backend() {
-                    real_trajectory(b.as_ref(), usize::MAX);
+                if let Some(d) = device() {
+                    real_trajectory(d.delta().unwrap(), usize::MAX);
                 }
             }
 
             #[test]
             fn thread_counts_and_batch_budgets() {
-                if let Some(b) = backend() {
-                    threads_and_budgets(b.as_ref(), $batch_elems);
+                if let Some(d) = device() {
+                    threads_and_budgets(d.delta().unwrap(), $batch_elems);
                 }
             }
         }
     };
 }
 
-/// The wgpu backend, or `None` with a printed reason; in CI (`CI=true`) a missing adapter is
-/// a failure, not a skip.
-fn wgpu_or_skip() -> Option<Arc<dyn Backend>> {
-    match WgpuBackend::new(false) {
-        Ok(b) => Some(Arc::new(b)),
-        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("CI=true but the wgpu backend is unavailable: {e}")
-        }
-        Err(e) => {
-            eprintln!("SKIP: wgpu backend unavailable: {e}");
-            None
-        }
-    }
-}
-
-/// The fast CPU backend pinned to `isa`, or `None` with a printed reason when this CPU lacks it.
-fn cpu_at(isa: Isa) -> Option<Arc<dyn Backend>> {
-    match CpuAt::new(isa) {
-        Some(b) => Some(Arc::new(b)),
-        None => {
-            eprintln!("SKIP: this CPU has no {}", isa.name());
-            None
-        }
-    }
-}
-
 // The auto-selected CPU backend is one of these levels (the best this CPU runs).
-parity_tests!(cpu_portable, cpu_at(Isa::Portable), usize::MAX, usize::MAX);
-parity_tests!(cpu_avx2, cpu_at(Isa::Avx2), usize::MAX, usize::MAX);
-parity_tests!(cpu_avx512, cpu_at(Isa::Avx512), usize::MAX, usize::MAX);
+parity_tests!(portable, usize::MAX, usize::MAX);
+parity_tests!(avx2, usize::MAX, usize::MAX);
+parity_tests!(avx512, usize::MAX, usize::MAX);
 // lavapipe is slow: the batch matrix runs on the tensors up to 1M elements (all but the
 // embeddings); the stage-by-stage test above covers the whole checkpoint once.
-parity_tests!(wgpu, wgpu_or_skip(), usize::MAX, 1 << 20);
+parity_tests!(wgpu, usize::MAX, 1 << 20);
+// No CUDA device in this build: skipped, or a failure where LOCKSTEP_REQUIRE names it.
+parity_tests!(cuda, usize::MAX, usize::MAX);

@@ -21,7 +21,12 @@ fn sample_blob() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
         reference: &r,
         target: &t,
     };
-    let (blob, _) = encode_tensor(&pair, &EncodeOptions::default()).unwrap();
+    let (blob, _) = encode_tensor(
+        &pair,
+        &EncodeOptions::default(),
+        &lockstep::backend::cpu::CpuBackend,
+    )
+    .unwrap();
     (blob, r, t)
 }
 
@@ -30,7 +35,7 @@ fn every_truncation_is_an_error() {
     let (blob, r, _) = sample_blob();
     for len in 0..blob.len() {
         assert!(
-            decode_tensor(&blob[..len], &r).is_err(),
+            decode_tensor(&blob[..len], &r, &lockstep::backend::cpu::CpuBackend).is_err(),
             "prefix of {len} bytes decoded"
         );
     }
@@ -42,7 +47,7 @@ fn corruption_is_caught_by_the_checksum() {
     for i in (0..blob.len()).step_by(7) {
         let mut b = blob.clone();
         b[i] ^= 0x10;
-        match decode_tensor(&b, &r) {
+        match decode_tensor(&b, &r, &lockstep::backend::cpu::CpuBackend) {
             Err(Error::Checksum { .. }) | Err(Error::Format { .. }) => {}
             other => panic!("byte {i}: {other:?}"),
         }
@@ -64,7 +69,8 @@ fn corruption_with_a_valid_checksum_never_panics() {
         }
         let crc = crc32fast::hash(&b[..body]);
         b[body..].copy_from_slice(&crc.to_le_bytes());
-        let result = std::panic::catch_unwind(|| decode_tensor(&b, &r));
+        let result =
+            std::panic::catch_unwind(|| decode_tensor(&b, &r, &lockstep::backend::cpu::CpuBackend));
         match result {
             Ok(Ok(out)) => assert_eq!(
                 out, t,
@@ -81,9 +87,13 @@ fn wrong_reference_is_named() {
     let (blob, r, _) = sample_blob();
     let mut other = r.clone();
     other[10] ^= 1;
-    let err = decode_tensor(&blob, &other).unwrap_err().to_string();
+    let err = decode_tensor(&blob, &other, &lockstep::backend::cpu::CpuBackend)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("wrong reference"), "{err}");
-    let err = decode_tensor(&blob, &r[..100]).unwrap_err().to_string();
+    let err = decode_tensor(&blob, &r[..100], &lockstep::backend::cpu::CpuBackend)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("reference tensor has 100 bytes"), "{err}");
 }
 
@@ -97,7 +107,11 @@ fn encode_rejects_inconsistent_lengths() {
         target: &t,
     };
     assert!(matches!(
-        encode_tensor(&pair, &EncodeOptions::default()),
+        encode_tensor(
+            &pair,
+            &EncodeOptions::default(),
+            &lockstep::backend::cpu::CpuBackend
+        ),
         Err(Error::Mismatch(_))
     ));
 }
@@ -128,6 +142,7 @@ fn mismatched_checkpoints_name_the_tensor_and_leave_no_output() {
             &out,
             &EncodeOptions::default(),
             DEFAULT_BATCH_BYTES,
+            &lockstep::backend::Device::cpu(),
         )
         .unwrap_err()
         .to_string();
@@ -154,19 +169,25 @@ fn truncated_delta_file_fails_and_keeps_existing_output() {
         &lsd,
         &EncodeOptions::default(),
         DEFAULT_BATCH_BYTES,
+        &lockstep::backend::Device::cpu(),
     )
     .unwrap();
     let bytes = std::fs::read(&lsd).unwrap();
     let out = dir.path().join("out.safetensors");
     std::fs::write(&out, b"precious").unwrap();
     for len in [0, 3, 10, bytes.len() / 2, bytes.len() - 1] {
-        assert!(decode_file(&ra, &bytes[..len], &out).is_err(), "{len}");
+        assert!(
+            decode_file(&ra, &bytes[..len], &out, &lockstep::backend::Device::cpu()).is_err(),
+            "{len}"
+        );
         assert_eq!(std::fs::read(&out).unwrap(), b"precious");
     }
     // Decoding against the wrong reference names the problem.
-    let err = decode_file(&rb, &bytes, &out).unwrap_err().to_string();
+    let err = decode_file(&rb, &bytes, &out, &lockstep::backend::Device::cpu())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("wrong reference"), "{err}");
-    decode_file(&ra, &bytes, &out).unwrap();
+    decode_file(&ra, &bytes, &out, &lockstep::backend::Device::cpu()).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&b).unwrap());
 }
 

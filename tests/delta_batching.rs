@@ -51,10 +51,18 @@ fn bytes_do_not_depend_on_batch_budget_or_threads() {
             .num_threads(threads)
             .build()
             .unwrap();
-        pool.install(|| encode_batched(&pairs, &EncodeOptions::default(), budget).unwrap())
-            .into_iter()
-            .map(|(blob, _)| blob)
-            .collect::<Vec<_>>()
+        pool.install(|| {
+            encode_batched(
+                &pairs,
+                &EncodeOptions::default(),
+                budget,
+                &lockstep::backend::cpu::CpuBackend,
+            )
+            .unwrap()
+        })
+        .into_iter()
+        .map(|(blob, _)| blob)
+        .collect::<Vec<_>>()
     };
     let baseline = run(1, usize::MAX);
     for threads in [1, 2, 7] {

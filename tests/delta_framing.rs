@@ -26,6 +26,7 @@ fn framing_is_under_0_3_percent_at_a_million_elements() {
                 layout,
                 ..EncodeOptions::default()
             },
+            &lockstep::backend::cpu::CpuBackend,
         )
         .unwrap();
         let share = rep.framing_bytes() as f64 / blob.len() as f64;

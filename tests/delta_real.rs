@@ -38,8 +38,22 @@ fn every_adjacent_pair_roundtrips_through_lsd_files() {
     for (r, t) in pairs() {
         let lsd = dir.path().join("d.lsd");
         let out = dir.path().join("back.safetensors");
-        encode_file(&r, &t, &lsd, &EncodeOptions::default(), DEFAULT_BATCH_BYTES).unwrap();
-        decode_file(&r, &std::fs::read(&lsd).unwrap(), &out).unwrap();
+        encode_file(
+            &r,
+            &t,
+            &lsd,
+            &EncodeOptions::default(),
+            DEFAULT_BATCH_BYTES,
+            &lockstep::backend::Device::cpu(),
+        )
+        .unwrap();
+        decode_file(
+            &r,
+            &std::fs::read(&lsd).unwrap(),
+            &out,
+            &lockstep::backend::Device::cpu(),
+        )
+        .unwrap();
         assert!(
             std::fs::read(&out).unwrap() == t.bytes(),
             "{} not byte-identical",
@@ -71,8 +85,13 @@ fn default_is_never_larger_than_paper_mode_per_tensor() {
                 layout: LayoutChoice::Paper,
                 ..EncodeOptions::default()
             };
-            let (p, _) = encode_tensor(&pair, &paper).unwrap();
-            let (o, _) = encode_tensor(&pair, &EncodeOptions::default()).unwrap();
+            let (p, _) = encode_tensor(&pair, &paper, &lockstep::backend::cpu::CpuBackend).unwrap();
+            let (o, _) = encode_tensor(
+                &pair,
+                &EncodeOptions::default(),
+                &lockstep::backend::cpu::CpuBackend,
+            )
+            .unwrap();
             assert!(
                 o.len() <= p.len() + 8,
                 "{}: default {} > paper {}",
@@ -112,6 +131,7 @@ fn framing_overhead_on_the_embedding_is_under_0_3_percent() {
                     layout,
                     ..EncodeOptions::default()
                 },
+                &lockstep::backend::cpu::CpuBackend,
             )
             .unwrap();
             let share = rep.framing_bytes() as f64 / rep.blob_bytes as f64;

@@ -56,18 +56,19 @@ fn roundtrip(
     };
     if dtype.is_float() {
         // The entropy coder itself, even where the raw fallback would win.
-        let (blob, report) = encode_modeled_only(&pair, opts).unwrap();
+        let (blob, report) =
+            encode_modeled_only(&pair, opts, &lockstep::backend::cpu::CpuBackend).unwrap();
         assert_eq!(report.mode, Some(Mode::Modeled));
         assert_eq!(
-            decode_tensor(&blob, reference).unwrap(),
+            decode_tensor(&blob, reference, &lockstep::backend::cpu::CpuBackend).unwrap(),
             target,
             "modeled {dtype} {shape:?} {opts:?}"
         );
     }
-    let (blob, report) =
-        encode_tensor(&pair, opts).unwrap_or_else(|e| panic!("{dtype} {shape:?}: {e}"));
+    let (blob, report) = encode_tensor(&pair, opts, &lockstep::backend::cpu::CpuBackend)
+        .unwrap_or_else(|e| panic!("{dtype} {shape:?}: {e}"));
     assert_eq!(
-        decode_tensor(&blob, reference).unwrap(),
+        decode_tensor(&blob, reference, &lockstep::backend::cpu::CpuBackend).unwrap(),
         target,
         "{dtype} {shape:?} {opts:?}"
     );
@@ -225,10 +226,18 @@ fn identical_tensors_cost_only_a_header() {
         reference: &r,
         target: &r,
     };
-    let (blob, rep) = encode_tensor(&pair, &EncodeOptions::default()).unwrap();
+    let (blob, rep) = encode_tensor(
+        &pair,
+        &EncodeOptions::default(),
+        &lockstep::backend::cpu::CpuBackend,
+    )
+    .unwrap();
     assert_eq!(rep.mode, Some(Mode::Identical));
     assert!(blob.len() < 32, "{}", blob.len());
-    assert_eq!(decode_tensor(&blob, &r).unwrap(), r);
+    assert_eq!(
+        decode_tensor(&blob, &r, &lockstep::backend::cpu::CpuBackend).unwrap(),
+        r
+    );
 }
 
 #[test]
@@ -244,7 +253,12 @@ fn small_tensors_never_cost_more_than_raw_plus_a_few_bytes() {
                 reference: &r,
                 target: &t,
             };
-            let (blob, _) = encode_tensor(&pair, &EncodeOptions::default()).unwrap();
+            let (blob, _) = encode_tensor(
+                &pair,
+                &EncodeOptions::default(),
+                &lockstep::backend::cpu::CpuBackend,
+            )
+            .unwrap();
             assert!(
                 blob.len() <= t.len() + RAW_OVERHEAD,
                 "{dtype} n={n}: {} bytes for {} raw",

@@ -8,6 +8,8 @@
 
 #[path = "../fuzz/src/lib.rs"]
 mod harness;
+#[path = "lm_common/random_model.rs"]
+mod random_model;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -319,8 +321,12 @@ fn write_fuzz_seeds() {
             reference: &reference,
             target: &target,
         };
-        let (blob, _) = delta::encode_tensor(&pair, &opts).unwrap();
-        assert_eq!(delta::decode_tensor(&blob, &reference).unwrap(), target);
+        let (blob, _) =
+            delta::encode_tensor(&pair, &opts, &lockstep::backend::cpu::CpuBackend).unwrap();
+        assert_eq!(
+            delta::decode_tensor(&blob, &reference, &lockstep::backend::cpu::CpuBackend).unwrap(),
+            target
+        );
         write_seed("blob_decode", &format!("{name}.lsdb"), &blob);
         if let Some(r) = harness::rans_input_from_blob(&blob) {
             write_seed("rans_decode", &format!("{name}.bin"), &r);
@@ -337,7 +343,12 @@ fn write_fuzz_seeds() {
             reference: &reference,
             target: &target,
         };
-        let (blob, _) = delta::encode_tensor(&pair, &Default::default()).unwrap();
+        let (blob, _) = delta::encode_tensor(
+            &pair,
+            &Default::default(),
+            &lockstep::backend::cpu::CpuBackend,
+        )
+        .unwrap();
         write_seed("blob_decode", &format!("{name}.lsdb"), &blob);
     }
 
@@ -371,11 +382,27 @@ fn write_fuzz_seeds() {
         ),
     ] {
         let out = t.join(name);
-        delta::file::encode_file(&ck_ref, &ck_tgt, &out, &opts, 1 << 20).unwrap();
+        delta::file::encode_file(
+            &ck_ref,
+            &ck_tgt,
+            &out,
+            &opts,
+            1 << 20,
+            &lockstep::backend::Device::cpu(),
+        )
+        .unwrap();
         write_seed("lsd_read", name, &std::fs::read(&out).unwrap());
     }
     let out = t.join("self.lsd");
-    delta::file::encode_file(&ck_ref, &ck_ref, &out, &Default::default(), 1 << 20).unwrap();
+    delta::file::encode_file(
+        &ck_ref,
+        &ck_ref,
+        &out,
+        &Default::default(),
+        1 << 20,
+        &lockstep::backend::Device::cpu(),
+    )
+    .unwrap();
     write_seed("lsd_read", "identical.lsd", &std::fs::read(&out).unwrap());
 
     // Archives: three small checkpoints, keyframe interval 2 (anchor, delta, anchor).
@@ -460,16 +487,26 @@ fn write_fuzz_seeds() {
         ),
     ];
     for (name, text, o) in texts {
-        write_seed("text_decode", name, &compress(model, text, &o).unwrap());
+        write_seed(
+            "text_decode",
+            name,
+            &compress(model, text, &o, &lockstep::backend::Device::cpu()).unwrap(),
+        );
     }
     write_seed(
         "text_decode",
         "empty.lst",
-        &compress(model, b"", &Options::default()).unwrap(),
+        &compress(
+            model,
+            b"",
+            &Options::default(),
+            &lockstep::backend::Device::cpu(),
+        )
+        .unwrap(),
     );
 
     // A tiny random model (the shipped one is 8 MB).
-    let mut m = lockstep::lm::random_model::random_model(1, 8, 2, 8, 16, 1);
+    let mut m = random_model::random_model(1, 8, 2, 8, 16, 1);
     let bytes = m.to_bytes();
     assert!(lockstep::format::lm::model_file::Model::from_bytes(&bytes).is_ok());
     write_seed("model_load", "tiny.lsm", &bytes);

@@ -20,7 +20,7 @@ fn golden_blobs_are_stable() {
             reference: &c.reference,
             target: &c.target,
         };
-        let (blob, _) = encode_tensor(&pair, &c.opts).unwrap();
+        let (blob, _) = encode_tensor(&pair, &c.opts, &lockstep::backend::cpu::CpuBackend).unwrap();
         let path = dir.join(format!("{}.lsdb", c.name));
         if bless {
             std::fs::write(&path, &blob).unwrap();
@@ -29,7 +29,7 @@ fn golden_blobs_are_stable() {
         let golden = std::fs::read(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (bless with LOCKSTEP_BLESS=1)", path.display()));
         assert_eq!(
-            decode_tensor(&golden, &c.reference).unwrap(),
+            decode_tensor(&golden, &c.reference, &lockstep::backend::cpu::CpuBackend).unwrap(),
             c.target,
             "{}: golden blob no longer decodes",
             c.name

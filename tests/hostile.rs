@@ -333,11 +333,12 @@ fn a_tiny_text_stream_cannot_ask_for_minutes_of_model_work() {
     f.extend_from_slice(&[0x5a, 0x17, 0xc3, 0x99, 0x01]);
     assert!(f.len() < 130, "{}", f.len());
     // Over the default limit (64 times its size, at least 16 KiB): refused before any work.
-    let e = text_codec::decompress(&m, &f).unwrap_err();
+    let e = text_codec::decompress(&m, &f, &lockstep::backend::Device::cpu()).unwrap_err();
     assert_eq!(e.exit_code(), 5, "{e}");
     assert!(e.to_string().contains("--max-size"), "{e}");
     // Allowed to try, the decoder stops as soon as the coded bytes run out.
-    let e = text_codec::decompress_limited(&m, &f, u64::MAX).unwrap_err();
+    let e = text_codec::decompress_limited(&m, &f, u64::MAX, &lockstep::backend::Device::cpu())
+        .unwrap_err();
     assert_eq!(e.exit_code(), 3, "{e}");
     let msg = e.to_string();
     let after: usize = msg
@@ -478,10 +479,17 @@ fn twenty_thousand_tensors_encode_and_decode() {
         &out,
         &lockstep::delta::EncodeOptions::default(),
         64 << 20,
+        &lockstep::backend::Device::cpu(),
     )
     .unwrap();
     let back = dir.path().join("back.safetensors");
-    lockstep::delta::file::decode_file(&r, &std::fs::read(&out).unwrap(), &back).unwrap();
+    lockstep::delta::file::decode_file(
+        &r,
+        &std::fs::read(&out).unwrap(),
+        &back,
+        &lockstep::backend::Device::cpu(),
+    )
+    .unwrap();
     assert!(std::fs::read(&back).unwrap() == std::fs::read(&b).unwrap());
 }
 

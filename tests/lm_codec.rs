@@ -1,12 +1,19 @@
 //! Text codec round trips and bad input, on small fixtures in the repo: a small random integer
 //! model (context 16, so the sliding window is exercised) and the shipped tinygpt2 model.
+//! `lm_parity!` runs the device checks once per device (`tests/devices`).
 
 use std::sync::OnceLock;
 
 use lockstep::format::lm::model_file::Model;
-use lockstep::lm::random_model::random_model;
+mod devices;
+#[path = "lm_common/random_model.rs"]
+mod random_model;
+
+use lockstep::backend::lm::{Find, Item, Query, Trace};
+use lockstep::backend::Device;
 use lockstep::lm::text_codec::{compress, compress_unverified, decompress, read_header, Options};
 use lockstep::Error;
+use random_model::random_model;
 
 fn small() -> &'static Model {
     static M: OnceLock<Model> = OnceLock::new();
@@ -29,8 +36,11 @@ fn roundtrip(m: &Model, data: &[u8], seg: Option<u32>) -> Vec<u8> {
         segment_tokens: seg,
         ..Default::default()
     };
-    let c = compress(m, data, &opts).unwrap();
-    assert_eq!(decompress(m, &c).unwrap(), data);
+    let c = compress(m, data, &opts, &lockstep::backend::Device::cpu()).unwrap();
+    assert_eq!(
+        decompress(m, &c, &lockstep::backend::Device::cpu()).unwrap(),
+        data
+    );
     c
 }
 
@@ -70,12 +80,14 @@ fn output_is_independent_of_thread_count() {
         segment_tokens: Some(20),
         ..Default::default()
     };
-    let a = compress_unverified(m, TEXT, &opts).unwrap();
+    let a = compress_unverified(m, TEXT, &opts, &lockstep::backend::Device::cpu()).unwrap();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .unwrap();
-    let b = pool.install(|| compress_unverified(m, TEXT, &opts).unwrap());
+    let b = pool.install(|| {
+        compress_unverified(m, TEXT, &opts, &lockstep::backend::Device::cpu()).unwrap()
+    });
     assert_eq!(a, b);
 }
 
@@ -84,7 +96,7 @@ fn a_different_model_is_refused_by_hash() {
     let a = small();
     let b = random_model(2, 16, 2, 16, 50257, 2);
     let c = roundtrip(a, TEXT, None);
-    match decompress(&b, &c) {
+    match decompress(&b, &c, &lockstep::backend::Device::cpu()) {
         Err(Error::Mismatch(msg)) => assert!(msg.contains(&a.hash_hex()), "{msg}"),
         other => panic!("expected a model mismatch, got {other:?}"),
     }
@@ -95,16 +107,19 @@ fn truncated_or_corrupt_streams_give_errors_not_panics() {
     let m = small();
     let c = roundtrip(m, TEXT, Some(12));
     for len in [0, 1, 7, 8, 20, 100, c.len() / 2, c.len() - 1] {
-        assert!(decompress(m, &c[..len]).is_err(), "truncated to {len}");
+        assert!(
+            decompress(m, &c[..len], &lockstep::backend::Device::cpu()).is_err(),
+            "truncated to {len}"
+        );
     }
     let mut padded = c.clone();
     padded.push(0);
-    assert!(decompress(m, &padded).is_err());
+    assert!(decompress(m, &padded, &lockstep::backend::Device::cpu()).is_err());
     // Flip bits everywhere: an error or (if the flip hit nothing that matters) the same bytes.
     for i in (0..c.len()).step_by(3) {
         let mut bad = c.clone();
         bad[i] ^= 0x41;
-        if let Ok(out) = decompress(m, &bad) {
+        if let Ok(out) = decompress(m, &bad, &lockstep::backend::Device::cpu()) {
             assert_eq!(out, TEXT);
         }
     }
@@ -154,8 +169,11 @@ fn match_model_helps_on_repetitive_text_and_can_be_off() {
             segment_tokens: Some(200),
             match_model,
         };
-        let c = compress(m, &log, &opts).unwrap();
-        assert_eq!(decompress(m, &c).unwrap(), log);
+        let c = compress(m, &log, &opts, &lockstep::backend::Device::cpu()).unwrap();
+        assert_eq!(
+            decompress(m, &c, &lockstep::backend::Device::cpu()).unwrap(),
+            log
+        );
         c.len()
     };
     let (on, off) = (size(true), size(false));
@@ -173,7 +191,7 @@ fn huge_header_counts_are_refused_or_bounded() {
     h.original_len = u64::MAX / 2;
     let mut forged = write_header_for_test(&h);
     forged.extend_from_slice(&c[start..]);
-    assert!(decompress(m, &forged).is_err());
+    assert!(decompress(m, &forged, &lockstep::backend::Device::cpu()).is_err());
 }
 
 /// Re-serialize a header the way the codec does (layout in docs/INTEGER_GPT2.md §9).
@@ -197,29 +215,115 @@ fn write_header_for_test(h: &lockstep::lm::text_codec::Header) -> Vec<u8> {
     o
 }
 
-#[test]
-fn every_dot_kernel_gives_the_same_stream() {
-    use lockstep::lm::forward::{best_kernel, force_kernel, Kernel};
-    // n_embd 64: rows of 64 and 256 bytes reach the vector loops, not only the tails.
-    let m = &random_model(1, 64, 2, 16, 50257, 3);
-    let opts = Options {
-        segment_tokens: Some(30),
-        ..Default::default()
-    };
-    let reference = {
-        force_kernel(Some(Kernel::Generic));
-        let c = compress_unverified(m, TEXT, &opts).unwrap();
-        force_kernel(None);
-        c
-    };
-    eprintln!("best kernel on this CPU: {:?}", best_kernel());
-    for k in [Kernel::Avx2, Kernel::Vnni] {
-        force_kernel(Some(k));
-        let c = compress_unverified(m, TEXT, &opts).unwrap();
-        force_kernel(None);
-        assert_eq!(c, reference, "{k:?}");
+/// A model whose rows reach every kernel's vector loops (n_embd 64: rows of 64 and 256
+/// bytes), not only their tails.
+fn wide() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| random_model(1, 64, 2, 16, 50257, 3))
+}
+
+/// Streams on `device` equal the reference device's, byte for byte, and decode across.
+fn same_streams(device: &Device) {
+    let reference = Device::reference();
+    for (m, seg) in [(wide(), Some(30)), (small(), Some(12)), (shipped(), None)] {
+        let opts = Options {
+            segment_tokens: seg,
+            ..Default::default()
+        };
+        let want = compress_unverified(m, TEXT, &opts, &reference).unwrap();
+        let got = compress_unverified(m, TEXT, &opts, device).unwrap();
+        assert_eq!(got, want, "{}", device.name());
+        assert_eq!(decompress(m, &want, device).unwrap(), TEXT);
+        assert_eq!(decompress(m, &got, &reference).unwrap(), TEXT);
     }
-    assert_eq!(decompress(m, &reference).unwrap(), TEXT);
+}
+
+/// Every stage's integers on `device` equal the reference's: per-layer LayerNorm maxima and
+/// residual streams, logits, frequency tables and the coder's answers, over two sequences
+/// stepped together (batch order must not matter).
+fn same_trace(device: &Device) {
+    let m = wide();
+    let tokens = lockstep::lm::tokenizer::encode(TEXT).unwrap();
+    let run = |d: &Device| {
+        let mut lm = d.lm().unwrap().load(m, 2).unwrap();
+        let mut trace = Trace::default();
+        let mut answers = Vec::new();
+        // Sequence 1 runs the text backwards, interleaved with sequence 0's items.
+        for (i, pair) in tokens.windows(2).take(15).enumerate() {
+            let items: Vec<Item> = [(0, pair[0], pair[1]), (1, pair[1], pair[0])]
+                .iter()
+                .map(|&(seq, token, next)| Item {
+                    seq,
+                    token,
+                    query: Some(Query {
+                        find: if i % 2 == 0 {
+                            Find::Symbol(next)
+                        } else {
+                            Find::Target((next as u64) << 16)
+                        },
+                        mix: (i % 3 == 0).then_some((next, 40_000)),
+                    }),
+                })
+                .collect();
+            answers.extend(lm.step_traced(&items, &mut trace).unwrap());
+        }
+        (trace, answers)
+    };
+    let (want, want_answers) = run(&Device::reference());
+    let (got, got_answers) = run(device);
+    assert_eq!(got.ln1, want.ln1, "{}: LayerNorm 1 maxima", device.name());
+    assert_eq!(got.ln2, want.ln2, "{}: LayerNorm 2 maxima", device.name());
+    assert_eq!(got.resid, want.resid, "{}: residual streams", device.name());
+    assert_eq!(got.logits, want.logits, "{}: logits", device.name());
+    assert_eq!(got.freqs, want.freqs, "{}: frequency tables", device.name());
+    assert_eq!(
+        got_answers,
+        want_answers,
+        "{}: coded intervals",
+        device.name()
+    );
+    // The answers are the tables' own intervals.
+    for (a, f) in got_answers.iter().zip(&got.freqs) {
+        let s = a.symbol as usize;
+        assert_eq!((a.cum, a.freq), (f[..s].iter().sum(), f[s]));
+    }
+}
+
+macro_rules! lm_parity {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn streams_equal_the_reference() {
+                if let Some(d) = devices::device(stringify!($name)) {
+                    same_streams(&d);
+                }
+            }
+
+            #[test]
+            fn stage_trace_equals_the_reference() {
+                if let Some(d) = devices::device(stringify!($name)) {
+                    same_trace(&d);
+                }
+            }
+        }
+    };
+}
+
+// Each CPU level runs its own matmul, rescale and attention kernels (no silent fallback: a
+// level this CPU lacks is absent, and fails where LOCKSTEP_REQUIRE names it).
+lm_parity!(portable);
+lm_parity!(avx2);
+lm_parity!(avx512);
+
+/// The GPUs have no language-model kernels yet: they say so instead of computing.
+#[test]
+fn devices_without_lm_kernels_say_why() {
+    if let Some(d) = devices::device("wgpu") {
+        let e = d.lm().err().expect("wgpu has no LM kernels yet");
+        assert!(e.to_string().contains("no language-model kernels"), "{e}");
+    }
 }
 
 #[test]
@@ -248,7 +352,12 @@ fn rehashed_but_inconsistent_model_files_are_refused() {
     // A model without GPT-2's vocabulary cannot drive the text codec.
     let tiny_vocab = random_model(1, 8, 1, 8, 1000, 4);
     assert!(matches!(
-        compress(&tiny_vocab, TEXT, &Options::default()),
+        compress(
+            &tiny_vocab,
+            TEXT,
+            &Options::default(),
+            &lockstep::backend::Device::cpu()
+        ),
         Err(Error::Unsupported(_))
     ));
 }

@@ -7,9 +7,10 @@ mod lm_common;
 use std::sync::OnceLock;
 
 use lm_common::*;
+use lockstep::backend::lm::{Find, Item, Query, Trace};
+use lockstep::backend::Device;
 use lockstep::format::lm::model_file::{Model, FR};
-use lockstep::lm::forward::{forward, Item, KvCache, Stats};
-use lockstep::lm::{convert, equalize, freq};
+use lockstep::lm::{convert, equalize};
 
 /// blake3 of `lockstep model convert ../shared/data/tinygpt2` (equalized, the default).
 const TINYGPT2_HASH: &str = "50f467f58ceabd9b69354acbd0c2cbb16ad4cd4772b68e8a9dcc8ecd1f4beeb6";
@@ -42,26 +43,37 @@ fn equalized() -> Option<&'static Model> {
     .as_ref()
 }
 
+/// One item per token, each asking about the token after it (the last about token 0): the
+/// trace then holds every position's logits and frequency table.
+fn every_position(tokens: &[u32]) -> Vec<Item> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Item {
+            seq: 0,
+            token: t,
+            query: Some(Query {
+                find: Find::Symbol(tokens.get(i + 1).copied().unwrap_or(0)),
+                mix: None,
+            }),
+        })
+        .collect()
+}
+
 /// Integer bits (from the coder's frequencies), float bits (from the golden logits), top-1
 /// agreement, over every prediction of every golden file.
 fn score(model: &Model, g: &Golden) -> (f64, f64, usize, usize) {
     let v = model.config.vocab as usize;
-    let mut caches = vec![KvCache::new(model.config.n_layer as usize)];
-    let items: Vec<Item> = g
-        .tokens
-        .iter()
-        .map(|&t| Item {
-            cache: 0,
-            token: t,
-            want_logits: true,
-        })
-        .collect();
-    let logits = forward(model, &mut caches, &items, None).unwrap();
+    let items = every_position(&g.tokens);
+    let mut trace = Trace::default();
+    let dev = Device::cpu();
+    let mut lm = dev.lm().unwrap().load(model, 1).unwrap();
+    lm.step_traced(&items, &mut trace).unwrap();
     let (mut bi, mut bf, mut agree) = (0.0, 0.0, 0);
     let n = g.tokens.len() - 1;
     for i in 0..n {
-        let li = &logits[i * v..(i + 1) * v];
-        let f = freq::frequencies(li, &model.tables.exp40).unwrap();
+        let li = &trace.logits[i * v..(i + 1) * v];
+        let f = &trace.freqs[i];
         let next = g.tokens[i + 1] as usize;
         bi += -(f[next] as f64 / 2f64.powi(32)).log2();
         let lf: Vec<f64> = g.logits[i * v..(i + 1) * v]
@@ -116,17 +128,11 @@ fn float64_reference_matches_golden_and_localizes_error() {
         .fold(0.0, f64::max);
     eprintln!("float64 reference vs PyTorch float32 golden: max |logit diff| {max_diff:.2e}");
     assert!(max_diff < 1e-3);
-    let mut stats = Stats::new(m.config.n_layer as usize, m.config.n_embd as usize);
-    let mut caches = vec![KvCache::new(m.config.n_layer as usize)];
-    let items: Vec<Item> = toks
-        .iter()
-        .map(|&t| Item {
-            cache: 0,
-            token: t,
-            want_logits: true,
-        })
-        .collect();
-    let logits = forward(m, &mut caches, &items, Some(&mut stats)).unwrap();
+    let mut stats = Trace::default();
+    let dev = Device::cpu();
+    let mut lm = dev.lm().unwrap().load(m, 1).unwrap();
+    lm.step_traced(&every_position(toks), &mut stats).unwrap();
+    let logits = &stats.logits;
     for (l, (hi, hr)) in stats.resid.iter().zip(&ref_resid).enumerate() {
         let (mut err, mut norm) = (0.0, 0.0);
         for (&a, &b) in hi.iter().zip(hr) {

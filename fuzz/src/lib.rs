@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use lockstep::archive::{self, Archive, PackOptions};
+use lockstep::backend::cpu::lm::freq::answer;
 use lockstep::backend::cpu::{CpuAt, Isa};
-use lockstep::backend::reference::{layout_stages, ReferenceBackend};
+use lockstep::backend::lm::Find;
+use lockstep::backend::reference::ReferenceBackend;
 use lockstep::backend::{Backend, DecodeJob};
 use lockstep::bytes::{crc32, ByteReader};
 use lockstep::checkpoint::Checkpoint;
@@ -24,6 +26,7 @@ use lockstep::dtype::DType;
 use lockstep::entropy::freq::{normalize, PROB_BITS};
 use lockstep::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
 use lockstep::format::chunk::DecodeChunk;
+use lockstep::format::layout_stages;
 use lockstep::format::lm::model_file::Model;
 use lockstep::format::symbols::JOINT_MAX_WIDTH;
 use lockstep::format::tables::{Space, Stage, StageTable, Tables};
@@ -251,21 +254,16 @@ fn agree(what: &str, results: &[(&str, lockstep::Result<Vec<u8>>)]) {
 /// A delta tensor blob against a reference buffer: as given (with an empty reference), then
 /// with its checksums fixed up, on every backend; the backends must agree.
 pub fn blob_decode(data: &[u8]) {
-    let _ = delta::decode_tensor(data, &[]);
+    let _ = delta::decode_tensor(data, &[], &lockstep::backend::cpu::CpuBackend);
     let reference = blob_reference(data);
     let mut b = data.to_vec();
     if !fix_blob(&mut b, &reference) {
-        let _ = delta::decode_tensor(&b, &reference);
+        let _ = delta::decode_tensor(&b, &reference, &lockstep::backend::cpu::CpuBackend);
         return;
     }
     let results: Vec<(&str, lockstep::Result<Vec<u8>>)> = backends()
         .iter()
-        .map(|be| {
-            (
-                be.name(),
-                delta::decode_tensor_with(&b, &reference, be.as_ref()),
-            )
-        })
+        .map(|be| (be.name(), delta::decode_tensor(&b, &reference, be.as_ref())))
         .collect();
     agree("blob", &results);
 }
@@ -310,10 +308,10 @@ pub fn lsd_read(data: &[u8]) {
     let ck = lsd_reference();
     let dir = fresh_dir("lsd");
     let out = dir.join("out.safetensors");
-    let _ = delta::file::decode_file(ck, data, &out);
+    let _ = delta::file::decode_file(ck, data, &out, &lockstep::backend::Device::cpu());
     let fixed = fix_lsd(data, ck);
     if fixed != data {
-        let _ = delta::file::decode_file(ck, &fixed, &out);
+        let _ = delta::file::decode_file(ck, &fixed, &out, &lockstep::backend::Device::cpu());
     }
 }
 
@@ -440,10 +438,10 @@ pub fn fix_text(data: &[u8], model: &Model) -> Vec<u8> {
 /// header CRC fixed up.
 pub fn text_decode(data: &[u8]) {
     let model = text_model();
-    let _ = text_codec::decompress(model, data);
+    let _ = text_codec::decompress(model, data, &lockstep::backend::Device::cpu());
     let fixed = fix_text(data, model);
     if fixed != data {
-        let _ = text_codec::decompress(model, &fixed);
+        let _ = text_codec::decompress(model, &fixed, &lockstep::backend::Device::cpu());
     }
 }
 
@@ -678,17 +676,17 @@ pub fn range_decode(data: &[u8]) {
     let bytes = e.finish();
     let mut d = range_coder::Decoder::new(&bytes);
     for &s in &symbols {
-        let got = range_coder::find_symbol(&cum, d.target());
-        assert_eq!(got, s, "range coder round trip");
-        d.consume(cum[got], freqs[got]);
+        let got = answer(&freqs, Find::Target(d.target())).expect("a target below 2^32");
+        assert_eq!(got.symbol as usize, s, "range coder round trip");
+        d.consume(got.cum, got.freq);
     }
     assert_eq!(d.overrun(), 0, "range decoder read past its stream");
 
     let mut d = range_coder::Decoder::new(rest);
     for _ in 0..4 * rest.len() + 16 {
-        let s = range_coder::find_symbol(&cum, d.target());
-        assert!(s < n);
-        d.consume(cum[s], freqs[s]);
+        let s = answer(&freqs, Find::Target(d.target())).expect("a target below 2^32");
+        assert!((s.symbol as usize) < n);
+        d.consume(s.cum, s.freq);
     }
 }
 
@@ -713,10 +711,20 @@ pub fn safetensors_input(data: &[u8]) {
     let _ = delta::file::check_compatible(&ck, &ck);
 
     let lsd = dir.join("self.lsd");
-    if delta::file::encode_file(&ck, &ck, &lsd, &Default::default(), 1 << 20).is_ok() {
+    if delta::file::encode_file(
+        &ck,
+        &ck,
+        &lsd,
+        &Default::default(),
+        1 << 20,
+        &lockstep::backend::Device::cpu(),
+    )
+    .is_ok()
+    {
         let back = dir.join("back.safetensors");
         let bytes = std::fs::read(&lsd).unwrap();
-        delta::file::decode_file(&ck, &bytes, &back).expect("an .lsd lockstep wrote decodes");
+        delta::file::decode_file(&ck, &bytes, &back, &lockstep::backend::Device::cpu())
+            .expect("an .lsd lockstep wrote decodes");
         assert!(
             std::fs::read(&back).unwrap() == data,
             ".lsd round trip changed the checkpoint"

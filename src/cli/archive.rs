@@ -285,7 +285,6 @@ pub fn pack(a: PackArgs, device: &Device) -> Result<()> {
         try_anchor: a.try_anchor,
         delta: delta_options(a.fast),
         device: device.clone(),
-        ..Default::default()
     };
     let pb = bar(total, a.json, "pack");
     let t0 = Instant::now();

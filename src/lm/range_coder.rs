@@ -127,17 +127,17 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// Find the symbol whose cumulative interval holds `target`: `cum[s] <= target < cum[s+1]`,
-/// `cum` having `n + 1` entries from 0 to 2^32. Binary search.
-pub fn find_symbol(cum: &[u64], target: u64) -> usize {
-    // partition_point gives the first index with cum[i] > target; the symbol is one before.
-    let i = cum.partition_point(|&c| c <= target);
-    i.saturating_sub(1).min(cum.len().saturating_sub(2))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Find the symbol whose cumulative interval holds `target`: `cum[s] <= target < cum[s+1]`,
+    /// `cum` having `n + 1` entries from 0 to 2^32. Binary search.
+    fn find_symbol(cum: &[u64], target: u64) -> usize {
+        // partition_point gives the first index with cum[i] > target; the symbol is one before.
+        let i = cum.partition_point(|&c| c <= target);
+        i.saturating_sub(1).min(cum.len().saturating_sub(2))
+    }
 
     fn cum_of(freqs: &[u64]) -> Vec<u64> {
         let mut c = vec![0u64];

@@ -1,7 +1,7 @@
-//! Integer models with random weights, built directly in integers (for benchmarks and tests:
-//! e.g. a GPT-2-small shape without a 500 MB file).
+//! Integer models with random weights, built directly in integers: e.g. a GPT-2-small shape
+//! without a 500 MB file. Test and bench code, not the library (included with `#[path]`).
 
-use super::model_file::*;
+use lockstep::format::lm::model_file::*;
 
 struct Lcg(u64);
 
