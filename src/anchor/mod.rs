@@ -37,10 +37,10 @@ use rayon::prelude::*;
 
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::delta::blob::element_count;
-use crate::delta::{CHUNK_ELEMS, LANES};
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::COST_ONE_BIT;
 use crate::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
+use crate::format::chunk::{chunk_ranges, CHUNK_ELEMS, LANES};
 use crate::{Error, Result};
 use table::{Hist, Table};
 
@@ -311,12 +311,6 @@ fn load(bytes: &[u8], size: usize, j: usize) -> u64 {
     let mut v = [0u8; 8];
     v[..size].copy_from_slice(&bytes[j * size..(j + 1) * size]);
     u64::from_le_bytes(v)
-}
-
-fn chunk_ranges(n: usize) -> Vec<std::ops::Range<usize>> {
-    (0..n.div_ceil(CHUNK_ELEMS))
-        .map(|c| c * CHUNK_ELEMS..((c + 1) * CHUNK_ELEMS).min(n))
-        .collect()
 }
 
 /// What stage E is conditioned on.

@@ -2,29 +2,8 @@
 //! row for each context where it pays for itself (integer cost estimate, docs/FORMAT.md).
 
 use crate::bytes::{ByteReader, ByteWriter};
-use crate::entropy::freq::{log2_fixed, normalize, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
+use crate::entropy::freq::{cost, normalize, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
 
-/// `PROB_BITS - log2(f)` in `COST_ONE_BIT` units for every frequency `f` of a row: the same
-/// integers as `entropy::freq::cost`, looked up instead of recomputed.
-fn bits_of(f: u32) -> u64 {
-    static LUT: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
-    let lut = LUT.get_or_init(|| {
-        (0..=PROB_TOTAL as u64)
-            .map(|f| (PROB_BITS as u64) * COST_ONE_BIT - log2_fixed(f.max(1)))
-            .collect()
-    });
-    lut[f as usize]
-}
-
-/// Cost of coding `counts` under `freqs` (as `entropy::freq::cost`).
-fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
-    counts
-        .iter()
-        .zip(freqs)
-        .filter(|(&c, _)| c > 0)
-        .map(|(&c, &f)| c * bits_of(f))
-        .sum()
-}
 use crate::Result;
 
 /// Histogram of one stage: `n_ctx` contexts of `alphabet` symbols each.
@@ -274,7 +253,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lookup_cost_equals_the_shared_cost_and_tables_roundtrip() {
+    fn tables_roundtrip() {
         let mut h = Hist::new(5, 40);
         for i in 0..5000u64 {
             h.inc((i % 5) as usize, ((i * i + i / 7) % 40) as usize);
@@ -285,10 +264,6 @@ mod tests {
             let mut w = ByteWriter::new();
             write_row(&mut w, &f);
             assert_eq!(w.len() as u64, row_len(&f));
-            assert_eq!(
-                cost(h.row(ctx), &f),
-                crate::entropy::freq::cost(h.row(ctx), &f)
-            );
         }
         let t = Table::select(&h);
         let mut w = ByteWriter::new();

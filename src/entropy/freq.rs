@@ -95,18 +95,39 @@ pub fn log2_fixed(x: u64) -> u64 {
 
 /// Cost in [`COST_ONE_BIT`] units of coding symbols with `counts` under `freqs` (each symbol
 /// costs `PROB_BITS - log2(freq)` bits). Every counted symbol must have a non-zero frequency.
+/// The per-symbol cost of every possible frequency is looked up, not recomputed: table
+/// selection runs this for every context of every candidate.
 pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
+    static BITS: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    let bits = BITS.get_or_init(|| {
+        (0..=PROB_TOTAL as u64)
+            .map(|f| PROB_BITS as u64 * COST_ONE_BIT - log2_fixed(f.max(1)))
+            .collect()
+    });
     counts
         .iter()
         .zip(freqs)
         .filter(|(&c, _)| c > 0)
-        .map(|(&c, &f)| c * ((PROB_BITS as u64) * COST_ONE_BIT - log2_fixed(f as u64)))
+        .map(|(&c, &f)| c * bits[f as usize])
         .sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn looked_up_cost_is_the_definition() {
+        let freqs: Vec<u32> = (1..=PROB_TOTAL).step_by(37).collect();
+        let counts: Vec<u64> = (0..freqs.len() as u64).map(|i| i % 5).collect();
+        let direct: u64 = counts
+            .iter()
+            .zip(&freqs)
+            .filter(|(&c, _)| c > 0)
+            .map(|(&c, &f)| c * (PROB_BITS as u64 * COST_ONE_BIT - log2_fixed(f as u64)))
+            .sum();
+        assert_eq!(cost(&counts, &freqs), direct);
+    }
 
     #[test]
     fn rows_sum_to_total_and_keep_seen_symbols() {

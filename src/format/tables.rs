@@ -23,10 +23,9 @@
 //! share their backoff row. Decisions use integer cost estimates only (see entropy::freq).
 
 use super::symbols::{joint_alphabet, joint_symbol, Neighbor, RefInfo, Sym, EXP_CLASSES};
-use std::sync::OnceLock;
 
 use crate::bytes::{varint_len, ByteReader, ByteWriter};
-use crate::entropy::freq::{log2_fixed, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
+use crate::entropy::freq::{cost, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
 use crate::Result;
 
 /// The coded stages, in decoding order.
@@ -415,24 +414,6 @@ impl StageTable {
     }
 }
 
-/// `entropy::freq::cost`, with the per-symbol cost of every possible frequency looked up
-/// instead of recomputed (same integers; table selection runs this for every context).
-pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
-    static BITS: OnceLock<Vec<u64>> = OnceLock::new();
-    let bits = BITS.get_or_init(|| {
-        let one = PROB_BITS as u64 * COST_ONE_BIT;
-        (0..=PROB_TOTAL as u64)
-            .map(|f| one - log2_fixed(f.max(1)))
-            .collect()
-    });
-    counts
-        .iter()
-        .zip(freqs)
-        .filter(|(&c, _)| c > 0)
-        .map(|(&c, &f)| c * bits[f as usize])
-        .sum()
-}
-
 /// Precisions a multi-symbol row may be transmitted at (bits of its total).
 const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
 
@@ -573,11 +554,6 @@ mod tests {
             let mut w = ByteWriter::new();
             write_row(&mut w, &freq);
             assert_eq!(row_bytes(&freq), w.len(), "{freq:?}");
-            let counts: Vec<u64> = freq.iter().map(|&f| f as u64 * 3).collect();
-            assert_eq!(
-                cost(&counts, &freq),
-                crate::entropy::freq::cost(&counts, &freq)
-            );
         }
     }
 }

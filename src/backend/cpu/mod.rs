@@ -45,7 +45,8 @@ impl CpuAt {
     }
 }
 
-/// Instruction-set level of the fast CPU paths. Every level gives the same bytes.
+/// Instruction-set level of the fast CPU paths, for both codecs (the language model's kernels
+/// in `lm/` take the same level, so pinning one pins both). Every level gives the same bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust, as built for the target.
@@ -53,7 +54,8 @@ pub enum Isa {
     /// Explicit AVX2 rANS lanes, encoding and decoding (8 per vector), and the decoder's
     /// tail pass; the other loops compiled with AVX2 (auto-vectorized, no intrinsics).
     Avx2,
-    /// Explicit AVX-512 (F, BW, VL, CD) rANS lanes: 16 lanes per vector.
+    /// Explicit AVX-512 (F, BW, VL, CD) rANS lanes: 16 lanes per vector. The language model
+    /// uses VNNI dot products here where the CPU has them (AVX2 ones where it has not).
     Avx512,
 }
 
