@@ -17,8 +17,9 @@ mod ui;
     about = "Lossless compression for checkpoint trajectories and text"
 )]
 pub struct Cli {
-    /// Compute backend: auto tries CUDA, then a discrete GPU (wgpu), then the CPU (-v says
-    /// which it chose and why). The bytes never depend on it.
+    /// Compute device: auto takes a discrete GPU (wgpu) for checkpoints if there is one, else
+    /// the CPU; text runs on the CPU (no CUDA in this build; -v says which it chose and why).
+    /// The bytes never depend on it.
     #[arg(long, value_enum, global = true, default_value_t = backend::BackendArg::Auto)]
     pub backend: backend::BackendArg,
     /// Print nothing on stderr but errors: no summary lines, notes or progress bars.
