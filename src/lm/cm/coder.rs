@@ -108,5 +108,15 @@ pub fn decode(payload: &[u8], len: u64, setup: Setup, progress: Progress) -> Res
             progress(i + 1, len);
         }
     }
+    // The decoder reads exactly the bytes the encoder wrote: more is padding or damage.
+    if dec.position() != payload.len() {
+        return Err(Error::format(
+            "text stream",
+            format!(
+                "{} bytes follow the coded data (corrupt or padded stream)",
+                payload.len() - dec.position()
+            ),
+        ));
+    }
     Ok(m.p.history().to_vec())
 }

@@ -5,3 +5,4 @@ pub mod coder;
 pub mod lm_bits;
 pub mod logistic;
 pub mod predictor;
+pub mod stream;
