@@ -18,6 +18,14 @@ const COUNT_LIMIT: u32 = 255;
 const MIN_MATCH: usize = 5;
 /// Match lengths are counted up to this.
 const MAX_MATCH: u32 = 65535;
+/// Starting mixer weights: 0.3 for the adaptive models, which know nothing yet, and
+/// LM_WEIGHT for the language model, which knows the language from the start.
+const INIT: [i32; N_IN] = {
+    let mut w = [19660; N_IN];
+    w[N_CTX + 2] = LM_WEIGHT;
+    w
+};
+const LM_WEIGHT: i32 = 19660;
 /// Mixer learning rate (see `Mixer::update`).
 const MIXER_RATE: i64 = 6;
 
@@ -58,11 +66,12 @@ struct Mixer {
 }
 
 impl Mixer {
-    fn new(n: usize, sets: usize) -> Self {
-        // Weight 1.0 is 2^16; start each input at 0.3 so no single one dominates.
+    /// `init`: the starting weight of each input (1.0 is 2^16), copied to every set.
+    fn new(init: &[i32], sets: usize) -> Self {
+        let n = init.len();
         Mixer {
             n,
-            w: vec![19660; n * sets],
+            w: init.iter().copied().cycle().take(n * sets).collect(),
             set: 0,
             dot: 0,
             pr: 2048,
@@ -282,8 +291,8 @@ impl Predictor {
             prev_word: 0,
             mm: MatchModel::new(bits - 2),
             x: [0; N_IN],
-            m1: Mixer::new(N_IN, 256),
-            m2: Mixer::new(N_IN, (N_CTX + 1) * 3 * 3),
+            m1: Mixer::new(&INIT, 256),
+            m2: Mixer::new(&INIT, (N_CTX + 1) * 3 * 3),
             a1: Apm::new(256),
             a2: Apm::new(1 << 16),
             pr_mix: 2048,
