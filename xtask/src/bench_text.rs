@@ -56,7 +56,13 @@ const PEERS: [Peer; 5] = [
     },
     Peer {
         name: "zpaq -m5",
-        run: |i, o| sh("rm -f \"$2\" && zpaq a \"$2\" \"$1\" -m5 > /dev/null 2>&1", i, o),
+        run: |i, o| {
+            sh(
+                "rm -f \"$2\" && zpaq a \"$2\" \"$1\" -m5 > /dev/null 2>&1",
+                i,
+                o,
+            )
+        },
         tool: "zpaq",
     },
 ];

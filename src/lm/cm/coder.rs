@@ -1,4 +1,4 @@
-//! Bytes <-> bits <-> range coder under the predictor (docs/INTEGER_GPT2.md §10.4). Bits are
+//! Bytes <-> bits <-> range coder under the predictor (docs/INTEGER_GPT2.md §13.2). Bits are
 //! coded most significant first; a bit with probability `p / 4096` of being 1 takes the
 //! interval `[0, p * 2^20)` of the coder's 2^32 total for a 1 and the rest for a 0.
 

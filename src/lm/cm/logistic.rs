@@ -1,5 +1,5 @@
 //! Integer logistic functions: `squash` (stretch domain -> 12-bit probability) and its inverse
-//! `stretch` (docs/INTEGER_GPT2.md §10.1).
+//! `stretch` (docs/INTEGER_GPT2.md §13.1).
 //!
 //! The stretch domain has 8 fractional bits: `d` stands for the log-odds `d / 256`, clamped to
 //! [-2047, 2047]. `squash` interpolates linearly between 33 knots, `4096 / (1 + e^-(k - 16) / 2)`

@@ -1,4 +1,4 @@
-//! The bit predictor of the context-mixing coder (docs/INTEGER_GPT2.md §10.2): adaptive
+//! The bit predictor of the context-mixing coder (docs/INTEGER_GPT2.md §13.2): adaptive
 //! counters under hashed byte contexts, a byte match model, an optional outside input (the
 //! language model), two integer logistic mixers and two APM (secondary estimation) stages.
 //!

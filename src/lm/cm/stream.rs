@@ -1,4 +1,4 @@
-//! Stream version 2 (docs/INTEGER_GPT2.md §10.5): the context-mixing coding of the whole
+//! Stream version 2 (docs/INTEGER_GPT2.md §13.4): the context-mixing coding of the whole
 //! input in order, or the input stored as it is when coding would not make it smaller.
 //!
 //! ```text
@@ -104,7 +104,10 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
     match mode {
         MODE_STORED => {
             if flags != 0 {
-                return Err(Error::format(WHAT, format!("stored mode with flags {flags:#x}")));
+                return Err(Error::format(
+                    WHAT,
+                    format!("stored mode with flags {flags:#x}"),
+                ));
             }
             if (d.len() - start) as u64 != original_len {
                 return Err(Error::format(
