@@ -99,7 +99,13 @@ fn files() -> Result<Vec<PathBuf>, String> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.file_name().is_some_and(|n| n != "README.md"))
         .collect();
-    v.sort();
+    // Prose and logs first: their rows are the targets.
+    let rank = |p: &PathBuf| {
+        let n = p.file_name().unwrap_or_default().to_string_lossy();
+        let n = n.trim_start_matches("heldout-").to_string();
+        (!n.starts_with("prose"), !n.starts_with("log"))
+    };
+    v.sort_by_key(|p| (rank(p), p.clone()));
     std::fs::create_dir_all(WORK).map_err(|e| e.to_string())?;
     let model = std::fs::read("models/tinygpt2.lsm").map_err(|e| e.to_string())?;
     let weights = Path::new(WORK).join("binary-model-slice.bin");
