@@ -125,3 +125,59 @@ fn model_convert_then_use_it() {
         std::fs::read(&input).unwrap()
     );
 }
+
+#[test]
+fn text_flags_choose_the_stream_and_its_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.txt");
+    let data = b"one line of a log, then the same line of a log, then the same line again\n";
+    std::fs::write(&input, data).unwrap();
+    // (flags, the stream version they write)
+    let cases: [(&[&str], u32); 4] = [
+        (&[], 2),
+        (&["--no-lm"], 2),
+        (&["--no-lm", "--no-match"], 2),
+        (&["--no-mix", "--no-match"], 1),
+    ];
+    for (flags, version) in cases {
+        let packed = dir.path().join("in.lst");
+        let back = dir.path().join("back.txt");
+        let st = lockstep()
+            .args(["-q", "text", "compress", "-f"])
+            .args(flags)
+            .arg(&input)
+            .arg("-o")
+            .arg(&packed)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{flags:?}");
+        let p = std::fs::read(&packed).unwrap();
+        assert_eq!(&p[..8], b"LSTPTXT1");
+        assert_eq!(u32::from_le_bytes(p[8..12].try_into().unwrap()), version);
+        if version == 2 && p[12] == 1 {
+            let lm = p[13] & 1 != 0;
+            let matched = p[13] & 2 != 0;
+            assert!(!lm || !flags.contains(&"--no-lm"), "{flags:?}");
+            assert_eq!(matched, !flags.contains(&"--no-match"), "{flags:?}");
+        }
+        let st = lockstep()
+            .args(["-q", "text", "decompress", "-f"])
+            .arg(&packed)
+            .arg("-o")
+            .arg(&back)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{flags:?}");
+        assert_eq!(std::fs::read(&back).unwrap(), data);
+    }
+    // Segments exist only in the version-1 stream; --no-lm has no meaning there.
+    for bad in [&["--segment-tokens", "8"][..], &["--no-mix", "--no-lm"]] {
+        let out = lockstep()
+            .args(["text", "compress", "-c"])
+            .args(bad)
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
+}

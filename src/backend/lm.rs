@@ -32,6 +32,12 @@ pub trait LmSession: Send {
     fn step(&mut self, items: &[Item]) -> Result<Vec<Coded>>;
     /// [`LmSession::step`], also filling `trace` with the integers of every stage.
     fn step_traced(&mut self, items: &[Item], trace: &mut Trace) -> Result<Vec<Coded>>;
+    /// Run `items` (their queries ignored) and return the whole frequency table (total 2^32,
+    /// no match mix) of the token after the last one. This is the one call that sends a
+    /// `vocab`-entry table back to the host: the context-mixing coder (stream version 2,
+    /// docs/INTEGER_GPT2.md §13) needs every token's mass in byte order and makes one such
+    /// call per word, not per token.
+    fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>>;
 }
 
 /// One token to run: appended to sequence `seq` at its next position.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 use lockstep::format::lm::model_file::Model;
-use lockstep::lm::{convert, text_codec};
+use lockstep::lm::{cm, convert, text_codec};
 use lockstep::Error;
 use serde_json::json;
 
@@ -17,7 +17,8 @@ static DEFAULT_MODEL: &[u8] = include_bytes!("../../models/tinygpt2.lsm");
 
 #[derive(Subcommand)]
 pub enum TextCmd {
-    /// Compress a file (any bytes) with the integer GPT-2; verified by decompressing first.
+    /// Compress a file (any bytes): context mixing of adaptive models with the integer GPT-2
+    /// (or the input stored, when that is smaller); verified by decompressing first.
     /// Writes INPUT.lst unless told otherwise; the input is kept.
     Compress {
         /// The file to compress; `-` reads standard input (and writes to standard output
@@ -28,12 +29,19 @@ pub enum TextCmd {
         /// Integer model file (.lsm); default: the built-in tinygpt2 model.
         #[arg(long)]
         model: Option<PathBuf>,
-        /// Tokens per segment (default: the model's context minus one).
-        #[arg(long)]
+        /// Tokens per segment (with --no-mix; default: the model's context minus one).
+        #[arg(long, requires = "no_mix")]
         segment_tokens: Option<u32>,
-        /// Do not mix the token match model into the model's frequencies.
+        /// Leave the match model out (with --no-mix: the token match model).
         #[arg(long)]
         no_match: bool,
+        /// The model alone, no context mixing: independent segments of tokens, the version-1
+        /// stream (faster to decompress in parallel; larger).
+        #[arg(long)]
+        no_mix: bool,
+        /// Context mixing without the language model (much faster; larger on prose).
+        #[arg(long, conflicts_with = "no_mix")]
+        no_lm: bool,
         /// Print a JSON report on standard output (the data must go to a file).
         #[arg(long)]
         json: bool,
@@ -129,6 +137,8 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
             model,
             segment_tokens,
             no_match,
+            no_mix,
+            no_lm,
             json,
         } => {
             let dest = files::destination(&input, &out, |p| Ok(files::add_suffix(p, TEXT_SUFFIX)))?;
@@ -137,16 +147,30 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
             let model = load_model(model.as_deref())?;
             let t = std::time::Instant::now();
             let pb = ui::bar(data.len() as u64, json, "compress");
-            let packed = text_codec::compress_with(
-                &model,
-                &data,
-                &text_codec::Options {
-                    segment_tokens,
-                    match_model: !no_match,
-                },
-                device,
-                &progress_of(&pb, data.len() as u64),
-            );
+            let progress = progress_of(&pb, data.len() as u64);
+            let packed = if no_mix {
+                text_codec::compress_with(
+                    &model,
+                    &data,
+                    &text_codec::Options {
+                        segment_tokens,
+                        match_model: !no_match,
+                    },
+                    device,
+                    &progress,
+                )
+            } else {
+                cm::stream::compress(
+                    &model,
+                    &data,
+                    &cm::stream::Options {
+                        lm: !no_lm,
+                        match_model: !no_match,
+                    },
+                    device,
+                    &progress,
+                )
+            };
             pb.finish_and_clear();
             let packed = packed?;
             files::write_all(&dest, &packed)?;
@@ -187,7 +211,7 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
             let data = files::read_input(&input)?;
             let model = load_model(model.as_deref())?;
             let t = std::time::Instant::now();
-            let len = text_codec::read_header(&data).map_or(0, |(h, _)| h.original_len);
+            let len = text_codec::declared_len(&data);
             let pb = ui::bar(len, json, "decompress");
             let limit = max_size.unwrap_or(text_codec::default_max_output(data.len() as u64));
             let plain =

@@ -121,6 +121,11 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    /// Bytes consumed so far (past the end included).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
     /// Bytes consumed so far beyond the end of the data (a sign of truncation).
     pub fn overrun(&self) -> usize {
         self.pos.saturating_sub(self.data.len())

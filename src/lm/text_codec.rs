@@ -66,7 +66,7 @@ pub fn window_start(j: usize, c: usize) -> usize {
     }
 }
 
-fn check_model(model: &Model) -> Result<()> {
+pub(crate) fn check_model(model: &Model) -> Result<()> {
     if model.config.vocab < tokenizer::VOCAB {
         return Err(Error::Unsupported(format!(
             "the text codec needs GPT-2's {}-token vocabulary; this model has {}",
@@ -334,6 +334,15 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
     ))
 }
 
+/// The text length a stream of either version declares (0 when its header is unreadable).
+pub fn declared_len(d: &[u8]) -> u64 {
+    if super::cm::stream::is_v2(d) {
+        super::cm::stream::read_header(d).map_or(0, |(h, _)| h.original_len)
+    } else {
+        read_header(d).map_or(0, |(h, _)| h.original_len)
+    }
+}
+
 struct SegState<'a> {
     s: Vec<u32>,
     target: usize,
@@ -398,6 +407,9 @@ fn decompress_pass(
     max_output: u64,
     progress: Progress,
 ) -> Result<Vec<u8>> {
+    if super::cm::stream::is_v2(data) {
+        return super::cm::stream::decompress(model, data, device, pass, max_output, progress);
+    }
     let (h, start) = read_header(data)?;
     if h.original_len > max_output {
         return Err(Error::Limit(format!(

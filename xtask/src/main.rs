@@ -18,8 +18,12 @@
 //!   then N rounds alternating lockstep `--fast` (best CPU level, one thread) and ZipNN,
 //!   with each round's speed ratios and their medians (a shared machine's noise hits
 //!   both sides of a round alike).
+//! - `bench text [--quick]`: bits per byte of the text codec (default and ablations) beside
+//!   xz, zstd, brotli, PPMd and zpaq on benches/text (bench_text.rs).
 
 use std::process::{Command, ExitCode};
+
+mod bench_text;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,9 +33,12 @@ fn main() -> ExitCode {
         "cross" => cross(),
         "gpu-check" => gpu_check(&args[1..]),
         "bench" if args.get(1).map(String::as_str) == Some("delta") => bench_delta(&args[2..]),
+        "bench" if args.get(1).map(String::as_str) == Some("text") => {
+            bench_text::bench_text(&args[2..])
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N]"
+                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N] | bench text [--quick]"
             );
             return ExitCode::from(2);
         }

@@ -1,0 +1,408 @@
+//! The bit predictor of the context-mixing coder (docs/INTEGER_GPT2.md §13.2): adaptive
+//! counters under hashed byte contexts, a byte match model, an optional outside input (the
+//! language model), two integer logistic mixers and two APM (secondary estimation) stages.
+//!
+//! Everything is integer arithmetic on state that encoder and decoder update with the same
+//! bits, so both compute the same probability for every bit on every machine.
+
+use super::logistic::{squash, stretch, LIMIT};
+
+/// Hashed contexts: order 0, orders 1-4 and 6, the current word, the word pair.
+const ORDERS: [usize; 5] = [1, 2, 3, 4, 6];
+const N_CTX: usize = 1 + ORDERS.len() + 2;
+/// Mixer inputs: one per context, two from the match model, one outside input, a bias.
+const N_IN: usize = N_CTX + 2 + 1 + 1;
+/// Adaptation limit of a context counter (the rate never falls below 1/(LIMIT + 1.5)).
+const COUNT_LIMIT: u32 = 255;
+/// Shortest match the match model follows, in bytes.
+const MIN_MATCH: usize = 5;
+/// Match lengths are counted up to this.
+const MAX_MATCH: u32 = 65535;
+/// Starting mixer weights: 0.3 for the adaptive models, which know nothing yet, and
+/// LM_WEIGHT for the language model, which knows the language from the start.
+const INIT: [i32; N_IN] = {
+    let mut w = [19660; N_IN];
+    w[N_CTX + 2] = LM_WEIGHT;
+    w
+};
+const LM_WEIGHT: i32 = 19660;
+/// Mixer learning rate (see `Mixer::update`).
+const MIXER_RATE: i64 = 6;
+
+/// `RECIP[n] = round(2^17 / (2n + 3))`: the step `1 / (n + 1.5)` of a counter seen n times.
+fn recip(n: u32) -> i64 {
+    ((1i64 << 17) + (2 * n as i64 + 3) / 2) / (2 * n as i64 + 3)
+}
+
+/// A probability (22 bits) and a count (10 bits) packed in a u32; new slots hold p = 1/2, n = 0.
+#[derive(Clone, Copy)]
+struct Counter;
+
+const NEW_SLOT: u32 = 1 << 31;
+
+impl Counter {
+    fn p12(s: u32) -> i32 {
+        (s >> 20) as i32
+    }
+    fn count(s: u32) -> u32 {
+        s & 1023
+    }
+    fn update(s: &mut u32, y: u32, limit: u32, rates: &[i64]) {
+        let n = Counter::count(*s);
+        let p = (*s >> 10) as i64;
+        let target = if y == 1 { (1i64 << 22) - 1 } else { 0 };
+        let p = p + (((target - p) * rates[n as usize]) >> 16);
+        *s = ((p as u32) << 10) | (n + 1).min(limit);
+    }
+}
+
+/// Logistic mixer: `n` inputs, `sets` weight vectors (one chosen per bit by a context).
+struct Mixer {
+    n: usize,
+    w: Vec<i32>,
+    set: usize,
+    dot: i32,
+    pr: i32,
+}
+
+impl Mixer {
+    /// `init`: the starting weight of each input (1.0 is 2^16), copied to every set.
+    fn new(init: &[i32], sets: usize) -> Self {
+        let n = init.len();
+        Mixer {
+            n,
+            w: init.iter().copied().cycle().take(n * sets).collect(),
+            set: 0,
+            dot: 0,
+            pr: 2048,
+        }
+    }
+    /// Log-odds of a 1 for inputs `x` under weight set `set`.
+    fn mix(&mut self, x: &[i32], set: usize) -> i32 {
+        self.set = set * self.n;
+        let w = &self.w[self.set..self.set + self.n];
+        let s: i64 = x.iter().zip(w).map(|(&a, &b)| a as i64 * b as i64).sum();
+        self.dot = (s >> 16).clamp(-LIMIT as i64, LIMIT as i64) as i32;
+        self.pr = squash(self.dot);
+        self.dot
+    }
+    /// Gradient step on the coding cost: `w += x * err * rate / 2^16`, err in 1/4096.
+    fn update(&mut self, x: &[i32], y: u32) {
+        let err = ((y as i64) << 12) - self.pr as i64;
+        let w = &mut self.w[self.set..self.set + self.n];
+        for (wi, &xi) in w.iter_mut().zip(x) {
+            let d = (xi as i64 * err * MIXER_RATE) >> 16;
+            *wi = (*wi as i64 + d).clamp(-(1 << 22), 1 << 22) as i32;
+        }
+    }
+}
+
+/// Adaptive probability map: refines a probability under a context by interpolating between
+/// 33 knots over the stretch domain; the nearer knot learns.
+struct Apm {
+    t: Vec<u16>,
+    idx: usize,
+}
+
+impl Apm {
+    fn new(contexts: usize) -> Self {
+        let row: Vec<u16> = (0..33)
+            .map(|k| (squash((k - 16) * 128) * 16) as u16)
+            .collect();
+        Apm {
+            t: row.iter().copied().cycle().take(33 * contexts).collect(),
+            idx: 0,
+        }
+    }
+    fn refine(&mut self, pr: i32, cx: usize) -> i32 {
+        let s = stretch(pr) + 2048; // 1..4095
+        let lo = (s >> 7) as usize;
+        let w = s & 127;
+        let base = cx * 33 + lo;
+        self.idx = base + (w >> 6) as usize;
+        let p = (self.t[base] as i32 * (128 - w) + self.t[base + 1] as i32 * w) >> 11;
+        p.clamp(1, 4095)
+    }
+    fn update(&mut self, y: u32) {
+        let g = ((y as i32) << 16) + ((y as i32) << 6) - y as i32 - y as i32;
+        let t = &mut self.t[self.idx];
+        *t = (*t as i32 + ((g - *t as i32) >> 6)) as u16;
+    }
+}
+
+fn hash(a: u32, b: u32) -> u32 {
+    let h = a.wrapping_mul(0x9E37_79B1) ^ b.wrapping_mul(0x85EB_CA6B).rotate_left(13);
+    h ^ (h >> 15)
+}
+
+/// Byte match model: follows the most recent earlier occurrence of the last MIN_MATCH bytes and
+/// predicts the bits of the byte that came next there.
+struct MatchModel {
+    table: Vec<u32>,
+    shift: u32,
+    ptr: usize,
+    len: u32,
+    /// Expected bit this step, when a match is live.
+    expect: Option<u32>,
+    sm: Vec<u32>,
+}
+
+impl MatchModel {
+    fn new(bits: u32) -> Self {
+        MatchModel {
+            table: vec![0; 1 << bits],
+            shift: 32 - bits,
+            ptr: 0,
+            len: 0,
+            expect: None,
+            sm: vec![NEW_SLOT; 64 * 2],
+        }
+    }
+    fn bucket(&self) -> usize {
+        let l = self.len as usize;
+        if l < 16 {
+            l
+        } else {
+            (16 + (l - 16) / 16).min(63)
+        }
+    }
+    /// After a whole byte: extend the match or look for a new one, remember this context.
+    fn byte(&mut self, hist: &[u8]) {
+        let n = hist.len();
+        if self.len > 0 {
+            self.len = (self.len + 1).min(MAX_MATCH);
+            self.ptr += 1;
+        }
+        if n < MIN_MATCH {
+            return;
+        }
+        let h = hist[n - MIN_MATCH..]
+            .iter()
+            .fold(0u32, |h, &b| hash(h, b as u32 + 1));
+        let slot = (h >> self.shift) as usize;
+        if self.len == 0 {
+            let cand = self.table[slot] as usize;
+            if cand > 0 {
+                let mut l = 0;
+                while l < 32 && l < cand && hist[cand - 1 - l] == hist[n - 1 - l] {
+                    l += 1;
+                }
+                if l >= MIN_MATCH {
+                    self.ptr = cand;
+                    self.len = l as u32;
+                }
+            }
+        }
+        self.table[slot] = n as u32;
+    }
+    /// Inputs for the next bit (`c0`: the byte so far with a leading 1, `bit`: its bit index).
+    fn inputs(&mut self, hist: &[u8], c0: u32, bit: u32, out: &mut [i32]) {
+        self.expect = None;
+        if self.len > 0 {
+            let b = hist[self.ptr] as u32 | 256;
+            if b >> (8 - bit) == c0 {
+                self.expect = Some((b >> (7 - bit)) & 1);
+            } else {
+                self.len = 0;
+            }
+        }
+        match self.expect {
+            Some(e) => {
+                let s = self.sm[self.bucket() * 2 + e as usize];
+                let st = stretch(Counter::p12(s));
+                out[0] = st;
+                let conf = (self.len.min(32) as i32) * 32;
+                out[1] = if e == 1 { conf } else { -conf };
+            }
+            None => {
+                out[0] = 0;
+                out[1] = 0;
+            }
+        }
+    }
+    fn update(&mut self, y: u32, rates: &[i64]) {
+        if let Some(e) = self.expect {
+            let i = self.bucket() * 2 + e as usize;
+            Counter::update(&mut self.sm[i], y, 1023, rates);
+            if y != e {
+                self.len = 0;
+            }
+        }
+    }
+    /// 0: no match, 1: short, 2: long.
+    fn state(&self) -> usize {
+        match (self.expect, self.len) {
+            (None, _) => 0,
+            (Some(_), l) if l < 16 => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// Which models take part (the ablations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parts {
+    pub match_model: bool,
+}
+
+/// The predictor: call [`Predictor::p`] for the next bit, then [`Predictor::update`] with it.
+pub struct Predictor {
+    parts: Parts,
+    shift: u32,
+    tables: Vec<Vec<u32>>,
+    base: [u32; N_CTX],
+    slot: [usize; N_CTX],
+    rates: Vec<i64>,
+    hist: Vec<u8>,
+    c0: u32,
+    bit: u32,
+    word: u32,
+    prev_word: u32,
+    mm: MatchModel,
+    x: [i32; N_IN],
+    m1: Mixer,
+    m2: Mixer,
+    a1: Apm,
+    a2: Apm,
+    pr_mix: i32,
+}
+
+/// Log2 of the slots per context table for an input of `len` bytes: about two slots per coded
+/// bit, between 2^16 and 2^22.
+pub fn table_bits(len: u64) -> u32 {
+    let need = len.saturating_mul(16).max(1);
+    (64 - (need - 1).leading_zeros()).clamp(16, 22)
+}
+
+impl Predictor {
+    pub fn new(len: u64, parts: Parts) -> Self {
+        let bits = table_bits(len);
+        Predictor {
+            parts,
+            shift: 32 - bits,
+            tables: vec![vec![NEW_SLOT; 1 << bits]; N_CTX],
+            base: [0; N_CTX],
+            slot: [0; N_CTX],
+            rates: (0..1024).map(recip).collect(),
+            hist: Vec::with_capacity(len.min(1 << 30) as usize),
+            c0: 1,
+            bit: 0,
+            word: 0,
+            prev_word: 0,
+            mm: MatchModel::new(bits - 2),
+            x: [0; N_IN],
+            m1: Mixer::new(&INIT, 256),
+            m2: Mixer::new(&INIT, (N_CTX + 1) * 3 * 3),
+            a1: Apm::new(256),
+            a2: Apm::new(1 << 16),
+            pr_mix: 2048,
+        }
+        .with_hashes()
+    }
+
+    /// The bytes coded so far.
+    pub fn history(&self) -> &[u8] {
+        &self.hist
+    }
+
+    fn with_hashes(mut self) -> Self {
+        self.byte_contexts();
+        self
+    }
+
+    fn byte_contexts(&mut self) {
+        let h = &self.hist;
+        let n = h.len();
+        self.base[0] = 0;
+        for (i, &k) in ORDERS.iter().enumerate() {
+            let mut v = k as u32;
+            for j in 0..k.min(n) {
+                v = hash(v, h[n - 1 - j] as u32 + 1);
+            }
+            self.base[1 + i] = hash(v, 0x100 + i as u32);
+        }
+        self.base[N_CTX - 2] = hash(self.word, 0x200);
+        self.base[N_CTX - 1] = hash(hash(self.word, self.prev_word), 0x300);
+    }
+
+    /// Probability (1/4096) that the next bit is 1. `outside`: an extra input in the stretch
+    /// domain and whether it has an opinion (the language model; `None` when absent).
+    pub fn p(&mut self, outside: Option<i32>) -> i32 {
+        let c0 = self.c0;
+        let mut top = 0; // highest context seen before (0: none), for the mixer's weight set
+        for k in 0..N_CTX {
+            let s = ((hash(self.base[k], c0) ^ c0) >> self.shift) as usize;
+            self.slot[k] = s;
+            let v = self.tables[k][s];
+            self.x[k] = if Counter::count(v) == 0 {
+                0
+            } else {
+                if k <= ORDERS.len() {
+                    top = k + 1;
+                }
+                stretch(Counter::p12(v))
+            };
+        }
+        if self.parts.match_model {
+            self.mm
+                .inputs(&self.hist, c0, self.bit, &mut self.x[N_CTX..N_CTX + 2]);
+        }
+        let lm = match outside {
+            Some(st) => {
+                self.x[N_CTX + 2] = st;
+                1 + (st.abs() >= 512) as usize
+            }
+            None => {
+                self.x[N_CTX + 2] = 0;
+                0
+            }
+        };
+        self.x[N_IN - 1] = 256;
+        let d1 = self.m1.mix(&self.x, c0 as usize);
+        let set2 = (top * 3 + self.mm.state()) * 3 + lm;
+        let d2 = self.m2.mix(&self.x, set2);
+        self.pr_mix = squash((d1 + d2) >> 1);
+        let last = self.hist.last().copied().unwrap_or(0) as usize;
+        let p1 = self.a1.refine(self.pr_mix, c0 as usize);
+        let p2 = self.a2.refine(self.pr_mix, (c0 as usize) | (last << 8));
+        ((self.pr_mix + p1 + 2 * p2 + 2) >> 2).clamp(1, 4095)
+    }
+
+    /// Learn bit `y` (0 or 1) and move to the next bit.
+    pub fn update(&mut self, y: u32) {
+        for k in 0..N_CTX {
+            let limit = COUNT_LIMIT;
+            Counter::update(&mut self.tables[k][self.slot[k]], y, limit, &self.rates);
+        }
+        if self.parts.match_model {
+            self.mm.update(y, &self.rates);
+        }
+        self.m1.update(&self.x, y);
+        self.m2.update(&self.x, y);
+        self.a1.update(y);
+        self.a2.update(y);
+        self.c0 = (self.c0 << 1) | y;
+        self.bit += 1;
+        if self.bit == 8 {
+            let b = (self.c0 & 255) as u8;
+            self.hist.push(b);
+            self.c0 = 1;
+            self.bit = 0;
+            if b.is_ascii_alphabetic() || b >= 128 {
+                self.word = hash(self.word, b.to_ascii_lowercase() as u32);
+            } else if self.word != 0 {
+                self.prev_word = self.word;
+                self.word = 0;
+            }
+            if self.parts.match_model {
+                self.mm.byte(&self.hist);
+            }
+            self.byte_contexts();
+        }
+    }
+
+    /// The byte so far with a leading 1 (1 at a byte boundary) and the index of the next bit.
+    pub fn partial(&self) -> (u32, u32) {
+        (self.c0, self.bit)
+    }
+}

@@ -1,0 +1,272 @@
+//! Stream version 2 (docs/INTEGER_GPT2.md §13.4): the context-mixing coding of the whole
+//! input in order, or the input stored as it is when coding would not make it smaller.
+//!
+//! ```text
+//! "LSTPTXT1" | version u32 = 2 | mode u8 | flags u8 | original_len u64 | blake3 [32]
+//!            | model hash [32] (only with FLAG_LM) | CRC-32 of all the above | payload
+//! ```
+//! Mode 0 (stored): the payload is the input. Mode 1 (mixed): the payload is the range coder's
+//! output. Integers are little-endian. A stored stream is 58 bytes longer than its input.
+
+use super::super::text_codec::{Pass, Progress, MAGIC};
+use super::coder::{decode, encode, Setup};
+use crate::backend::Device;
+use crate::format::lm::model_file::{hex, Model};
+use crate::{Error, Result};
+
+pub const VERSION: u32 = 2;
+const WHAT: &str = "text stream";
+
+/// The input as it is.
+pub const MODE_STORED: u8 = 0;
+/// The context-mixing coder's output.
+pub const MODE_MIXED: u8 = 1;
+/// Mode 1 flag: the language model is one of the mixer's inputs (its hash follows).
+pub const FLAG_LM: u8 = 1;
+/// Mode 1 flag: the byte match model is one of the mixer's inputs.
+pub const FLAG_MATCH: u8 = 2;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Mix the language model in (off: the adaptive models alone, much faster).
+    pub lm: bool,
+    /// Mix the byte match model in.
+    pub match_model: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lm: true,
+            match_model: true,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub mode: u8,
+    pub flags: u8,
+    pub original_len: u64,
+    pub original_hash: [u8; 32],
+    /// Present exactly when `flags` has FLAG_LM.
+    pub model_hash: Option<[u8; 32]>,
+}
+
+pub fn write_header(h: &Header) -> Vec<u8> {
+    let mut o = Vec::with_capacity(94);
+    o.extend_from_slice(MAGIC);
+    o.extend_from_slice(&VERSION.to_le_bytes());
+    o.push(h.mode);
+    o.push(h.flags);
+    o.extend_from_slice(&h.original_len.to_le_bytes());
+    o.extend_from_slice(&h.original_hash);
+    if let Some(m) = &h.model_hash {
+        o.extend_from_slice(m);
+    }
+    let crc = crc32fast::hash(&o);
+    o.extend_from_slice(&crc.to_le_bytes());
+    o
+}
+
+/// Whether `d` starts like a version-2 stream (magic and version; nothing else checked).
+pub fn is_v2(d: &[u8]) -> bool {
+    d.len() >= 12 && &d[..8] == MAGIC && d[8..12] == VERSION.to_le_bytes()
+}
+
+/// Parse and check a version-2 header; returns it and the payload offset.
+pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
+    let trunc = || Error::format(WHAT, "truncated header");
+    if !is_v2(d) {
+        return Err(Error::format(WHAT, "not a version-2 lockstep text stream"));
+    }
+    let get = |p: usize, n: usize| d.get(p..p + n).ok_or_else(trunc);
+    let mode = get(12, 1)?[0];
+    let flags = get(13, 1)?[0];
+    let original_len = u64::from_le_bytes(get(14, 8)?.try_into().unwrap());
+    let original_hash: [u8; 32] = get(22, 32)?.try_into().unwrap();
+    let mut p = 54;
+    let model_hash = if flags & FLAG_LM != 0 {
+        p += 32;
+        Some(get(54, 32)?.try_into().unwrap())
+    } else {
+        None
+    };
+    let stored = u32::from_le_bytes(get(p, 4)?.try_into().unwrap());
+    let computed = crc32fast::hash(&d[..p]);
+    if stored != computed {
+        return Err(Error::checksum32(
+            "text stream header (CRC-32)",
+            stored,
+            computed,
+        ));
+    }
+    let start = p + 4;
+    match mode {
+        MODE_STORED => {
+            if flags != 0 {
+                return Err(Error::format(
+                    WHAT,
+                    format!("stored mode with flags {flags:#x}"),
+                ));
+            }
+            if (d.len() - start) as u64 != original_len {
+                return Err(Error::format(
+                    WHAT,
+                    format!(
+                        "stored payload is {} bytes, the header says {original_len}",
+                        d.len() - start
+                    ),
+                ));
+            }
+        }
+        MODE_MIXED => {
+            if flags & !(FLAG_LM | FLAG_MATCH) != 0 {
+                return Err(Error::Unsupported(format!("text stream flags {flags:#x}")));
+            }
+        }
+        m => return Err(Error::Unsupported(format!("text stream mode {m}"))),
+    }
+    Ok((
+        Header {
+            mode,
+            flags,
+            original_len,
+            original_hash,
+            model_hash,
+        },
+        start,
+    ))
+}
+
+fn no_progress(_: Pass, _: u64, _: u64) {}
+
+/// Compress without the verifying decode.
+pub fn compress_unverified(
+    model: &Model,
+    data: &[u8],
+    opts: &Options,
+    device: &Device,
+    progress: Progress,
+) -> Result<Vec<u8>> {
+    super::super::text_codec::check_model(model)?;
+    let header = |mode, flags: u8| Header {
+        mode,
+        flags,
+        original_len: data.len() as u64,
+        original_hash: *blake3::hash(data).as_bytes(),
+        model_hash: (flags & FLAG_LM != 0).then_some(model.hash),
+    };
+    let report = |done, total| progress(Pass::Compress, done, total);
+    let match_flag = if opts.match_model { FLAG_MATCH } else { 0 };
+    // The adaptive models alone first: they cost little, and where they cannot shrink the
+    // input (binary, already compressed) the LM would not either, so it is not run.
+    let alone = Setup {
+        lm: None,
+        match_model: opts.match_model,
+    };
+    let (mut best, _) = encode(data, alone, &|_, _| {})?;
+    let mut flags = match_flag;
+    if best.len() >= data.len() {
+        let mut out = write_header(&header(MODE_STORED, 0));
+        out.extend_from_slice(data);
+        return Ok(out);
+    }
+    if opts.lm {
+        let with = Setup {
+            lm: Some((model, device.lm()?)),
+            match_model: opts.match_model,
+        };
+        let (coded, _) = encode(data, with, &report)?;
+        // The LM costs a 32-byte hash in the header; keep it only where it pays for that.
+        if coded.len() + 32 < best.len() {
+            best = coded;
+            flags |= FLAG_LM;
+        }
+    }
+    let mut out = write_header(&header(MODE_MIXED, flags));
+    out.extend_from_slice(&best);
+    Ok(out)
+}
+
+/// Compress `data`, then decompress the result and compare bytes before returning it.
+pub fn compress(
+    model: &Model,
+    data: &[u8],
+    opts: &Options,
+    device: &Device,
+    progress: Progress,
+) -> Result<Vec<u8>> {
+    let out = compress_unverified(model, data, opts, device, progress)?;
+    let back = decompress(model, &out, device, Pass::Verify, u64::MAX, progress)?;
+    if back != data {
+        return Err(Error::Mismatch(
+            "verification decode differs from the input; nothing written".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Decompress a version-2 stream; refuses (before any work) one that declares more than
+/// `max_output` bytes.
+pub fn decompress(
+    model: &Model,
+    data: &[u8],
+    device: &Device,
+    pass: Pass,
+    max_output: u64,
+    progress: Progress,
+) -> Result<Vec<u8>> {
+    let (h, start) = read_header(data)?;
+    if h.original_len > max_output {
+        return Err(Error::Limit(format!(
+            "the text stream declares {} B of text, over the limit of {max_output} B (by \
+             default 64 times the stream's size, at least 16 KiB, so that a small damaged or \
+             forged file cannot ask for hours of model work); pass --max-size {} if the file \
+             is yours",
+            h.original_len, h.original_len
+        )));
+    }
+    let payload = &data[start..];
+    let out = match h.mode {
+        MODE_STORED => payload.to_vec(),
+        _ => {
+            let lm = match h.model_hash {
+                Some(hash) if hash != model.hash => {
+                    return Err(Error::Mismatch(format!(
+                        "stream was compressed with model {}, but the model given is {}",
+                        hex(&hash),
+                        model.hash_hex()
+                    )))
+                }
+                Some(_) => {
+                    super::super::text_codec::check_model(model)?;
+                    Some((model, device.lm()?))
+                }
+                None => None,
+            };
+            let setup = Setup {
+                lm,
+                match_model: h.flags & FLAG_MATCH != 0,
+            };
+            decode(payload, h.original_len, setup, &|d, t| progress(pass, d, t))?
+        }
+    };
+    if blake3::hash(&out).as_bytes() != &h.original_hash {
+        return Err(Error::format(
+            WHAT,
+            "decoded bytes do not match the stored hash (corrupt stream)",
+        ));
+    }
+    Ok(out)
+}
+
+/// Compress with no progress reports.
+pub fn compress_quiet(
+    model: &Model,
+    data: &[u8],
+    opts: &Options,
+    device: &Device,
+) -> Result<Vec<u8>> {
+    compress(model, data, opts, device, &no_progress)
+}
