@@ -1,5 +1,5 @@
 //! Per-tensor cost of the small tensors: every float tensor of the bf16 600 -> 800 pair
-//! below 2^16 elements (43 of its 52; the layer norms, biases and attention blocks) encoded
+//! below 2^16 elements (43 of its 52: layer norms, biases, attention weights, position embeddings) encoded
 //! and decoded one after another, one thread, best CPU level; prints microseconds per
 //! tensor for `--fast` and the default layout (best of `ROUNDS`, default 20; wall time).
 //! What a checkpoint of many small tensors pays per tensor: table building and selection
