@@ -2,6 +2,11 @@
 //! and zstd -19 on byte-grouped XOR, on the same checkpoint pairs, in one run.
 //!
 //! Usage: cargo run --release --example bench_table -- [DIR] [--quick]
+//!
+//! `--paired`: only lockstep on the best CPU level, one thread, `--fast` (or the default
+//! layout with `--layout default`): the rows `cargo xtask bench delta --rounds` alternates
+//! with ZipNN. `--scaling`: only the best CPU level, `--fast` then the default layout, each
+//! at one thread and at two, alternating (the rows of `cargo xtask bench delta --scaling`).
 
 use std::time::Instant;
 
@@ -105,7 +110,9 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let dir = args
         .iter()
-        .find(|a| !a.starts_with("--"))
+        .enumerate()
+        .find(|&(i, a)| !a.starts_with("--") && (i == 0 || args[i - 1] != "--layout"))
+        .map(|(_, a)| a)
         .cloned()
         .unwrap_or(
             concat!(
@@ -117,8 +124,13 @@ fn main() {
     // `--paired`: only the fast layout on the best CPU level, one thread (the rows
     // `cargo xtask bench delta --rounds` alternates with ZipNN).
     let paired = args.iter().any(|a| a == "--paired");
+    let scaling = args.iter().any(|a| a == "--scaling");
+    let paired_layout = match args.iter().position(|a| a == "--layout") {
+        Some(i) if args.get(i + 1).map(String::as_str) == Some("default") => LayoutChoice::Auto,
+        _ => LayoutChoice::Fast,
+    };
     let reps = if quick { 1 } else { 3 };
-    let wgpu = if paired {
+    let wgpu = if paired || scaling {
         None
     } else {
         WgpuBackend::new(false).ok()
@@ -155,14 +167,36 @@ fn main() {
         );
         let best_isa = Isa::detect();
         if paired {
+            let name = match paired_layout {
+                LayoutChoice::Fast => "--fast",
+                _ => "default",
+            };
             layout_row(
-                &format!("lockstep --fast cpu {}, 1 thr", best_isa.name()),
+                &format!("lockstep {name} cpu {}, 1 thr", best_isa.name()),
                 &CpuBackend,
                 1,
                 &pairs,
                 reps,
-                LayoutChoice::Fast,
+                paired_layout,
             );
+            continue;
+        }
+        if scaling {
+            for (layout, name) in [
+                (LayoutChoice::Fast, "--fast"),
+                (LayoutChoice::Auto, "default"),
+            ] {
+                for threads in [1, 2] {
+                    layout_row(
+                        &format!("lockstep {name} cpu {}, {threads} thr", best_isa.name()),
+                        &CpuBackend,
+                        threads,
+                        &pairs,
+                        reps,
+                        layout,
+                    );
+                }
+            }
             continue;
         }
         lockstep_row(

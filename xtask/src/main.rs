@@ -17,7 +17,10 @@
 //!   target/zipnn-venv (without torch, which its byte path never uses); with `--rounds N`,
 //!   then N rounds alternating lockstep `--fast` (best CPU level, one thread) and ZipNN,
 //!   with each round's speed ratios and their medians (a shared machine's noise hits
-//!   both sides of a round alike).
+//!   both sides of a round alike); `--layout default` pairs the default layout instead of
+//!   `--fast`. `bench delta [DIR] --scaling [--rounds N]`: thread scaling instead, N rounds
+//!   (default 3) of both layouts at one thread and at two (best CPU level), with each
+//!   round's two-thread speedups and their medians (needs both cores free to mean much).
 //! - `bench text [--quick]`: bits per byte of the text codec (default and ablations) beside
 //!   xz, zstd, brotli, PPMd and zpaq on benches/text (bench_text.rs).
 
@@ -38,7 +41,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N] | bench text [--quick]"
+                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default] [--scaling] | bench text [--quick]"
             );
             return ExitCode::from(2);
         }
@@ -285,13 +288,33 @@ const PAIRS: [(&str, &str); 2] = [
 
 fn bench_delta(args: &[String]) -> Result<(), String> {
     let zipnn = args.iter().any(|a| a == "--zipnn");
-    // The one argument that is neither a flag nor the number after `--rounds`.
+    // The one argument that is neither a flag nor the value after `--rounds` or `--layout`.
     let dir = args
         .iter()
         .enumerate()
-        .find(|&(i, a)| !a.starts_with("--") && (i == 0 || args[i - 1] != "--rounds"))
+        .find(|&(i, a)| {
+            !a.starts_with("--") && (i == 0 || !["--rounds", "--layout"].contains(&&*args[i - 1]))
+        })
         .map(|(_, a)| a.clone())
         .unwrap_or_else(|| TRAJECTORY.to_string());
+    let rounds: Option<usize> = match args.iter().position(|a| a == "--rounds") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .ok_or("--rounds needs a number")?,
+        ),
+        None => None,
+    };
+    if args.iter().any(|a| a == "--scaling") {
+        return scaling(&dir, rounds.unwrap_or(3));
+    }
+    let layout = match args.iter().position(|a| a == "--layout") {
+        Some(i) => match args.get(i + 1).map(String::as_str) {
+            Some(l @ ("default" | "fast")) => l,
+            _ => return Err("--layout needs `default` or `fast`".into()),
+        },
+        None => "fast",
+    };
     run(
         "cargo",
         &[
@@ -318,13 +341,7 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
         run(pip, &["install", "-q", "--no-deps", "zipnn"])?;
     }
     std::env::set_var("PYTHONPATH", "scripts/torch_stub");
-    let rounds: usize = match args.iter().position(|a| a == "--rounds") {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|n| n.parse().ok())
-            .ok_or("--rounds needs a number")?,
-        None => 0,
-    };
+    let rounds = rounds.unwrap_or(0);
     for (a, b) in PAIRS {
         println!("\nZipNN on {a} -> {b}:");
         run(
@@ -337,14 +354,77 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
         )?;
     }
     if rounds > 0 {
-        paired_rounds(&dir, py, rounds)?;
+        paired_rounds(&dir, py, rounds, layout)?;
     }
     Ok(())
 }
 
-/// `rounds` rounds of lockstep `--fast` (best CPU level, one thread) then ZipNN, on every
+/// `rounds` runs of the bench table's `--scaling` rows (both layouts, one thread then two,
+/// best CPU level): each round's speeds and two-thread speedups, then the medians.
+fn scaling(dir: &str, rounds: usize) -> Result<(), String> {
+    let mut table = Vec::new();
+    for round in 1..=rounds {
+        let rows = speeds(&capture(
+            "cargo",
+            &[
+                "run",
+                "--release",
+                "--quiet",
+                "--example",
+                "bench_table",
+                "--",
+                dir,
+                "--scaling",
+            ],
+        )?);
+        // Per pair: --fast 1 thread, --fast 2, default 1, default 2.
+        for (k, (_, b)) in PAIRS.iter().enumerate() {
+            for (l, layout) in ["--fast", "default"].into_iter().enumerate() {
+                let (Some(&one), Some(&two)) =
+                    (rows.get(4 * k + 2 * l), rows.get(4 * k + 2 * l + 1))
+                else {
+                    return Err(format!("round {round}: no speeds parsed for {b}"));
+                };
+                table.push((round, *b, layout, one, two));
+            }
+        }
+    }
+    println!("\nThread scaling, lockstep on the best CPU level, MB/s:");
+    println!("| round | target | layout | enc 1 thr | enc 2 thr | enc × | dec 1 thr | dec 2 thr | dec × |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &(round, b, layout, one, two) in &table {
+        println!(
+            "| {round} | {b} | {layout} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            one.0,
+            two.0,
+            two.0 / one.0,
+            one.1,
+            two.1,
+            two.1 / one.1
+        );
+    }
+    for (_, b) in PAIRS {
+        for layout in ["--fast", "default"] {
+            let of = |f: fn(&(f64, f64)) -> f64| {
+                table
+                    .iter()
+                    .filter(|r| r.1 == b && r.2 == layout)
+                    .map(|r| f(&r.4) / f(&r.3))
+                    .collect::<Vec<_>>()
+            };
+            println!(
+                "median over {rounds} rounds, {b}, {layout}: two threads encode {:.2}×, decode {:.2}× one thread",
+                median(of(|s| s.0)),
+                median(of(|s| s.1))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `rounds` rounds of lockstep in `layout` (best CPU level, one thread) then ZipNN, on every
 /// pair: each round's speeds and lockstep/ZipNN ratios, then the ratios' medians.
-fn paired_rounds(dir: &str, py: &str, rounds: usize) -> Result<(), String> {
+fn paired_rounds(dir: &str, py: &str, rounds: usize, layout: &str) -> Result<(), String> {
     let mut table = Vec::new();
     for round in 1..=rounds {
         let ours = speeds(&capture(
@@ -358,6 +438,8 @@ fn paired_rounds(dir: &str, py: &str, rounds: usize) -> Result<(), String> {
                 "--",
                 dir,
                 "--paired",
+                "--layout",
+                layout,
             ],
         )?);
         for (k, (a, b)) in PAIRS.iter().enumerate() {
@@ -376,7 +458,8 @@ fn paired_rounds(dir: &str, py: &str, rounds: usize) -> Result<(), String> {
         }
     }
     println!(
-        "\nPaired rounds: lockstep --fast (best CPU level, 1 thread), then ZipNN (1 thread), MB/s:"
+        "\nPaired rounds: lockstep, {} layout (best CPU level, 1 thread), then ZipNN (1 thread), MB/s:",
+        if layout == "fast" { "--fast" } else { "default" }
     );
     println!(
         "| round | target | lockstep enc | ZipNN enc | enc × | lockstep dec | ZipNN dec | dec × |"

@@ -72,47 +72,62 @@ pub fn histogram<T: Word>(isa: Isa, d: &[T], info: &[u16], width: u32) -> Hist {
     let n_ctx = (hi - lo + 1) * 2;
     let size = n_ctx * FLAT_STRIDE;
     let lo2 = 2 * lo as u32;
-    let init = || (vec![0u64; size], Vec::<u32>::new(), vec![0u32; 4 * size]);
-    let count = |(mut acc, mut idx, mut sub): (Vec<u64>, Vec<u32>, Vec<u32>),
-                 r: std::ops::Range<usize>| {
-        super::hist::simd(
-            isa,
-            #[inline(always)]
-            || {
-                count_chunk(
-                    &d[r.clone()],
-                    &info[r],
-                    lo2,
-                    size,
-                    &mut acc,
-                    &mut idx,
-                    &mut sub,
-                )
-            },
-        );
-        (acc, idx, sub)
+    let count = |mut acc: Vec<u64>, r: std::ops::Range<usize>| {
+        COUNT_SCRATCH.with(|s| {
+            // Not re-entered: nothing below yields to the rayon pool.
+            let (idx, sub) = &mut *s.borrow_mut();
+            // Grown with zeros, and left zeroed by every count.
+            if sub.len() < 4 * size {
+                sub.resize(4 * size, 0);
+            }
+            let sub = &mut sub[..4 * size];
+            super::hist::simd(
+                isa,
+                #[inline(always)]
+                || count_chunk(&d[r.clone()], &info[r], lo2, size, &mut acc, idx, sub),
+            );
+        });
+        acc
     };
     let acc = chunk_ranges(d.len())
         .into_par_iter()
-        .fold(init, count)
-        .map(|(acc, _, _)| acc)
+        .fold(|| vec![0u64; size], count)
         .reduce_with(|mut a, b| {
             a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
             a
         })
         .unwrap_or_else(|| vec![0u64; size]);
-    // Code slots -> J (slots of codes the passes never make count nothing).
+    // Code slots -> J, for the contexts that occur (slots of codes the passes never make
+    // count nothing). Small tensors see few of the contexts their exponent range spans:
+    // rows for all of them were most of the per-tensor cost.
     let lut = joint_of_code();
-    let mut rows = vec![0u64; n_ctx * a];
-    for (row, slots) in rows.chunks_exact_mut(a).zip(acc.chunks_exact(FLAT_STRIDE)) {
+    let ctxs: Vec<u32> = (0..n_ctx)
+        .filter(|&c| {
+            acc[c * FLAT_STRIDE..][..FLAT_STRIDE]
+                .iter()
+                .any(|&n| n != 0)
+        })
+        .map(|c| lo2 + c as u32)
+        .collect();
+    let mut rows = vec![0u64; ctxs.len() * a];
+    for (row, &ctx) in rows.chunks_exact_mut(a).zip(&ctxs) {
+        let slots = &acc[(ctx - lo2) as usize * FLAT_STRIDE..][..FLAT_STRIDE];
         for (k, &c) in slots.iter().enumerate() {
             if c != 0 {
                 row[lut[(k >> 3) | (k & 7) << 7] as usize] += c;
             }
         }
     }
-    let ctxs: Vec<u32> = (lo2..lo2 + n_ctx as u32).collect();
     Hist::from_rows(space, &ctxs, &rows)
+}
+
+thread_local! {
+    /// Per-thread scratch of [`count_chunk`]: slot indices, and its four counting tables
+    /// (kept zeroed between counts). Reused across tensors: allocating and zeroing them per
+    /// tensor (16 bytes a slot, about a megabyte for a bf16 tensor's exponent range) cost
+    /// more than counting a small tensor.
+    static COUNT_SCRATCH: std::cell::RefCell<(Vec<u32>, Vec<u32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Count one chunk into `acc` (see [`histogram`]); `idx` and `sub` are scratch, `sub` four

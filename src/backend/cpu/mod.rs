@@ -14,6 +14,8 @@ pub mod lm;
 mod tables;
 mod word;
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::{Backend, Checked, DecodeJob, EncodeJob, HistRequest, Resident};
@@ -158,27 +160,20 @@ fn check_tables(layout: Layout, tables: &Tables) -> Result<()> {
     Ok(())
 }
 
-/// `n` default values, written chunk by chunk on the rayon pool.
-fn par_zeroed<T: Copy + Default + Send + Sync>(n: usize) -> Vec<T> {
-    let mut v: Vec<T> = Vec::with_capacity(n);
-    v.spare_capacity_mut()[..n]
-        .par_chunks_mut(CHUNK_ELEMS)
-        .for_each(|c| c.fill(std::mem::MaybeUninit::new(T::default())));
-    // SAFETY: the first `n` elements were all written just above.
-    unsafe { v.set_len(n) };
-    v
-}
-
 impl<T: Word> CpuResident<T> {
     fn new(isa: Isa, job: &EncodeJob) -> Self {
         let info_fn = InfoFn::new(job.fl, job.condition);
         let size = T::SIZE;
-        let n = job.reference.len() / size;
-        // Zeroed on every thread (a zeroed `vec!` of a big tensor was a one-thread memset,
-        // 5% of a two-thread encode); the pass below then writes every element.
-        let (mut d, mut info) = (par_zeroed::<T>(n), par_zeroed::<u16>(n));
-        d.par_chunks_mut(CHUNK_ELEMS)
-            .zip(info.par_chunks_mut(CHUNK_ELEMS))
+        // Both sides have `n` whole elements (the callers check the lengths are equal; the
+        // minimum keeps every chunk below fully written whatever a job holds).
+        let n = job.reference.len().min(job.target.len()) / size;
+        // Written once, chunk by chunk on the rayon pool, without zeroing first (a zeroed
+        // `vec!` was a one-thread memset, 5% of a two-thread encode; zeroing on every thread
+        // still cost a pass over both buffers).
+        let (mut d, mut info) = (Vec::<T>::with_capacity(n), Vec::<u16>::with_capacity(n));
+        d.spare_capacity_mut()[..n]
+            .par_chunks_mut(CHUNK_ELEMS)
+            .zip(info.spare_capacity_mut()[..n].par_chunks_mut(CHUNK_ELEMS))
             .zip(job.reference.par_chunks(CHUNK_ELEMS * size))
             .zip(job.target.par_chunks(CHUNK_ELEMS * size))
             .for_each(|(((d, info), r), x)| {
@@ -192,6 +187,12 @@ impl<T: Word> CpuResident<T> {
                     },
                 )
             });
+        // SAFETY: the chunks cover `..n` of both buffers, `reference` and `target` hold at
+        // least `n` elements, and `residual_chunk` writes every element of its chunk.
+        unsafe {
+            d.set_len(n);
+            info.set_len(n);
+        }
         CpuResident {
             isa,
             fl: job.fl,
@@ -247,8 +248,8 @@ impl<T: Word> CpuResident<T> {
 /// Displacements and reference facts of one chunk's elements (`r`, `x`: their bytes).
 #[inline(always)]
 fn residual_chunk<T: Word, const COND: bool, const WIDE: bool>(
-    d: &mut [T],
-    info: &mut [u16],
+    d: &mut [MaybeUninit<T>],
+    info: &mut [MaybeUninit<u16>],
     r: &[u8],
     x: &[u8],
     info_fn: InfoFn,
@@ -257,8 +258,8 @@ fn residual_chunk<T: Word, const COND: bool, const WIDE: bool>(
     for ((d, i), (r, x)) in d.iter_mut().zip(info.iter_mut()).zip(elems) {
         let (r, x) = (T::read(r), T::read(x));
         let k = word::key::<T>(x).wrapping_sub(word::key::<T>(r)) & word::mask::<T>();
-        *d = T::from_u64(k);
-        *i = info_fn.info_as::<T, COND, WIDE>(r) as u16;
+        d.write(T::from_u64(k));
+        i.write(info_fn.info_as::<T, COND, WIDE>(r) as u16);
     }
 }
 

@@ -57,6 +57,12 @@ pub unsafe fn codes_and_tails<T: Word>(d: &[T], signed: bool, s: &mut Scratch) {
             let d = std::slice::from_raw_parts(d.as_ptr() as *const u16, d.len());
             codes16(d, signed, &mut s.codes, &mut s.tail);
         }
+    } else if TypeId::of::<T>() == TypeId::of::<u32>() {
+        // SAFETY: `T` is `u32`: same layout. Features: the caller's.
+        unsafe {
+            let d = std::slice::from_raw_parts(d.as_ptr() as *const u32, d.len());
+            codes32(d, signed, &mut s.codes, &mut s.tail);
+        }
     } else {
         codes(d, signed, &mut s.codes, Some(&mut s.tail));
     }
@@ -215,6 +221,83 @@ pub(in crate::backend::cpu) unsafe fn codes16(
             _mm256_storeu_si256(lens.as_mut_ptr() as *mut _, l4);
         }
         tail.put_many([vals[0], vals[2]], [lens[0] as u32, lens[2] as u32]);
+    }
+}
+
+/// [`codes16`] for 32-bit elements (the portable pass put one tail at a time and was a third
+/// of an fp32 `--fast` encode): codes by bit lengths, the raw tails (at most 29 bits) merged
+/// pairwise in the vector, so the bit writer takes one value per two elements.
+///
+/// # Safety
+/// The CPU must support AVX2 and POPCNT.
+#[target_feature(enable = "avx2,popcnt")]
+pub(in crate::backend::cpu) unsafe fn codes32(
+    d: &[u32],
+    signed: bool,
+    out: &mut Vec<u32>,
+    tail: &mut BitWriter,
+) {
+    let n = d.len();
+    // Every slot is written below; no clearing memset when the buffer is already as long.
+    out.truncate(n);
+    out.resize(n, 0);
+    let zero = _mm256_setzero_si256();
+    let one = _mm256_set1_epi32(1);
+    let two = _mm256_set1_epi32(2);
+    let three = _mm256_set1_epi32(3);
+    let mut vals = [0u64; 4];
+    let mut lens = [0u64; 4];
+    for at in (0..n).step_by(8) {
+        let cnt = (n - at).min(8);
+        // Lanes past `cnt` are zero: code 0, no tail bits.
+        let sd = load_u32(d, at, cnt);
+        let (v, neg) = if signed {
+            // |i32::MIN| stays 2^31: as unsigned, the right magnitude.
+            (_mm256_abs_epi32(sd), _mm256_cmpgt_epi32(zero, sd))
+        } else {
+            let z = _mm256_xor_si256(_mm256_slli_epi32::<1>(sd), _mm256_srai_epi32::<31>(sd));
+            (z, zero)
+        };
+        // Bit length from the float exponent. Conversion rounds, and rounding up could carry
+        // into the exponent, so convert `v & !(v >> 1)`: same top bit, no two adjacent ones
+        // below it, so no carry reaches it. Values with the top bit set (2^31 and up) convert
+        // as negatives: their length is 32 whatever the exponent says.
+        let t = _mm256_andnot_si256(_mm256_srli_epi32::<1>(v), v);
+        let e = _mm256_and_si256(
+            _mm256_srli_epi32::<23>(_mm256_castps_si256(_mm256_cvtepi32_ps(t))),
+            _mm256_set1_epi32(255),
+        );
+        let b = _mm256_max_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(126)), zero);
+        let b = _mm256_blendv_epi8(b, _mm256_set1_epi32(32), _mm256_srai_epi32::<31>(v));
+        let sh1 = _mm256_max_epi32(_mm256_sub_epi32(b, two), zero);
+        let sh2 = _mm256_max_epi32(_mm256_sub_epi32(b, three), zero);
+        let q1 = _mm256_and_si256(
+            _mm256_cmpgt_epi32(b, one),
+            _mm256_and_si256(_mm256_srlv_epi32(v, sh1), one),
+        );
+        let q2 = _mm256_and_si256(
+            _mm256_cmpgt_epi32(b, two),
+            _mm256_and_si256(_mm256_srlv_epi32(v, sh2), one),
+        );
+        let c = _mm256_or_si256(
+            b,
+            _mm256_or_si256(_mm256_slli_epi32::<7>(q1), _mm256_slli_epi32::<8>(q2)),
+        );
+        let c = _mm256_or_si256(c, _mm256_and_si256(neg, _mm256_set1_epi32(1 << 9)));
+        store_u32(&mut out[at..at + cnt], c);
+        // Raw tails: the low `b - 3` bits (none for b < 4; lanes past `cnt` are zero).
+        let len = sh2;
+        let val = _mm256_and_si256(v, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+        let lo32 = _mm256_set1_epi64x(0xFFFF_FFFF);
+        let (v_lo, l_lo) = (_mm256_and_si256(val, lo32), _mm256_and_si256(len, lo32));
+        let v2 = _mm256_or_si256(v_lo, _mm256_sllv_epi64(_mm256_srli_epi64::<32>(val), l_lo));
+        let l2 = _mm256_add_epi64(l_lo, _mm256_srli_epi64::<32>(len));
+        // SAFETY: 4 `u64` each into `vals` and `lens`.
+        unsafe {
+            _mm256_storeu_si256(vals.as_mut_ptr() as *mut _, v2);
+            _mm256_storeu_si256(lens.as_mut_ptr() as *mut _, l2);
+        }
+        tail.put_many(vals, lens.map(|l| l as u32));
     }
 }
 
@@ -573,5 +656,65 @@ pub(in crate::backend::cpu) unsafe fn put4(
         let high = _mm256_cmpgt_epi32(rem, _mm256_sub_epi32(f[h], one));
         let t = _mm256_sub_epi32(t, _mm256_and_si256(low, cmpl));
         x[h] = _mm256_add_epi32(t, _mm256_and_si256(high, cmpl));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::bits::BitWriter;
+    use super::super::super::encode::codes;
+    use super::codes32;
+
+    /// The vector pass gives the portable pass's codes and tail bits for every bit length,
+    /// at and around each power of two (where a float conversion could round up), both
+    /// signs, the extremes, both layouts, and lengths that leave a partial vector.
+    #[test]
+    fn codes32_matches_portable() {
+        if !super::super::super::Isa::Avx2.available() {
+            eprintln!("SKIP: this CPU has no AVX2");
+            return;
+        }
+        let mut d: Vec<u32> = Vec::new();
+        for k in 0..32 {
+            for delta in [-2i64, -1, 0, 1, 2] {
+                let v = ((1i64 << k) + delta) as u32;
+                d.extend([v, v.wrapping_neg()]);
+            }
+        }
+        d.extend([
+            0,
+            1,
+            u32::MAX,
+            1 << 31,
+            (1 << 31) - 1,
+            (1 << 31) + 1,
+            0x00FF_FFFF,
+        ]);
+        // Every run of 24 ones below the top bit (the float mantissa's width) and beyond.
+        for k in 20..32 {
+            d.push(((1u64 << k) - 1) as u32);
+            d.push(((1u64 << k) - 1) as u32 ^ 0x55);
+        }
+        let mut x = 0x9E37_79B9u32;
+        for _ in 0..1000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            d.push(x >> (x % 32));
+        }
+        for signed in [true, false] {
+            for len in [d.len(), d.len() - 3, 5] {
+                let d = &d[..len];
+                let (mut want, mut want_t) = (Vec::new(), BitWriter::default());
+                codes(d, signed, &mut want, Some(&mut want_t));
+                let (mut got, mut got_t) = (Vec::new(), BitWriter::default());
+                // SAFETY: AVX2 checked above (POPCNT comes with it on every AVX2 CPU
+                // `Isa::Avx2` accepts).
+                unsafe { codes32(d, signed, &mut got, &mut got_t) };
+                assert_eq!(got, want, "codes, signed {signed}, {len} elements");
+                assert_eq!(got_t.bits(), want_t.bits(), "tail bits, signed {signed}");
+                assert_eq!(got_t.bytes(), want_t.bytes(), "tail, signed {signed}");
+            }
+        }
     }
 }
