@@ -171,9 +171,6 @@ pub(in crate::backend::cpu) unsafe fn codes16(
     out.truncate(n);
     out.resize(n, 0);
     let zero = _mm256_setzero_si256();
-    let one = _mm256_set1_epi32(1);
-    let two = _mm256_set1_epi32(2);
-    let three = _mm256_set1_epi32(3);
     let mut vals = [0u64; 4];
     let mut lens = [0u64; 4];
     for at in (0..n).step_by(8) {
@@ -190,25 +187,8 @@ pub(in crate::backend::cpu) unsafe fn codes16(
         // exponent is `126 + b` for `v >= 1`; 0.0 has exponent field 0, clamped to b = 0.
         let e = _mm256_srli_epi32::<23>(_mm256_castps_si256(_mm256_cvtepi32_ps(v)));
         let b = _mm256_max_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(126)), zero);
-        let sh1 = _mm256_max_epi32(_mm256_sub_epi32(b, two), zero);
-        let sh2 = _mm256_max_epi32(_mm256_sub_epi32(b, three), zero);
-        let q1 = _mm256_and_si256(
-            _mm256_cmpgt_epi32(b, one),
-            _mm256_and_si256(_mm256_srlv_epi32(v, sh1), one),
-        );
-        let q2 = _mm256_and_si256(
-            _mm256_cmpgt_epi32(b, two),
-            _mm256_and_si256(_mm256_srlv_epi32(v, sh2), one),
-        );
-        let c = _mm256_or_si256(
-            b,
-            _mm256_or_si256(_mm256_slli_epi32::<7>(q1), _mm256_slli_epi32::<8>(q2)),
-        );
-        let c = _mm256_or_si256(c, _mm256_and_si256(neg, _mm256_set1_epi32(1 << 9)));
+        let (c, val, len) = code_and_tail(v, b, neg);
         store_u32(&mut out[at..at + cnt], c);
-        // Raw tails: the low `b - 3` bits (none for b < 4; lanes past `cnt` are zero).
-        let len = sh2;
-        let val = _mm256_and_si256(v, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
         let lo32 = _mm256_set1_epi64x(0xFFFF_FFFF);
         let (v_lo, l_lo) = (_mm256_and_si256(val, lo32), _mm256_and_si256(len, lo32));
         let v2 = _mm256_or_si256(v_lo, _mm256_sllv_epi64(_mm256_srli_epi64::<32>(val), l_lo));
@@ -242,9 +222,6 @@ pub(in crate::backend::cpu) unsafe fn codes32(
     out.truncate(n);
     out.resize(n, 0);
     let zero = _mm256_setzero_si256();
-    let one = _mm256_set1_epi32(1);
-    let two = _mm256_set1_epi32(2);
-    let three = _mm256_set1_epi32(3);
     let mut vals = [0u64; 4];
     let mut lens = [0u64; 4];
     for at in (0..n).step_by(8) {
@@ -269,25 +246,8 @@ pub(in crate::backend::cpu) unsafe fn codes32(
         );
         let b = _mm256_max_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(126)), zero);
         let b = _mm256_blendv_epi8(b, _mm256_set1_epi32(32), _mm256_srai_epi32::<31>(v));
-        let sh1 = _mm256_max_epi32(_mm256_sub_epi32(b, two), zero);
-        let sh2 = _mm256_max_epi32(_mm256_sub_epi32(b, three), zero);
-        let q1 = _mm256_and_si256(
-            _mm256_cmpgt_epi32(b, one),
-            _mm256_and_si256(_mm256_srlv_epi32(v, sh1), one),
-        );
-        let q2 = _mm256_and_si256(
-            _mm256_cmpgt_epi32(b, two),
-            _mm256_and_si256(_mm256_srlv_epi32(v, sh2), one),
-        );
-        let c = _mm256_or_si256(
-            b,
-            _mm256_or_si256(_mm256_slli_epi32::<7>(q1), _mm256_slli_epi32::<8>(q2)),
-        );
-        let c = _mm256_or_si256(c, _mm256_and_si256(neg, _mm256_set1_epi32(1 << 9)));
+        let (c, val, len) = code_and_tail(v, b, neg);
         store_u32(&mut out[at..at + cnt], c);
-        // Raw tails: the low `b - 3` bits (none for b < 4; lanes past `cnt` are zero).
-        let len = sh2;
-        let val = _mm256_and_si256(v, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
         let lo32 = _mm256_set1_epi64x(0xFFFF_FFFF);
         let (v_lo, l_lo) = (_mm256_and_si256(val, lo32), _mm256_and_si256(len, lo32));
         let v2 = _mm256_or_si256(v_lo, _mm256_sllv_epi64(_mm256_srli_epi64::<32>(val), l_lo));
@@ -299,6 +259,36 @@ pub(in crate::backend::cpu) unsafe fn codes32(
         }
         tail.put_many(vals, lens.map(|l| l as u32));
     }
+}
+
+/// Each lane's code from its magnitude `v`, bit length `b` and sign mask `neg` (`b`, Q1 and
+/// Q2 at bits 7 and 8, the sign at bit 9, as `super::super::encode::codes`), and its raw
+/// tail: the low `b - 3` bits and their count (none for `b < 4`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn code_and_tail(v: __m256i, b: __m256i, neg: __m256i) -> (__m256i, __m256i, __m256i) {
+    let zero = _mm256_setzero_si256();
+    let one = _mm256_set1_epi32(1);
+    let two = _mm256_set1_epi32(2);
+    let three = _mm256_set1_epi32(3);
+    let sh1 = _mm256_max_epi32(_mm256_sub_epi32(b, two), zero);
+    let sh2 = _mm256_max_epi32(_mm256_sub_epi32(b, three), zero);
+    let q1 = _mm256_and_si256(
+        _mm256_cmpgt_epi32(b, one),
+        _mm256_and_si256(_mm256_srlv_epi32(v, sh1), one),
+    );
+    let q2 = _mm256_and_si256(
+        _mm256_cmpgt_epi32(b, two),
+        _mm256_and_si256(_mm256_srlv_epi32(v, sh2), one),
+    );
+    let c = _mm256_or_si256(
+        b,
+        _mm256_or_si256(_mm256_slli_epi32::<7>(q1), _mm256_slli_epi32::<8>(q2)),
+    );
+    let c = _mm256_or_si256(c, _mm256_and_si256(neg, _mm256_set1_epi32(1 << 9)));
+    let len = sh2;
+    let val = _mm256_and_si256(v, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+    (c, val, len)
 }
 
 /// Bit `S` of each lane.
