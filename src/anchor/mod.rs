@@ -40,6 +40,7 @@ use crate::delta::blob::element_count;
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::COST_ONE_BIT;
 use crate::entropy::rans::{dec_advance, dec_get, enc_put, RANS_L};
+use crate::format::bits::{BitReader, BitWriter};
 use crate::format::chunk::{chunk_ranges, CHUNK_ELEMS, LANES};
 use crate::{Error, Result};
 use table::{Hist, Table};
@@ -619,7 +620,7 @@ fn encode_chunk(
     let mut es = Vec::with_capacity(n);
     let mut heads = Vec::with_capacity(n);
     let tail_bits = g.m - t;
-    let mut tail = BitPack::with_capacity(n * tail_bits as usize / 8 + 8);
+    let mut tail = BitWriter::default();
     for j in 0..n {
         let (e, head, tl) = g.split(load(bytes, g.size, j), t);
         es.push(e);
@@ -804,83 +805,13 @@ fn decode_chunk(
         return Err(bad("rANS lanes did not end in their initial state"));
     }
     let tail_bits = g.m - c.t;
-    let mut bits = BitUnpack::new(tail);
+    let mut bits = BitReader::new(tail);
     for j in 0..n {
-        let tl = bits.get(tail_bits);
+        let tl = bits.take::<false>(tail_bits);
         let x = g.join(es[j], heads[j], tl, c.t);
         dst[j * g.size..(j + 1) * g.size].copy_from_slice(&x.to_le_bytes()[..g.size]);
     }
     Ok(())
-}
-
-/// LSB-first bit packer for fields of up to 57 bits.
-struct BitPack {
-    out: Vec<u8>,
-    acc: u64,
-    n: u32,
-}
-
-impl BitPack {
-    fn with_capacity(c: usize) -> Self {
-        BitPack {
-            out: Vec::with_capacity(c),
-            acc: 0,
-            n: 0,
-        }
-    }
-    #[inline]
-    fn put(&mut self, v: u64, bits: u32) {
-        if bits == 0 {
-            return;
-        }
-        let mut v = v;
-        let mut bits = bits;
-        // Fields up to 64 bits: split so the accumulator never overflows.
-        while bits > 0 {
-            let take = bits.min(32);
-            self.acc |= (v & ((1u64 << take) - 1)) << self.n;
-            self.n += take;
-            v = if take < 64 { v >> take } else { 0 };
-            bits -= take;
-            while self.n >= 8 {
-                self.out.push(self.acc as u8);
-                self.acc >>= 8;
-                self.n -= 8;
-            }
-        }
-    }
-    fn finish(mut self) -> Vec<u8> {
-        if self.n > 0 {
-            self.out.push(self.acc as u8);
-        }
-        self.out
-    }
-}
-
-/// The reader of [`BitPack`]; the caller sized the buffer, so reads stay in bounds.
-struct BitUnpack<'a> {
-    buf: &'a [u8],
-    pos: u64,
-}
-
-impl<'a> BitUnpack<'a> {
-    fn new(buf: &'a [u8]) -> Self {
-        BitUnpack { buf, pos: 0 }
-    }
-    #[inline]
-    fn get(&mut self, bits: u32) -> u64 {
-        let mut v = 0u64;
-        let mut got = 0;
-        while got < bits {
-            let byte = self.buf[(self.pos / 8) as usize];
-            let off = (self.pos % 8) as u32;
-            let take = (8 - off).min(bits - got);
-            v |= (((byte >> off) as u64) & ((1u64 << take) - 1)) << got;
-            got += take;
-            self.pos += take as u64;
-        }
-        v
-    }
 }
 
 #[cfg(test)]

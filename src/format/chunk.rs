@@ -7,6 +7,7 @@
 //! 16-bit words. The encoder performs the mirror image (steps, stages and lanes all reversed)
 //! and reverses its words. Raw tails are bit-packed separately, in element order, LSB first.
 
+use super::bits::{BitReader, BitWriter};
 use super::symbols::{neighbor, RefInfo, Sym};
 use super::tables::{Space, Tables};
 use crate::entropy::freq::PROB_BITS;
@@ -94,7 +95,7 @@ pub fn encode_chunk(
     for s in syms.iter().filter(|s| s.b >= 4) {
         tail.put(s.tail, (s.b - 3) as u32);
     }
-    let tail_bits = tail.bits;
+    let tail_bits = tail.bits();
     EncodedChunk {
         words,
         states,
@@ -154,10 +155,10 @@ pub fn decode_chunk(
     if pos != words.len() || states.iter().any(|&s| s != RANS_L) {
         return Err(bad("rANS lanes did not end in their initial state"));
     }
-    let mut tail = BitReader::new(chunk.tail, chunk.tail_bits);
+    let mut tail = BitReader::new(chunk.tail);
     for s in syms.iter_mut().filter(|s| s.b >= 4) {
         s.tail = tail
-            .get((s.b - 3) as u32)
+            .get((s.b - 3) as u32, chunk.tail_bits)
             .ok_or_else(|| bad("raw tail shorter than the bit lengths require"))?;
     }
     if tail.consumed != chunk.tail_bits {
@@ -167,64 +168,3 @@ pub fn decode_chunk(
 }
 
 const _: () = assert!(PROB_BITS <= 16);
-
-/// LSB-first bit packer.
-#[derive(Default)]
-struct BitWriter {
-    out: Vec<u8>,
-    acc: u128,
-    n: u32,
-    bits: u64,
-}
-
-impl BitWriter {
-    fn put(&mut self, v: u64, nbits: u32) {
-        self.acc |= (v as u128) << self.n;
-        self.n += nbits;
-        self.bits += nbits as u64;
-        while self.n >= 8 {
-            self.out.push(self.acc as u8);
-            self.acc >>= 8;
-            self.n -= 8;
-        }
-    }
-    fn finish(mut self) -> Vec<u8> {
-        if self.n > 0 {
-            self.out.push(self.acc as u8);
-        }
-        self.out
-    }
-}
-
-struct BitReader<'a> {
-    buf: &'a [u8],
-    limit: u64,
-    consumed: u64,
-}
-
-impl<'a> BitReader<'a> {
-    fn new(buf: &'a [u8], limit: u64) -> Self {
-        BitReader {
-            buf,
-            limit,
-            consumed: 0,
-        }
-    }
-    fn get(&mut self, nbits: u32) -> Option<u64> {
-        if self.consumed + nbits as u64 > self.limit {
-            return None;
-        }
-        let mut v = 0u64;
-        let mut got = 0u32;
-        while got < nbits {
-            let byte = self.buf[(self.consumed / 8) as usize];
-            let off = (self.consumed % 8) as u32;
-            let take = (8 - off).min(nbits - got);
-            let bits = ((byte >> off) as u64) & ((1u64 << take) - 1);
-            v |= bits << got;
-            got += take;
-            self.consumed += take as u64;
-        }
-        Some(v)
-    }
-}

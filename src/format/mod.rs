@@ -6,10 +6,12 @@
 //! - [`symbols`]: element pair -> (b, q1, q2, sign, tail) in the Paper, Signed and Joint
 //!   layouts, and back.
 //! - [`tables`]: stages, context spaces, histograms, table selection and table bytes.
+//! - [`bits`]: the one LSB-first bit packer (raw tails of both float codecs).
 //! - [`chunk`]: chunk and lane constants, the fixed coding order of a chunk (the readable rANS
 //!   lanes and raw tails), encoded and decoded chunk types.
 //! - [`lm`]: the integer GPT-2's model file (`.lsm`) and fixed-point arithmetic.
 
+pub mod bits;
 pub mod chunk;
 pub mod lm;
 pub mod symbols;

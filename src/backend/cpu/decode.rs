@@ -3,13 +3,13 @@
 
 use std::mem::MaybeUninit;
 
-use super::bits::BitReader;
 use super::joint::JointDec;
 use super::tables::DecStage;
 use super::word::{self, b_context, neighbor_b, rs, up, InfoFn, Word};
 use super::Isa;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::bits::BitReader;
 use crate::format::chunk::{DecodeChunk, LANES};
 use crate::{Error, Result};
 

@@ -3,10 +3,10 @@
 //! Per element the passes keep one `u32` code (b, q1, q2, neg) and one `u16` of reference
 //! facts instead of a 16-byte `Sym`; contexts and tail are recomputed from them on the fly.
 
-use super::bits::BitWriter;
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
 use super::word::{self, b_context, neighbor_b, rs, up, Word};
 use crate::entropy::rans::RANS_L;
+use crate::format::bits::BitWriter;
 use crate::format::chunk::{EncodedChunk, LANES};
 
 /// Symbol codes of a chunk's elements; with `tail`, also pack their raw tails.

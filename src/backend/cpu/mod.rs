@@ -5,7 +5,6 @@
 
 mod avx2;
 mod avx512;
-mod bits;
 mod decode;
 mod encode;
 mod hist;

@@ -31,12 +31,12 @@ use core::arch::x86_64::*;
 use std::any::TypeId;
 
 use super::super::avx512::encode::Flat;
-use super::super::bits::BitWriter;
 use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::bits::BitWriter;
 use crate::format::chunk::{EncodedChunk, LANES};
 
 /// Words kept below the stream in the word buffer: [`put4`] stores 8-word blocks that end at
@@ -651,9 +651,9 @@ pub(in crate::backend::cpu) unsafe fn put4(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::bits::BitWriter;
     use super::super::super::encode::codes;
     use super::codes32;
+    use crate::format::bits::BitWriter;
 
     /// The vector pass gives the portable pass's codes and tail bits for every bit length,
     /// at and around each power of two (where a float conversion could round up), both

@@ -17,12 +17,12 @@
 use core::arch::x86_64::*;
 use std::any::TypeId;
 
-use super::super::bits::BitWriter;
 use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
+use crate::format::bits::BitWriter;
 use crate::format::chunk::{EncodedChunk, LANES};
 
 /// A chunk's per-element codes into `s.codes` and raw tails into `s.tail` (every layout's

@@ -1,4 +1,7 @@
-//! Raw-tail bit packing, LSB first in element order (docs/FORMAT.md), 64 bits at a time.
+//! The one bit packer of the formats: fields LSB first, in order, the last byte zero-padded
+//! (the delta codec's raw tails, docs/FORMAT.md, and the anchor codec's mantissa tails).
+//! Written 64 bits at a time because the CPU device's tail passes are hot; the readable
+//! reference (`format::chunk`) uses the same writer and reader.
 
 #[derive(Default)]
 pub struct BitWriter {
@@ -19,6 +22,7 @@ impl BitWriter {
     /// Append the low `nbits` (at most 64) of `v`, which has no bits above them.
     #[inline(always)]
     pub fn put(&mut self, v: u64, nbits: u32) {
+        debug_assert!(nbits >= 64 || v >> nbits == 0, "bits above the field");
         self.put_many([v], [nbits]);
     }
     /// `put(v[i], nbits[i])` for each `i` in order, the writer's state kept in registers.
@@ -55,6 +59,12 @@ impl BitWriter {
     pub fn bits(&self) -> u64 {
         self.bits
     }
+    /// The packed bytes, the last one zero-padded.
+    pub fn finish(self) -> Vec<u8> {
+        let mut out = self.out;
+        out.extend_from_slice(&self.acc.to_le_bytes()[..self.n.div_ceil(8) as usize]);
+        out
+    }
     /// The packed bytes so far, the last one zero-padded.
     pub fn bytes(&self) -> Vec<u8> {
         let rest = self.n.div_ceil(8) as usize;
@@ -65,9 +75,10 @@ impl BitWriter {
     }
 }
 
-/// Reads what [`BitWriter`] wrote, in place. Callers check the total length first (the bit
-/// lengths say how long the tail must be), so reads need no error path: past the end they
-/// give zeros, never undefined behavior or a panic.
+/// Reads what [`BitWriter`] wrote, in place. Fast callers check the total length first (the
+/// bit lengths say how long the tail must be), so [`BitReader::take`] needs no error path:
+/// past the end it gives zeros, never undefined behavior or a panic. [`BitReader::get`] is
+/// the checked read, for the reference.
 pub struct BitReader<'a> {
     tail: &'a [u8],
     pub consumed: u64,
@@ -95,6 +106,13 @@ impl<'a> BitReader<'a> {
         self.consumed += nbits as u64;
         v & ((1u64 << nbits) - 1)
     }
+    /// The next `nbits` (at most 61) bits, or `None` if they would pass `limit` bits.
+    pub fn get(&mut self, nbits: u32, limit: u64) -> Option<u64> {
+        if self.consumed + nbits as u64 > limit {
+            return None;
+        }
+        Some(self.take::<true>(nbits))
+    }
     /// `N` bytes from `at`, zeros past the end (one unaligned load but near the end).
     #[inline(always)]
     fn load<const N: usize>(&self, at: usize) -> [u8; N] {
@@ -107,5 +125,70 @@ impl<'a> BitReader<'a> {
                 b
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition, one bit at a time: field bits in order, each byte filled from its
+    /// least significant bit.
+    fn naive(fields: &[(u64, u32)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut at = 0usize;
+        for &(v, n) in fields {
+            for i in 0..n {
+                if at % 8 == 0 {
+                    out.push(0);
+                }
+                out[at / 8] |= (((v >> i) & 1) as u8) << (at % 8);
+                at += 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn packs_lsb_first_and_reads_back() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut fields = Vec::new();
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = (x % 62) as u32;
+            let v = if n == 0 {
+                0
+            } else {
+                (x >> 3) & ((1u64 << n) - 1)
+            };
+            fields.push((v, n));
+        }
+        let mut w = BitWriter::default();
+        for &(v, n) in &fields {
+            w.put(v, n);
+        }
+        let total: u64 = fields.iter().map(|f| f.1 as u64).sum();
+        assert_eq!(w.bits(), total);
+        assert_eq!(w.bytes(), naive(&fields));
+        let bytes = w.finish();
+        assert_eq!(bytes, naive(&fields));
+
+        let (mut fast, mut checked) = (BitReader::new(&bytes), BitReader::new(&bytes));
+        for &(v, n) in &fields {
+            if n <= 57 {
+                assert_eq!(fast.take::<false>(n), v);
+            } else {
+                assert_eq!(fast.take::<true>(n), v);
+            }
+            assert_eq!(checked.get(n, total), Some(v));
+        }
+        assert_eq!(
+            checked.get(1, total),
+            None,
+            "reading past the limit is refused"
+        );
+        assert_eq!(fast.take::<false>(8), 0, "past the end reads zeros");
     }
 }
