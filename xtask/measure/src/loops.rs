@@ -1,0 +1,118 @@
+//! One pipeline in a loop, for `perf record` and paired A/B runs of two builds: wall time of
+//! the best pass, MB/s of target bytes (or µs per tensor), every output checked.
+
+use rayon::prelude::*;
+
+use lockstep::delta::blob::encode_unverified;
+use lockstep::delta::{decode_tensor, EncodeOptions, LayoutChoice};
+
+use crate::{best, pairs, Opts};
+
+fn options(layout: LayoutChoice) -> EncodeOptions {
+    EncodeOptions {
+        layout,
+        ..EncodeOptions::default()
+    }
+}
+
+/// `measure encode-loop`: every float tensor encoded (`--layout`, default `--fast`) without
+/// the verifying decode, tensors in parallel as `encode_batched` does; best of `--rounds`
+/// (default 10).
+pub fn encode(o: &Opts) -> Result<(), String> {
+    let (r, t) = o.open_pair(&o.dtype)?;
+    let cpu = o.cpu()?;
+    let opts = options(o.layout.unwrap_or(LayoutChoice::Fast));
+    let pairs = pairs(&r, &t, |_| true);
+    let mb = pairs.iter().map(|p| p.target.len()).sum::<usize>() as f64 / 1e6;
+    let (s, blobs) = best(o.rounds.unwrap_or(10), || {
+        pairs
+            .par_iter()
+            .map(|p| encode_unverified(p, &opts, &cpu).map(|b| b.0))
+            .collect::<lockstep::Result<Vec<_>>>()
+    });
+    let blobs = blobs.map_err(|e| e.to_string())?;
+    // The bytes were not verified in the loop: check them once, untimed.
+    for (p, b) in pairs.iter().zip(&blobs) {
+        let out = decode_tensor(b, p.reference, &cpu).map_err(|e| e.to_string())?;
+        assert!(out == p.target, "decoded other bytes");
+    }
+    println!("{} encode best {:.1} MB/s", o.dtype, mb / s);
+    Ok(())
+}
+
+/// `measure decode-loop`: every float tensor encoded once (`--layout`, default `--fast`),
+/// then all blobs decoded against their references, best of `--rounds` (default 20).
+pub fn decode(o: &Opts) -> Result<(), String> {
+    let (r, t) = o.open_pair(&o.dtype)?;
+    let cpu = o.cpu()?;
+    let opts = options(o.layout.unwrap_or(LayoutChoice::Fast));
+    let pairs = pairs(&r, &t, |_| true);
+    let blobs = pairs
+        .iter()
+        .map(|p| encode_unverified(p, &opts, &cpu).map(|b| b.0))
+        .collect::<lockstep::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
+    let mb = pairs.iter().map(|p| p.target.len()).sum::<usize>() as f64 / 1e6;
+    let mut fastest = f64::MAX;
+    for _ in 0..o.rounds.unwrap_or(20) {
+        let mut pass = 0.0;
+        for (p, b) in pairs.iter().zip(&blobs) {
+            let (s, out) = best(1, || decode_tensor(b, p.reference, &cpu));
+            pass += s;
+            assert!(
+                out.map_err(|e| e.to_string())? == p.target,
+                "decoded other bytes"
+            );
+        }
+        fastest = fastest.min(pass);
+    }
+    println!("{} blob decode best {:.1} MB/s", o.dtype, mb / fastest);
+    Ok(())
+}
+
+/// `measure small-tensors`: the tensors below 2^16 elements (layer norms, biases, position
+/// embeddings) encoded and decoded one after another; µs per tensor for `--fast` and the
+/// default layout, best of `--rounds` (default 20). What a checkpoint of many small tensors
+/// pays per tensor: table building and selection rather than coding.
+pub fn small_tensors(o: &Opts) -> Result<(), String> {
+    let (r, t) = o.open_pair(&o.dtype)?;
+    let cpu = o.cpu()?;
+    let pairs = pairs(&r, &t, |shape| shape.iter().product::<u64>() < 1 << 16);
+    let elems: usize = pairs.iter().map(|p| p.target.len() / p.dtype.size()).sum();
+    for (layout, name) in [
+        (LayoutChoice::Fast, "--fast"),
+        (LayoutChoice::Auto, "default"),
+    ] {
+        let opts = options(layout);
+        let (mut enc, mut dec) = (f64::MAX, f64::MAX);
+        for _ in 0..o.rounds.unwrap_or(20) {
+            let (s, blobs) = best(1, || {
+                pairs
+                    .iter()
+                    .map(|p| encode_unverified(p, &opts, &cpu).map(|b| b.0))
+                    .collect::<lockstep::Result<Vec<_>>>()
+            });
+            let blobs = blobs.map_err(|e| e.to_string())?;
+            enc = enc.min(s);
+            let (s, outs) = best(1, || {
+                pairs
+                    .iter()
+                    .zip(&blobs)
+                    .map(|(p, b)| decode_tensor(b, p.reference, &cpu))
+                    .collect::<lockstep::Result<Vec<_>>>()
+            });
+            dec = dec.min(s);
+            let outs = outs.map_err(|e| e.to_string())?;
+            assert!(outs.iter().zip(&pairs).all(|(d, p)| *d == p.target));
+        }
+        let us = |s: f64| s * 1e6 / pairs.len() as f64;
+        println!(
+            "{} {name}: {} tensors, {elems} elements: encode {:.0} µs, decode {:.0} µs per tensor",
+            o.dtype,
+            pairs.len(),
+            us(enc),
+            us(dec)
+        );
+    }
+    Ok(())
+}

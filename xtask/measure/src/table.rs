@@ -1,0 +1,223 @@
+//! `measure table`: the speed table behind `cargo xtask bench delta` (docs/BENCHMARKS.md):
+//! lockstep's devices and zstd -19 on byte-grouped XOR, on the same checkpoint pairs, in one
+//! run. `--paired`: only lockstep on the best CPU level, one thread, `--fast` (or the default
+//! layout with `--layout default`): the rows `cargo xtask bench delta --rounds` alternates with
+//! ZipNN. `--scaling`: only the best CPU level, `--fast` then the default layout, each at one
+//! thread and at two (the rows of `cargo xtask bench delta --scaling`).
+
+use rayon::prelude::*;
+
+use lockstep::backend::cpu::{CpuAt, CpuBackend, Isa};
+use lockstep::backend::reference::ReferenceBackend;
+use lockstep::backend::wgpu::WgpuBackend;
+use lockstep::backend::Backend;
+use lockstep::baseline;
+use lockstep::delta::blob::encode_unverified;
+use lockstep::delta::{decode_tensor, EncodeOptions, LayoutChoice, TensorPair};
+
+use crate::{best, pairs, Opts};
+
+/// One table row; `dec_s` also gives the verified-encode speed (lockstep's encoders always
+/// decode what they wrote and compare: encode time plus decode time).
+fn row(name: &str, raw: usize, packed: usize, enc_s: f64, dec_s: Option<f64>) {
+    let mbs = |s: f64| raw as f64 / s / 1e6;
+    let fmt = |s: Option<f64>| s.map(|s| format!("{:.1}", mbs(s))).unwrap_or("—".into());
+    println!(
+        "| {name:<33} | {:>6.4} | {:>9.1} | {:>9} | {:>9} |",
+        packed as f64 / raw as f64,
+        mbs(enc_s),
+        fmt(dec_s),
+        fmt(dec_s.map(|d| d + enc_s)),
+    );
+}
+
+fn lockstep_row(name: &str, b: &dyn Backend, threads: usize, pairs: &[TensorPair], reps: usize) {
+    layout_row(name, b, threads, pairs, reps, LayoutChoice::Auto)
+}
+
+fn layout_row(
+    name: &str,
+    b: &dyn Backend,
+    threads: usize,
+    pairs: &[TensorPair],
+    reps: usize,
+    layout: LayoutChoice,
+) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let opts = EncodeOptions {
+        layout,
+        ..EncodeOptions::default()
+    };
+    let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
+    pool.install(|| {
+        // Tensors in parallel as well as chunks, as `encode_batched` does.
+        let (enc_s, blobs) = best(reps, || {
+            pairs
+                .par_iter()
+                .map(|p| encode_unverified(p, &opts, b).unwrap().0)
+                .collect::<Vec<_>>()
+        });
+        let (dec_s, decoded) = best(reps, || {
+            pairs
+                .par_iter()
+                .zip(&blobs)
+                .map(|(p, blob)| decode_tensor(blob, p.reference, b).unwrap())
+                .collect::<Vec<_>>()
+        });
+        assert!(decoded.iter().zip(pairs).all(|(d, p)| d == p.target));
+        let packed: usize = blobs.iter().map(|b| b.len()).sum();
+        row(name, raw, packed, enc_s, Some(dec_s));
+    });
+}
+
+/// The table's rows on both pairs (bf16 and fp32, 600 -> 800).
+pub fn run(o: &Opts) -> Result<(), String> {
+    let dir = &o.dir;
+    let (quick, paired, scaling) = (o.quick, o.paired, o.scaling);
+    let paired_layout = o.layout.unwrap_or(LayoutChoice::Fast);
+    let reps = if quick { 1 } else { 3 };
+    let wgpu = if paired || scaling {
+        None
+    } else {
+        WgpuBackend::new(false).ok()
+    };
+    for dtype in ["bf16", "fp32"] {
+        let (a, b) = (
+            format!("gpt2_step000600_{dtype}.safetensors"),
+            format!("gpt2_step000800_{dtype}.safetensors"),
+        );
+        let Ok((r, t)) = o.open_pair(dtype) else {
+            eprintln!("skipping {a} -> {b}: not found in {dir}");
+            continue;
+        };
+        let pairs = pairs(&r, &t, |_| true);
+        let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
+        println!(
+            "\n{a} -> {b}: {} float tensors, {:.1} MB",
+            pairs.len(),
+            raw as f64 / 1e6
+        );
+        println!(
+            "| coder                             | ratio  | enc MB/s  | dec MB/s  | enc+verify |"
+        );
+        println!(
+            "|-----------------------------------|--------|-----------|-----------|------------|"
+        );
+        let best_isa = Isa::detect();
+        if paired {
+            let name = match paired_layout {
+                LayoutChoice::Fast => "--fast",
+                _ => "default",
+            };
+            layout_row(
+                &format!("lockstep {name} cpu {}, 1 thr", best_isa.name()),
+                &CpuBackend,
+                1,
+                &pairs,
+                reps,
+                paired_layout,
+            );
+            continue;
+        }
+        if scaling {
+            for (layout, name) in [
+                (LayoutChoice::Fast, "--fast"),
+                (LayoutChoice::Auto, "default"),
+            ] {
+                for threads in [1, 2] {
+                    layout_row(
+                        &format!("lockstep {name} cpu {}, {threads} thr", best_isa.name()),
+                        &CpuBackend,
+                        threads,
+                        &pairs,
+                        reps,
+                        layout,
+                    );
+                }
+            }
+            continue;
+        }
+        lockstep_row(
+            &format!("lockstep cpu {}, 1 thread", best_isa.name()),
+            &CpuBackend,
+            1,
+            &pairs,
+            reps,
+        );
+        lockstep_row(
+            &format!("lockstep cpu {}, 2 threads", best_isa.name()),
+            &CpuBackend,
+            2,
+            &pairs,
+            reps,
+        );
+        // The fast (Joint) layout: one symbol per weight.
+        for threads in [1, 2] {
+            layout_row(
+                &format!("lockstep --fast cpu {}, {threads} thr", best_isa.name()),
+                &CpuBackend,
+                threads,
+                &pairs,
+                reps,
+                LayoutChoice::Fast,
+            );
+        }
+        // The slower instruction-set levels this CPU also runs (same bytes).
+        for isa in Isa::ALL.into_iter().filter(|&i| i < best_isa) {
+            let b = CpuAt::new(isa).unwrap();
+            lockstep_row(
+                &format!("lockstep cpu {}, 1 thread", isa.name()),
+                &b,
+                1,
+                &pairs,
+                1,
+            );
+            layout_row(
+                &format!("lockstep --fast cpu {}, 1 thr", isa.name()),
+                &b,
+                1,
+                &pairs,
+                1,
+                LayoutChoice::Fast,
+            );
+        }
+        lockstep_row(
+            "lockstep reference, 1 thread",
+            &ReferenceBackend,
+            1,
+            &pairs,
+            1,
+        );
+        if let Some(w) = &wgpu {
+            lockstep_row("lockstep wgpu (see note)", w, 2, &pairs, 1);
+            layout_row(
+                "lockstep --fast wgpu (see note)",
+                w,
+                2,
+                &pairs,
+                1,
+                LayoutChoice::Fast,
+            );
+        }
+        // zstd -19 on byte-grouped XOR: the paper's baseline row, one thread.
+        let (enc_s, packed) = best(1, || {
+            let mut planes = Vec::new();
+            for p in &pairs {
+                let x = baseline::xor(p.reference, p.target);
+                baseline::push_planes(&mut planes, &x, p.dtype.size());
+            }
+            baseline::zstd_planes(&planes, 19).unwrap()
+        });
+        row("zstd -19, byte-grouped XOR", raw, packed, enc_s, None);
+    }
+    if let Some(w) = &wgpu {
+        println!(
+            "\nwgpu ran on {}: correctness only unless that is a real GPU.",
+            w.device()
+        );
+    }
+    Ok(())
+}
