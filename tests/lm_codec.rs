@@ -318,15 +318,8 @@ macro_rules! lm_parity {
 lm_parity!(portable);
 lm_parity!(avx2);
 lm_parity!(avx512);
-
-/// The GPUs have no language-model kernels yet: they say so instead of computing.
-#[test]
-fn devices_without_lm_kernels_say_why() {
-    if let Some(d) = devices::device("wgpu") {
-        let e = d.lm().err().expect("wgpu has no LM kernels yet");
-        assert!(e.to_string().contains("no language-model kernels"), "{e}");
-    }
-}
+// The WGSL kernels (lavapipe here and in CI).
+lm_parity!(wgpu);
 
 #[test]
 fn rehashed_but_inconsistent_model_files_are_refused() {
