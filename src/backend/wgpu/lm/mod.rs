@@ -680,3 +680,42 @@ impl LmSession for WgpuSession<'_> {
             .ok_or_else(|| Error::Invalid("step_table: no table came back".into()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `dot4I8Packed` and the scalar `dot4` give the same integers (the trace of the shipped
+    /// model on a batch, both against the CPU's portable reference). Skips without an adapter.
+    #[test]
+    fn packed_and_scalar_dots_agree_with_the_cpu() {
+        let backend = match super::super::WgpuBackend::new(false) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("SKIP: no wgpu adapter: {e}");
+                return;
+            }
+        };
+        let model = Model::from_bytes(include_bytes!("../../../../models/tinygpt2.lsm")).unwrap();
+        let items: Vec<Item> = (0..12u32)
+            .map(|i| Item {
+                seq: (i % 2) as usize,
+                token: 50 + 97 * i,
+                query: Some(Query {
+                    find: Find::Symbol(7 * i),
+                    mix: None,
+                }),
+            })
+            .collect();
+        let run = |k: &dyn LmKernels| {
+            let mut s = k.load(&model, 2).unwrap();
+            let mut t = Trace::default();
+            let a = s.step_traced(&items, &mut t).unwrap();
+            (t, a)
+        };
+        let cpu = crate::backend::cpu::lm::CpuLm::new(crate::backend::cpu::Isa::Portable).unwrap();
+        let want = run(&cpu);
+        assert_eq!(run(&backend.lm()), want, "default dot");
+        assert_eq!(run(&backend.lm().scalar_dot()), want, "scalar dot");
+    }
+}
