@@ -1,5 +1,5 @@
 // The int8 matmul with the integer rescale (docs/INTEGER_GPT2.md §4): one invocation per
-// (weight row, item). `dot4` (four int8 pairs packed in u32 words, summed in i32) is
+// weight row and four items. `dot4` (four int8 pairs packed in u32 words, summed in i32) is
 // prepended by the host: `dot4I8Packed` where the adapter has the packed-dot language
 // feature, the exact scalar product where it has not. Mirrors cpu/lm/{matmul,rescale}.rs.
 
@@ -34,22 +34,36 @@ fn round_shift64(x: vec2<u32>, s: i32) -> vec2<u32> {
     return select(vec2<u32>(0xffffffffu, 0x7fffffffu), vec2<u32>(0u, 0x80000000u), neg_s64(x));
 }
 
-@compute @workgroup_size(64)
-fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let j = gid.x;
-    let t = gid.y;
-    if (j >= p.rows || t >= p.n) { return; }
-    var acc = 0;
-    let wb = j * p.k4;
-    let xb = t * p.k4;
-    for (var c = 0u; c < p.k4; c = c + 1u) {
-        acc = acc + dot4(w[wb + c], xq[xb + c]);
-    }
-    let ri = rowinfo[j];
-    let sc = scales[t];
+fn rescale(acc: i32, ri: vec4<u32>, sc: vec2<u32>) -> i32 {
     // |acc| <= 2^27 and m16 * t_m < 2^32: the product is below 2^59
     let prod = mul_s32_u32(acc, ri.x * sc.x);
     let s = bitcast<i32>(ri.y) + bitcast<i32>(sc.y) - p.out_frac;
     let v = add64(round_shift64(prod, s), i64_of(bitcast<i32>(ri.z)));
-    out[t * p.rows + j] = clamp_s64(v, p.clamp);
+    return clamp_s64(v, p.clamp);
+}
+
+// Each invocation: one weight row against four items, so each weight word is read once per
+// four items (items past n read item 0's words and are not written).
+@compute @workgroup_size(64)
+fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j = gid.x;
+    let t0 = gid.y * 4u;
+    if (j >= p.rows || t0 >= p.n) { return; }
+    let k4 = p.k4;
+    let wb = j * k4;
+    var xb = vec4<u32>(t0, t0 + 1u, t0 + 2u, t0 + 3u);
+    xb = select(vec4<u32>(0u), xb, xb < vec4<u32>(p.n)) * k4;
+    var acc = vec4<i32>(0);
+    for (var c = 0u; c < k4; c = c + 1u) {
+        let wv = w[wb + c];
+        acc = acc + vec4<i32>(dot4(wv, xq[xb.x + c]), dot4(wv, xq[xb.y + c]),
+            dot4(wv, xq[xb.z + c]), dot4(wv, xq[xb.w + c]));
+    }
+    let ri = rowinfo[j];
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let t = t0 + i;
+        if (t < p.n) {
+            out[t * p.rows + j] = rescale(acc[i], ri, scales[t]);
+        }
+    }
 }

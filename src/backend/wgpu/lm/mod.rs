@@ -405,7 +405,7 @@ impl<'m> WgpuSession<'m> {
                     clamp as u32,
                 ],
                 &[&mat.w, &mat.rowinfo, xq, sc, out],
-                (cols(mat.rows, 64), rows as u32),
+                (cols(mat.rows, 64), rows.div_ceil(4) as u32),
             )
         };
         let elementwise = |enc: &mut wgpu::CommandEncoder,
