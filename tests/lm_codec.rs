@@ -291,6 +291,82 @@ fn same_trace(device: &Device) {
     }
 }
 
+/// GPT-2-small's widths (n_embd 768, 12 heads of 64, 3072-wide MLP, the 50,257-token head)
+/// with random weights, cut to two layers and a 64-position context so that lavapipe runs it
+/// in seconds: every matmul, the LayerNorm and the head at their real sizes.
+fn gpt2_small_shape() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| random_model(2, 768, 12, 64, 50257, 5))
+}
+
+/// Per-layer integers, logits and tables on the GPT-2-small shape equal the reference's
+/// (two sequences, a batch of several positions then single steps), and `step_table` gives
+/// the reference's whole table.
+fn same_trace_gpt2_small_shape(device: &Device) {
+    let m = gpt2_small_shape();
+    let tokens = lockstep::lm::tokenizer::encode(TEXT).unwrap();
+    let run = |d: &Device| {
+        let mut lm = d.lm().unwrap().load(m, 2).unwrap();
+        let mut traces = Vec::new();
+        let q = |next: u32| {
+            Some(Query {
+                find: Find::Symbol(next),
+                mix: Some((next, 30_000)),
+            })
+        };
+        // A batch: six positions of sequence 0 (two queried) and three of sequence 1.
+        let mut items: Vec<Item> = (0..6)
+            .map(|i| Item {
+                seq: 0,
+                token: tokens[i],
+                query: (i >= 4).then(|| q(tokens[i + 1])).flatten(),
+            })
+            .collect();
+        items.extend((0..3).map(|i| Item {
+            seq: 1,
+            token: tokens[20 + i],
+            query: (i == 2).then(|| q(tokens[23])).flatten(),
+        }));
+        let mut trace = Trace::default();
+        let a = lm.step_traced(&items, &mut trace).unwrap();
+        traces.push((trace.clone(), a));
+        for i in 0..2 {
+            let item = Item {
+                seq: i,
+                token: tokens[30 + i],
+                query: Some(Query {
+                    find: Find::Target(3 << 30),
+                    mix: None,
+                }),
+            };
+            let a = lm.step_traced(&[item], &mut trace).unwrap();
+            traces.push((trace.clone(), a));
+        }
+        let table = lm
+            .step_table(&[Item {
+                seq: 0,
+                token: tokens[40],
+                query: None,
+            }])
+            .unwrap();
+        (traces, table)
+    };
+    let (want, want_table) = run(&Device::reference());
+    let (got, got_table) = run(device);
+    for (step, ((g, ga), (w, wa))) in got.iter().zip(&want).enumerate() {
+        let name = device.name();
+        assert_eq!(g.ln1, w.ln1, "{name} step {step}: LayerNorm 1 maxima");
+        assert_eq!(g.ln2, w.ln2, "{name} step {step}: LayerNorm 2 maxima");
+        assert_eq!(g.resid, w.resid, "{name} step {step}: residual streams");
+        assert_eq!(g.logits, w.logits, "{name} step {step}: logits");
+        assert_eq!(g.freqs, w.freqs, "{name} step {step}: frequency tables");
+        assert_eq!(ga, wa, "{name} step {step}: coded intervals");
+    }
+    assert_eq!(want_table.len(), 50257);
+    assert_eq!(want_table.iter().sum::<u64>(), 1 << 32);
+    assert_eq!(got_table, want_table, "{}: step_table", device.name());
+}
+
 macro_rules! lm_parity {
     ($name:ident) => {
         mod $name {
@@ -309,6 +385,13 @@ macro_rules! lm_parity {
                     same_trace(&d);
                 }
             }
+
+            #[test]
+            fn gpt2_small_shape_trace_equals_the_reference() {
+                if let Some(d) = devices::device(stringify!($name)) {
+                    same_trace_gpt2_small_shape(&d);
+                }
+            }
         }
     };
 }
@@ -318,15 +401,8 @@ macro_rules! lm_parity {
 lm_parity!(portable);
 lm_parity!(avx2);
 lm_parity!(avx512);
-
-/// The GPUs have no language-model kernels yet: they say so instead of computing.
-#[test]
-fn devices_without_lm_kernels_say_why() {
-    if let Some(d) = devices::device("wgpu") {
-        let e = d.lm().err().expect("wgpu has no LM kernels yet");
-        assert!(e.to_string().contains("no language-model kernels"), "{e}");
-    }
-}
+// The WGSL kernels (lavapipe here and in CI).
+lm_parity!(wgpu);
 
 #[test]
 fn rehashed_but_inconsistent_model_files_are_refused() {

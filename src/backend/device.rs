@@ -33,10 +33,6 @@ impl Default for Device {
     }
 }
 
-/// Why the wgpu device has no language-model kernels.
-const NO_WGPU_LM: &str = "the wgpu device has no language-model kernels yet (the text codec \
-                          runs on --backend cpu)";
-
 impl Device {
     /// The CPU at the best instruction-set level it runs ([`Isa::detect`]), for both codecs.
     pub fn cpu() -> Device {
@@ -76,8 +72,8 @@ impl Device {
     pub(super) fn wgpu_from(b: WgpuBackend) -> Device {
         Device {
             name: "wgpu".into(),
+            lm: Ok(Arc::new(b.lm())),
             delta: Ok(Arc::new(b)),
-            lm: Err(NO_WGPU_LM.into()),
         }
     }
 

@@ -40,11 +40,11 @@ pub fn select(choice: BackendChoice) -> Result<(Device, Option<String>)> {
         BackendChoice::Auto => match WgpuBackend::new(true) {
             Ok(b) => {
                 let note = format!(
-                    "auto: no CUDA in this build; using wgpu on {} for checkpoints, the CPU \
-                     for the language model",
+                    "auto: no CUDA in this build; using wgpu on {} for checkpoints (the text \
+                     codec's auto is the CPU)",
                     b.device()
                 );
-                Ok((Device::wgpu_from(b).lm_from(&Device::cpu()), Some(note)))
+                Ok((Device::wgpu_from(b), Some(note)))
             }
             Err(e) => {
                 let why = match e {

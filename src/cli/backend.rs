@@ -44,23 +44,25 @@ pub fn choose(arg: BackendArg) -> Result<Device> {
     Ok(device)
 }
 
-/// The device for the text codec and model commands: the CPU's integer kernels (the
-/// readable ones for `reference`) without probing a GPU, since no GPU has language-model
-/// kernels yet; a GPU asked for is named in a note rather than silently ignored.
+/// The device for the text codec and model commands: the CPU's integer kernels for `auto`
+/// and `cpu` (the readable ones for `reference`) without probing a GPU, and the device named
+/// otherwise (the wgpu and CUDA devices run the same integers: same bytes everywhere). Under
+/// `-v` it says which device the language model runs on.
 pub fn choose_for_text(arg: BackendArg) -> Result<Device> {
-    match arg {
-        BackendArg::Auto | BackendArg::Cpu => Ok(Device::cpu()),
-        BackendArg::Reference => Ok(Device::reference()),
-        BackendArg::Cuda => backend::select(BackendChoice::Cuda).map(|(d, _)| d),
-        BackendArg::Wgpu => {
-            super::ui::note(
-                "note: --backend wgpu applies to the checkpoint codec; the wgpu device has no \
-                 language-model kernels yet, so the text codec runs on the CPU's integer \
-                 kernels (same bytes everywhere)",
-            );
-            Ok(Device::cpu())
-        }
+    let device = match arg {
+        BackendArg::Auto | BackendArg::Cpu => Device::cpu(),
+        BackendArg::Reference => Device::reference(),
+        BackendArg::Cuda => backend::select(BackendChoice::Cuda)?.0,
+        BackendArg::Wgpu => backend::select(BackendChoice::Wgpu)?.0,
+    };
+    if let Ok(lm) = device.lm() {
+        super::ui::detail(format!(
+            "language model on: {} ({})",
+            device.name(),
+            lm.describe()
+        ));
     }
+    Ok(device)
 }
 
 #[derive(Args)]

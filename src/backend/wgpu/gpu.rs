@@ -16,7 +16,7 @@ const DECODE: &str = include_str!("../../../shaders/decode.wgsl");
 /// Binding kinds, in binding order, of one module's bind group (binding 0 is the uniform
 /// parameter block).
 #[derive(Clone, Copy)]
-enum Slot {
+pub enum Slot {
     Read,
     ReadWrite,
 }
@@ -295,6 +295,17 @@ fn module(
         "const CHUNK: u32 = {CHUNK_ELEMS}u;\nconst GROUPS: u32 = {}u;\n{PRELUDE}\n{SCAN}\n{body}",
         CHUNK_ELEMS / LANES * 4
     );
+    compile(device, name, source, slots, entries)
+}
+
+/// A module from complete WGSL `source`: binding 0 the uniform parameters, then `slots`.
+pub fn compile(
+    device: &wgpu::Device,
+    name: &str,
+    source: String,
+    slots: &[Slot],
+    entries: &[&'static str],
+) -> Module {
     let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(name),
         source: wgpu::ShaderSource::Wgsl(Cow::Owned(source)),

@@ -6,7 +6,10 @@
 mod decode;
 mod encode;
 mod gpu;
+pub mod lm;
 mod params;
+
+use std::sync::Arc;
 
 use super::{Backend, DecodeJob, EncodeJob, Resident};
 use crate::{Error, Result};
@@ -15,7 +18,7 @@ use gpu::Gpu;
 use params::Params;
 
 pub struct WgpuBackend {
-    gpu: Gpu,
+    gpu: Arc<Gpu>,
 }
 
 /// Adapters wgpu can see, described for people.
@@ -50,8 +53,13 @@ impl WgpuBackend {
                 })
             })?;
         Ok(WgpuBackend {
-            gpu: Gpu::new(adapter)?,
+            gpu: Arc::new(Gpu::new(adapter)?),
         })
+    }
+
+    /// The language model's kernels on the same adapter and device.
+    pub fn lm(&self) -> lm::WgpuLm {
+        lm::WgpuLm::new(self.gpu.clone())
     }
 }
 

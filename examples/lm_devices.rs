@@ -1,0 +1,110 @@
+//! The version-1 text codec's speed per device, in paired rounds: each round compresses
+//! (without the verifying decode) and decompresses the same text on every device in turn,
+//! checks the streams are the same bytes, and the medians and ranges are printed per device.
+//!
+//! `cargo run --release --example lm_devices -- FILE [--rounds N] [--gpt2-small]
+//! [--devices cpu,wgpu]`: the shipped tinygpt2 model, or with `--gpt2-small` a random model
+//! of GPT-2-small's shape (12 x 768, vocab 50257; segments of 255 tokens).
+
+use std::time::Instant;
+
+use lockstep::backend::{select, BackendChoice, Device};
+use lockstep::format::lm::model_file::Model;
+use lockstep::lm::text_codec::{compress_unverified, decompress, Options};
+use lockstep::lm::tokenizer;
+#[path = "../tests/lm_common/random_model.rs"]
+mod random_model;
+
+fn device(name: &str) -> Device {
+    let choice = match name {
+        "cpu" => BackendChoice::Cpu,
+        "reference" => BackendChoice::Reference,
+        "wgpu" => BackendChoice::Wgpu,
+        "cuda" => BackendChoice::Cuda,
+        other => panic!("unknown device {other}"),
+    };
+    select(choice)
+        .unwrap_or_else(|e| panic!("device {name}: {e}"))
+        .0
+}
+
+fn median_range(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let file = args
+        .first()
+        .expect("usage: lm_devices FILE [--rounds N] [--gpt2-small]");
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .map(|i| args[i + 1].clone())
+    };
+    let rounds: usize = flag("--rounds").map_or(3, |r| r.parse().unwrap());
+    let names = flag("--devices").unwrap_or_else(|| "cpu,wgpu".into());
+    let data = std::fs::read(file).unwrap();
+    let model = if args.iter().any(|a| a == "--gpt2-small") {
+        random_model::random_model(12, 768, 12, 1024, 50257, 1)
+    } else {
+        Model::from_bytes(include_bytes!("../models/tinygpt2.lsm")).unwrap()
+    };
+    let opts = Options {
+        segment_tokens: Some(255),
+        ..Default::default()
+    };
+    let tokens = tokenizer::encode(&data).unwrap().len() as f64;
+    let devices: Vec<(String, Device)> = names
+        .split(',')
+        .map(|n| (n.to_string(), device(n)))
+        .collect();
+    for (n, d) in &devices {
+        eprintln!("{n}: {}", d.lm().unwrap().describe());
+    }
+    eprintln!(
+        "{file}: {} bytes, {tokens} tokens, model {}",
+        data.len(),
+        &model.hash_hex()[..16]
+    );
+    let mut times = vec![(Vec::new(), Vec::new()); devices.len()];
+    let mut first: Option<Vec<u8>> = None;
+    for round in 0..rounds {
+        for (i, (name, d)) in devices.iter().enumerate() {
+            let t = Instant::now();
+            let c = compress_unverified(&model, &data, &opts, d).unwrap();
+            let tc = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            assert_eq!(decompress(&model, &c, d).unwrap(), data, "{name}");
+            let td = t.elapsed().as_secs_f64();
+            match &first {
+                Some(f) => assert_eq!(&c, f, "{name}: the stream differs"),
+                None => first = Some(c),
+            }
+            eprintln!("round {round} {name}: compress {tc:.2}s, decompress {td:.2}s");
+            times[i].0.push(tc);
+            times[i].1.push(td);
+        }
+    }
+    println!(
+        "| device | compress tokens/s | compress KB/s | decompress tokens/s | decompress KB/s |"
+    );
+    println!("|---|---|---|---|---|");
+    let kb = data.len() as f64 / 1000.0;
+    for ((name, _), (c, d)) in devices.iter().zip(&mut times) {
+        let (cm, clo, chi) = median_range(c);
+        let (dm, dlo, dhi) = median_range(d);
+        println!(
+            "| {name} | {:.0} ({:.0}–{:.0}) | {:.2} | {:.0} ({:.0}–{:.0}) | {:.2} |",
+            tokens / cm,
+            tokens / chi,
+            tokens / clo,
+            kb / cm,
+            tokens / dm,
+            tokens / dhi,
+            tokens / dlo,
+            kb / dm
+        );
+    }
+}
