@@ -166,6 +166,7 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
                     &cm::stream::Options {
                         lm: !no_lm,
                         match_model: !no_match,
+                        ..Default::default()
                     },
                     device,
                     &progress,
