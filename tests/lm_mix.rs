@@ -7,9 +7,10 @@ use std::sync::OnceLock;
 
 use lockstep::backend::Device;
 use lockstep::format::lm::model_file::Model;
+use lockstep::lm::cm::coder::{self, Setup};
 use lockstep::lm::cm::stream::{
-    self, compress, compress_unverified, read_header, write_header, Header, Options, FLAG_LM,
-    FLAG_MATCH, MODE_MIXED, MODE_STORED,
+    self, compress, compress_unverified, read_header, write_header, Blocks, Header, Options,
+    BLOCK_LEN, FLAG_BLOCKS, FLAG_LM, FLAG_MATCH, MODE_MIXED, MODE_STORED,
 };
 use lockstep::lm::text_codec::{self, Pass};
 
@@ -92,18 +93,22 @@ const ALL: [Options; 4] = [
     Options {
         lm: true,
         match_model: true,
+        block_len: BLOCK_LEN,
     },
     Options {
         lm: true,
         match_model: false,
+        block_len: BLOCK_LEN,
     },
     Options {
         lm: false,
         match_model: true,
+        block_len: BLOCK_LEN,
     },
     Options {
         lm: false,
         match_model: false,
+        block_len: BLOCK_LEN,
     },
 ];
 
@@ -199,6 +204,7 @@ fn golden_streams_of_both_versions() {
         &Options {
             lm: false,
             match_model: true,
+            block_len: BLOCK_LEN,
         },
         &cpu(),
         &quiet,
@@ -305,4 +311,153 @@ fn stream_module_rejects_version_1() {
     assert!(!stream::is_v2(&v1));
     assert!(read_header(&v1).is_err());
     assert_eq!(decompress(m, &v1).unwrap(), b"hello");
+}
+
+/// A stream of independent blocks written by hand (any block length), and its input.
+fn block_stream(m: &Model, data: &[u8], len: u32) -> Vec<u8> {
+    let device = cpu();
+    let setup = Setup {
+        lm: Some((m, device.lm().unwrap())),
+        match_model: true,
+    };
+    let mut payload = Vec::new();
+    let mut coded = Vec::new();
+    for part in data.chunks(len as usize) {
+        let (c, _) = coder::encode(part, setup, &|_, _| {}).unwrap();
+        coded.push(c.len() as u32);
+        payload.extend_from_slice(&c);
+    }
+    let h = Header {
+        mode: MODE_MIXED,
+        flags: FLAG_LM | FLAG_MATCH | FLAG_BLOCKS,
+        original_len: data.len() as u64,
+        original_hash: *blake3::hash(data).as_bytes(),
+        model_hash: Some(m.hash),
+        blocks: Some(Blocks { len, coded }),
+    };
+    [write_header(&h), payload].concat()
+}
+
+#[test]
+fn blocks_decode_in_lockstep_to_the_input() {
+    // Blocks of 300 bytes over prose, a log and odd bytes: many blocks, the LM's context (16
+    // tokens) restarting inside each, blocks finishing at different times.
+    let m = small();
+    let data = [PROSE, &log(), STORY, b"\xff\x00 x"].concat();
+    let s = block_stream(m, &data, 300);
+    assert_eq!(decompress(m, &s).unwrap(), data);
+    assert_eq!(
+        read_header(&s).unwrap().0.blocks.unwrap().coded.len(),
+        data.len().div_ceil(300)
+    );
+    // One thread or many, the same bytes.
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    assert_eq!(one.install(|| decompress(m, &s)).unwrap(), data);
+}
+
+#[test]
+fn hostile_block_tables_are_refused() {
+    let m = small();
+    let data = [PROSE, STORY].concat();
+    let good = block_stream(m, &data, 200);
+    let (h, start) = read_header(&good).unwrap();
+    let payload = &good[start..];
+    let with = |h: &Header| [write_header(h), payload.to_vec()].concat();
+    let b = h.blocks.clone().unwrap();
+    let mut shifted = b.coded.clone();
+    shifted[0] += 1;
+    shifted[1] -= 1;
+    let mut short = b.coded.clone();
+    short[0] -= 1;
+    for (what, bad) in [
+        (
+            "block length 0",
+            Blocks {
+                len: 0,
+                ..b.clone()
+            },
+        ),
+        (
+            "lengths that do not add up",
+            Blocks {
+                coded: short,
+                ..b.clone()
+            },
+        ),
+        (
+            "lengths shifted between blocks",
+            Blocks {
+                coded: shifted,
+                ..b.clone()
+            },
+        ),
+        (
+            "a longer block length",
+            Blocks {
+                len: 400,
+                ..b.clone()
+            },
+        ),
+    ] {
+        let bad = Header {
+            blocks: Some(bad),
+            ..h.clone()
+        };
+        assert!(decompress(m, &with(&bad)).is_err(), "{what}");
+    }
+    // A table that claims more blocks than the file holds: truncated, nothing allocated.
+    let huge = Header {
+        original_len: 1 << 40,
+        blocks: Some(Blocks {
+            len: 1,
+            ..b.clone()
+        }),
+        ..h.clone()
+    };
+    let e = text_codec::decompress_limited(m, &with(&huge), u64::MAX, &cpu()).unwrap_err();
+    assert_eq!(e.exit_code(), 3, "{e}");
+    // The flag without its table.
+    let mut lied = good[..start].to_vec();
+    lied[13] &= !FLAG_BLOCKS;
+    assert!(decompress(m, &[lied, payload.to_vec()].concat()).is_err());
+}
+
+/// English over the block length: the compressor cuts it into blocks (the LM pays on prose),
+/// and the stream it writes is kept as a golden file. Short blocks keep the test short.
+#[test]
+fn long_prose_is_coded_in_blocks_golden() {
+    let m = shipped();
+    let path = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/benches/text/prose-genesis.txt"
+    ));
+    let text = std::fs::read(&path).unwrap();
+    let data = &text[..12000];
+    let opts = Options {
+        block_len: 6000,
+        ..Options::default()
+    };
+    let c = roundtrip(m, data, opts);
+    let (h, _) = read_header(&c).unwrap();
+    assert_eq!(h.flags, FLAG_LM | FLAG_MATCH | FLAG_BLOCKS);
+    assert_eq!(h.blocks.unwrap().coded.len(), 2);
+    let golden = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/text_v2_blocks.lst"
+    ));
+    if std::env::var_os("LOCKSTEP_BLESS").is_some() {
+        std::fs::write(&golden, &c).unwrap();
+        return;
+    }
+    let g = std::fs::read(&golden)
+        .unwrap_or_else(|e| panic!("{}: {e} (bless with LOCKSTEP_BLESS=1)", golden.display()));
+    assert_eq!(
+        decompress(m, &g).unwrap(),
+        data,
+        "the golden block stream no longer decodes"
+    );
+    assert!(c == g, "block stream: encoder output changed");
 }

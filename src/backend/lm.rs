@@ -38,6 +38,30 @@ pub trait LmSession: Send {
     /// docs/INTEGER_GPT2.md §13) needs every token's mass in byte order and makes one such
     /// call per word, not per token.
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>>;
+    /// Run `items` and return, for each item that has a query (its `find` and `mix`
+    /// ignored), the whole frequency table (total 2^32, no match mix) of the token after it,
+    /// in item order. The context-mixing encoder knows every word in advance and asks for
+    /// many words' tables in one call (sequences and positions batched as in
+    /// [`LmSession::step`]); the default runs one [`LmSession::step_table`] per query, so a
+    /// device that has only that still answers, unbatched.
+    fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
+        let mut tables = Vec::new();
+        let mut start = 0;
+        for (i, it) in items.iter().enumerate() {
+            if it.query.is_some() {
+                tables.push(self.step_table(&items[start..=i])?);
+                start = i + 1;
+            }
+        }
+        if start < items.len() {
+            let rest: Vec<Item> = items[start..]
+                .iter()
+                .map(|it| Item { query: None, ..*it })
+                .collect();
+            self.step(&rest)?;
+        }
+        Ok(tables)
+    }
 }
 
 /// One token to run: appended to sequence `seq` at its next position.

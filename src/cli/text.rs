@@ -42,6 +42,12 @@ pub enum TextCmd {
         /// Context mixing without the language model (much faster; larger on prose).
         #[arg(long, conflicts_with = "no_mix")]
         no_lm: bool,
+        /// With the language model, code the input in independent blocks of this size (e.g.
+        /// 256K; default 64K), which decompress together in lockstep: smaller blocks decode
+        /// faster on large inputs and cost size (each relearns the file); `--block-size 4G`
+        /// keeps any input one block.
+        #[arg(long, value_parser = parse_block_size, conflicts_with_all = ["no_mix", "no_lm"])]
+        block_size: Option<u32>,
         /// Print a JSON report on standard output (the data must go to a file).
         #[arg(long)]
         json: bool,
@@ -109,6 +115,15 @@ pub(crate) fn load_model(path: Option<&Path>) -> lockstep::Result<Model> {
     }
 }
 
+/// A block size: 1 byte up to 4 GiB - 1 (`4G` is taken as the largest).
+fn parse_block_size(s: &str) -> std::result::Result<u32, String> {
+    let n = super::archive::parse_size(s)?;
+    if n == 0 {
+        return Err("the block size must be at least 1 byte".into());
+    }
+    Ok(n.min(u32::MAX as u64) as u32)
+}
+
 /// Moves a bar over the input's bytes by the codec's token counts.
 fn progress_of(
     pb: &indicatif::ProgressBar,
@@ -139,6 +154,7 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
             no_match,
             no_mix,
             no_lm,
+            block_size,
             json,
         } => {
             let dest = files::destination(&input, &out, |p| Ok(files::add_suffix(p, TEXT_SUFFIX)))?;
@@ -166,6 +182,7 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
                     &cm::stream::Options {
                         lm: !no_lm,
                         match_model: !no_match,
+                        block_len: block_size.unwrap_or(cm::stream::BLOCK_LEN),
                     },
                     device,
                     &progress,

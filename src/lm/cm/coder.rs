@@ -3,7 +3,9 @@
 //! interval `[0, p * 2^20)` of the coder's 2^32 total for a 1 and the rest for a 0.
 
 use super::super::range_coder::{Decoder, Encoder};
-use super::lm_bits::Lm;
+use rayon::prelude::*;
+
+use super::lm_bits::{Call, Lm};
 use super::predictor::{Parts, Predictor};
 use crate::backend::lm::LmKernels;
 use crate::format::lm::model_file::Model;
@@ -23,16 +25,12 @@ struct Models<'m> {
 }
 
 impl<'m> Models<'m> {
-    fn new(len: u64, setup: Setup<'m>) -> Result<Self> {
-        Ok(Models {
-            p: Predictor::new(
-                len,
-                Parts {
-                    match_model: setup.match_model,
-                },
-            ),
-            lm: setup.lm.map(|(m, k)| Lm::new(m, k)).transpose()?,
-        })
+    /// The models for coding `len` bytes.
+    fn new(len: u64, match_model: bool, lm: Option<Lm<'m>>) -> Self {
+        Models {
+            p: Predictor::new(len, Parts { match_model }),
+            lm,
+        }
     }
     fn p(&mut self) -> i32 {
         let (c0, bit) = self.p.partial();
@@ -61,7 +59,11 @@ const REPORT_EVERY: usize = 4096;
 
 /// Code `data`; returns the coded bytes and the tokens the LM ran.
 pub fn encode(data: &[u8], setup: Setup, progress: Progress) -> Result<(Vec<u8>, u64)> {
-    let mut m = Models::new(data.len() as u64, setup)?;
+    let lm = setup
+        .lm
+        .map(|(model, kernels)| Lm::planned(model, kernels, data))
+        .transpose()?;
+    let mut m = Models::new(data.len() as u64, setup.match_model, lm);
     let mut enc = Encoder::new();
     for (i, &b) in data.iter().enumerate() {
         for k in (0..8).rev() {
@@ -81,43 +83,162 @@ pub fn encode(data: &[u8], setup: Setup, progress: Progress) -> Result<(Vec<u8>,
     Ok((enc.finish(), m.lm_tokens()))
 }
 
-/// Decode `len` bytes from `payload`.
-pub fn decode(payload: &[u8], len: u64, setup: Setup, progress: Progress) -> Result<Vec<u8>> {
-    let mut m = Models::new(len, setup)?;
-    let mut dec = Decoder::new(payload);
-    for i in 0..len {
-        for _ in 0..8 {
-            let p = m.p() as u64;
-            let y = (dec.target() < p << 20) as u32;
-            if y == 1 {
-                dec.consume(0, p << 20);
-            } else {
-                dec.consume(p << 20, (4096 - p) << 20);
-            }
-            m.update(y)?;
+/// One block's decoder: its models, its range decoder, and how far it has come.
+struct Block<'a> {
+    m: Models<'a>,
+    dec: Decoder<'a>,
+    payload: &'a [u8],
+    len: u64,
+    done: u64,
+}
+
+impl<'a> Block<'a> {
+    fn new(payload: &'a [u8], len: u64, setup: Setup<'a>) -> Result<Self> {
+        let lm = setup
+            .lm
+            .map(|(model, _)| Lm::for_decoder(model))
+            .transpose()?;
+        Ok(Block {
+            m: Models::new(len, setup.match_model, lm),
+            dec: Decoder::new(payload),
+            payload,
+            len,
+            done: 0,
+        })
+    }
+
+    /// The LM call this block waits on, if it is not finished.
+    fn call(&mut self) -> Option<Call> {
+        if self.done == self.len {
+            return None;
         }
-        // The encoder's last bytes flush its state: needing more means the payload is cut.
-        if dec.overrun() > 0 {
+        self.m.lm.as_mut().and_then(Lm::take_call)
+    }
+
+    /// Decode bytes until the block is finished or its LM waits for a table.
+    fn run(&mut self) -> Result<()> {
+        while self.done < self.len && !self.m.lm.as_ref().is_some_and(Lm::waits) {
+            for _ in 0..8 {
+                let p = self.m.p() as u64;
+                let y = (self.dec.target() < p << 20) as u32;
+                if y == 1 {
+                    self.dec.consume(0, p << 20);
+                } else {
+                    self.dec.consume(p << 20, (4096 - p) << 20);
+                }
+                self.m.update(y)?;
+            }
+            // The encoder's last bytes flush its state: needing more means the payload is cut.
+            if self.dec.overrun() > 0 {
+                return Err(Error::format(
+                    "text stream",
+                    format!(
+                        "the coded bytes end after {} of {} bytes (corrupt or truncated \
+                         stream)",
+                        self.done, self.len
+                    ),
+                ));
+            }
+            self.done += 1;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Vec<u8>> {
+        // The decoder reads exactly the bytes the encoder wrote: more is padding or damage.
+        if self.dec.position() != self.payload.len() {
             return Err(Error::format(
                 "text stream",
                 format!(
-                    "the coded bytes end after {i} of {len} bytes (corrupt or truncated stream)"
+                    "{} bytes follow the coded data (corrupt or padded stream)",
+                    self.payload.len() - self.dec.position()
                 ),
             ));
         }
-        if i as usize % REPORT_EVERY == REPORT_EVERY - 1 {
-            progress(i + 1, len);
+        Ok(self.m.p.history().to_vec())
+    }
+}
+
+/// Blocks decoded together at most: each holds its own adaptive models (megabytes) and, with
+/// the LM, one KV cache on the device.
+const MAX_LOCKSTEP: usize = 32;
+/// Cap on the KV caches of one lockstep group (as version 1's segment groups).
+const GROUP_CACHE_BYTES: usize = 512 << 20;
+
+/// Decode independently coded blocks, `(payload, length)` each, in lockstep: every block
+/// decodes until its LM needs the next word's table, then the LM runs the calls of all
+/// waiting blocks as one batch (one sequence per block). The bytes are those of decoding each
+/// block alone.
+pub fn decode_blocks(blocks: &[(&[u8], u64)], setup: Setup, progress: Progress) -> Result<Vec<u8>> {
+    let total: u64 = blocks.iter().map(|b| b.1).sum();
+    let group = match setup.lm {
+        Some((model, _)) => {
+            let c = &model.config;
+            let kv = (c.n_layer as usize * c.n_ctx as usize * c.n_embd as usize * 8).max(1);
+            (GROUP_CACHE_BYTES / kv).clamp(1, MAX_LOCKSTEP)
+        }
+        None => MAX_LOCKSTEP,
+    };
+    let mut out = Vec::with_capacity(total.min(1 << 30) as usize);
+    for wave in blocks.chunks(group) {
+        let base = out.len() as u64;
+        let mut decs: Vec<Block> = wave
+            .iter()
+            .map(|&(payload, len)| Block::new(payload, len, setup))
+            .collect::<Result<_>>()?;
+        let mut session = match setup.lm {
+            Some((model, kernels)) => Some(kernels.load(model, wave.len())?),
+            None => None,
+        };
+        let mut waiting = vec![false; decs.len()];
+        let mut last_report = 0;
+        loop {
+            decs.par_iter_mut().try_for_each(Block::run)?;
+            let Some(session) = session.as_mut() else {
+                break;
+            };
+            // The calls of the blocks that wait, one sequence each, as one batch.
+            let mut items = Vec::new();
+            for (s, (d, w)) in decs.iter_mut().zip(waiting.iter_mut()).enumerate() {
+                *w = false;
+                if let Some(call) = d.call() {
+                    if call.restart {
+                        session.clear(s)?;
+                    }
+                    items.extend(call.items(s));
+                    *w = true;
+                }
+            }
+            if items.is_empty() {
+                break;
+            }
+            let mut tables = session.step_tables(&items)?.into_iter();
+            let answers: Vec<Option<Vec<u64>>> = waiting
+                .iter()
+                .map(|&w| w.then(|| tables.next()).flatten())
+                .collect();
+            decs.par_iter_mut()
+                .zip(answers)
+                .zip(&waiting)
+                .try_for_each(|((d, f), &w)| match (w, f, d.m.lm.as_mut()) {
+                    (false, _, _) => Ok(()),
+                    (true, Some(f), Some(lm)) => lm.supply(&f),
+                    _ => Err(Error::Invalid("LM: fewer tables than calls".into())),
+                })?;
+            let done = base + decs.iter().map(|d| d.done).sum::<u64>();
+            if done - last_report >= REPORT_EVERY as u64 {
+                progress(done, total);
+                last_report = done;
+            }
+        }
+        for d in decs {
+            out.extend(d.finish()?);
         }
     }
-    // The decoder reads exactly the bytes the encoder wrote: more is padding or damage.
-    if dec.position() != payload.len() {
-        return Err(Error::format(
-            "text stream",
-            format!(
-                "{} bytes follow the coded data (corrupt or padded stream)",
-                payload.len() - dec.position()
-            ),
-        ));
-    }
-    Ok(m.p.history().to_vec())
+    Ok(out)
+}
+
+/// Decode `len` bytes from `payload` (one block).
+pub fn decode(payload: &[u8], len: u64, setup: Setup, progress: Progress) -> Result<Vec<u8>> {
+    decode_blocks(&[(payload, len)], setup, progress)
 }

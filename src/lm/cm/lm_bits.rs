@@ -12,15 +12,22 @@
 //! alone) then go through the model, which predicts the first token of the next chunk. Past
 //! that token's bytes the LM has no opinion until the next chunk begins.
 //!
-//! This is the one place the coder reaches the model: [`Lm::advance`] runs a word's tokens on
-//! the device's [`LmSession`] and takes back the integer frequency table of the next token
-//! ([`LmSession::step_table`], one table per word).
+//! This is the one place the coder reaches the model. The encoder knows every chunk in
+//! advance: [`Plan`] replays the LM's context (restarts included) over the whole input and
+//! asks for many words' tables per call ([`LmSession::step_tables`]), so the model runs
+//! batched. The decoder learns each chunk only as it decodes it: its [`Lm`] hands the call it
+//! needs ([`Lm::take_call`]) to the block decoder of `coder.rs`, which runs the calls of many
+//! independent blocks as one batch and hands each its table back ([`Lm::supply`]). Both give
+//! the integers of one call per word on one sequence (docs/INTEGER_GPT2.md §13.3).
 
+use std::collections::VecDeque;
 use std::sync::LazyLock;
+
+use rayon::prelude::*;
 
 use super::super::tokenizer::{self, EOT, VOCAB};
 use super::logistic::stretch;
-use crate::backend::lm::{Item, LmKernels, LmSession};
+use crate::backend::lm::{Find, Item, LmKernels, LmSession, Query};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
 
@@ -43,6 +50,12 @@ static SORTED: LazyLock<Result<Vec<Entry>>> = LazyLock::new(|| {
     }
     v.sort();
     Ok(v)
+});
+
+/// The token ids of [`SORTED`] alone: the table's gather reads 4 bytes per token, not 24.
+static SORTED_IDS: LazyLock<Vec<u32>> = LazyLock::new(|| match SORTED.as_ref() {
+    Ok(v) => v.iter().map(|e| e.1).collect(),
+    Err(_) => Vec::new(),
 });
 
 fn sorted() -> Result<&'static [Entry]> {
@@ -70,15 +83,187 @@ fn starts_chunk(a: u8, b: u8) -> bool {
     (ws(b) && !ws(a)) || (class(a) == 1 && !ws(b))
 }
 
-/// The LM's running state: its context and the token prefix the coded bytes agree with.
-pub struct Lm<'m> {
-    model: &'m Model,
-    sorted: &'static [Entry],
-    ctx: Vec<u32>,
-    /// The model resident on its device, with one sequence.
+/// Whether byte `p` of `hist` closes the chunk that starts at `chunk`.
+fn closes_chunk(hist: &[u8], p: usize, chunk: usize) -> bool {
+    p > chunk && (starts_chunk(hist[p - 1], hist[p]) || p - chunk >= MAX_CHUNK)
+}
+
+/// One LM call of the coder: after clearing the sequence (a fresh context, or one cut to its
+/// last half) or not, run `run` and take the table of the token after it.
+pub struct Call {
+    pub restart: bool,
+    pub run: Vec<u32>,
+}
+
+impl Call {
+    /// The call as items of sequence `seq`, the last one asking for the table.
+    pub fn items(&self, seq: usize) -> impl Iterator<Item = Item> + '_ {
+        let last = self.run.len() - 1;
+        self.run.iter().enumerate().map(move |(i, &token)| Item {
+            seq,
+            token,
+            query: (i == last).then_some(Query {
+                find: Find::Symbol(0),
+                mix: None,
+            }),
+        })
+    }
+}
+
+/// The LM's context as chunks are appended: the call each append makes. When the context
+/// would overflow, it restarts from its last half (as the segment windows do).
+struct Context {
+    n_ctx: usize,
+    tokens: Vec<u32>,
+}
+
+impl Context {
+    fn append(&mut self, new: &[u32]) -> Call {
+        let c = self.n_ctx;
+        let fresh = self.tokens.is_empty();
+        self.tokens.extend_from_slice(new);
+        if self.tokens.len() > c {
+            let keep = (c / 2).max(1);
+            self.tokens.drain(..self.tokens.len() - keep);
+            Call {
+                restart: true,
+                run: self.tokens.clone(),
+            }
+        } else {
+            Call {
+                restart: fresh,
+                run: new.to_vec(),
+            }
+        }
+    }
+}
+
+/// Prefix sums (`len + 1` entries) of a frequency table in sorted order. Every token has at
+/// least 1 and `<|endoftext|>` is left out, so every sum is below 2^32 (checked once, on the
+/// last: the sums only grow).
+fn sorted_cum(f: &[u64]) -> Result<Vec<u32>> {
+    let ids: &[u32] = &SORTED_IDS;
+    if f.len() != VOCAB as usize {
+        return Err(Error::Invalid(format!(
+            "LM table of {} tokens, the tokenizer has {VOCAB}",
+            f.len()
+        )));
+    }
+    let mut cum = Vec::with_capacity(ids.len() + 1);
+    let mut s = 0u64;
+    cum.push(0);
+    cum.extend(ids.iter().map(|&id| {
+        s = s.saturating_add(f[id as usize]);
+        s as u32
+    }));
+    if s >> 32 != 0 {
+        return Err(Error::Invalid("LM table sums past 2^32".into()));
+    }
+    Ok(cum)
+}
+
+/// Tables asked for per batched call: enough items to share each weight load across many
+/// of them, few enough that the tables in flight stay small (64 x 400 KB).
+const PLAN_BATCH: usize = 64;
+/// Sequences the planned encoder cycles through: a restart starts on the next one, so a
+/// batch can hold the end of one context and the start of the next.
+const PLAN_SEQS: usize = 4;
+
+/// The encoder's LM: every call the coder will make, known from the input, run in batches.
+pub struct Plan<'m> {
     session: Box<dyn LmSession + 'm>,
+    calls: Vec<Call>,
+    next: usize,
+    seq: usize,
+    ready: VecDeque<Vec<u32>>,
+}
+
+impl<'m> Plan<'m> {
+    /// The calls for coding `data`: the first token, then each finished chunk.
+    fn new(model: &'m Model, kernels: &dyn LmKernels, data: &[u8]) -> Result<Self> {
+        let mut ctx = Context {
+            n_ctx: model.config.n_ctx as usize,
+            tokens: Vec::new(),
+        };
+        let mut calls = vec![ctx.append(&[EOT])];
+        let mut chunk = 0;
+        for p in 0..data.len() {
+            if closes_chunk(data, p, chunk) {
+                calls.push(ctx.append(&tokenizer::encode(&data[chunk..p])?));
+                chunk = p;
+            }
+        }
+        Ok(Plan {
+            session: kernels.load(model, PLAN_SEQS)?,
+            calls,
+            next: 0,
+            seq: 0,
+            ready: VecDeque::new(),
+        })
+    }
+
+    /// The next call's table (prefix sums in sorted order).
+    fn next_table(&mut self) -> Result<Vec<u32>> {
+        if self.ready.is_empty() {
+            self.run_batch()?;
+        }
+        self.ready
+            .pop_front()
+            .ok_or_else(|| Error::Invalid("LM plan: more chunks than planned".into()))
+    }
+
+    /// Run the next calls, up to [`PLAN_BATCH`] of them, as one batch.
+    fn run_batch(&mut self) -> Result<()> {
+        let mut items = Vec::new();
+        let mut in_batch = [false; PLAN_SEQS];
+        let mut asked = 0;
+        while asked < PLAN_BATCH {
+            let Some(call) = self.calls.get(self.next) else {
+                break;
+            };
+            if call.restart {
+                let s = (self.seq + 1) % PLAN_SEQS;
+                if in_batch[s] {
+                    // Its cache still serves this batch's items.
+                    break;
+                }
+                self.session.clear(s)?;
+                self.seq = s;
+            }
+            in_batch[self.seq] = true;
+            items.extend(call.items(self.seq));
+            asked += 1;
+            self.next += 1;
+        }
+        let tables = self.session.step_tables(&items)?;
+        let cums: Vec<Vec<u32>> = tables
+            .par_iter()
+            .map(|f| sorted_cum(f))
+            .collect::<Result<_>>()?;
+        self.ready.extend(cums);
+        Ok(())
+    }
+
+    /// Tokens the plan runs in all.
+    fn tokens(&self) -> u64 {
+        self.calls.iter().map(|c| c.run.len() as u64).sum()
+    }
+}
+
+/// Where the LM's tables come from.
+enum Source<'m> {
+    /// The decoder: each finished chunk is a call for the caller to run.
+    Caller { ctx: Context, call: Option<Call> },
+    /// The encoder: the tables of every chunk, computed ahead in batches.
+    Planned(Plan<'m>),
+}
+
+/// The LM's running state: its table source and the token prefix the coded bytes agree with.
+pub struct Lm<'m> {
+    sorted: &'static [Entry],
+    source: Source<'m>,
     /// Prefix sums of the frequencies in sorted order (`len + 1` entries).
-    cum: Vec<u64>,
+    cum: Vec<u32>,
     /// Start (in the history) of the chunk whose first token the LM predicts.
     chunk: usize,
     /// Tokens in `[lo, hi)` (sorted order) begin with the chunk's bytes so far, `depth` of them.
@@ -90,13 +275,32 @@ pub struct Lm<'m> {
 }
 
 impl<'m> Lm<'m> {
-    pub fn new(model: &'m Model, kernels: &dyn LmKernels) -> Result<Self> {
+    /// The decoder's LM: each finished chunk leaves a call ([`Lm::take_call`]) that must be
+    /// run and answered ([`Lm::supply`]) before the next bit's prediction.
+    pub fn for_decoder(model: &Model) -> Result<Self> {
+        Self::start(Source::Caller {
+            ctx: Context {
+                n_ctx: model.config.n_ctx as usize,
+                tokens: Vec::new(),
+            },
+            call: None,
+        })
+    }
+
+    /// The encoder's LM for coding `data`: the same tables, computed in batches.
+    pub fn planned(model: &'m Model, kernels: &dyn LmKernels, data: &[u8]) -> Result<Self> {
+        let plan = Plan::new(model, kernels, data)?;
+        let tokens = plan.tokens();
+        let mut lm = Self::start(Source::Planned(plan))?;
+        lm.tokens = tokens;
+        Ok(lm)
+    }
+
+    fn start(source: Source<'m>) -> Result<Self> {
         let sorted = sorted()?;
         let mut lm = Lm {
-            model,
             sorted,
-            ctx: Vec::new(),
-            session: kernels.load(model, 1)?,
+            source,
             cum: Vec::new(),
             chunk: 0,
             lo: 0,
@@ -108,37 +312,37 @@ impl<'m> Lm<'m> {
         Ok(lm)
     }
 
-    /// Append `new` tokens to the context and take the model's table for the next token. When
-    /// the context would overflow, it restarts from its last half (as the segment windows do).
+    /// Append `new` tokens to the context; the table for the next token comes from the plan
+    /// (which ignores `new`: it has them) or from the caller.
     fn advance(&mut self, new: &[u32]) -> Result<()> {
-        let c = self.model.config.n_ctx as usize;
-        self.ctx.extend_from_slice(new);
-        let run: &[u32] = if self.ctx.len() > c {
-            let keep = (c / 2).max(1);
-            self.ctx.drain(..self.ctx.len() - keep);
-            self.session.clear(0)?;
-            &self.ctx
-        } else {
-            &self.ctx[self.ctx.len() - new.len()..]
-        };
-        let items: Vec<Item> = run
-            .iter()
-            .map(|&t| Item {
-                seq: 0,
-                token: t,
-                query: None,
-            })
-            .collect();
-        self.tokens += items.len() as u64;
-        let f = self.session.step_table(&items)?;
-        self.cum.clear();
-        self.cum.reserve(self.sorted.len() + 1);
-        let mut s = 0u64;
-        self.cum.push(0);
-        for &(_, id) in self.sorted {
-            s += f[id as usize];
-            self.cum.push(s);
+        match &mut self.source {
+            Source::Caller { ctx, call } => {
+                let c = ctx.append(new);
+                self.tokens += c.run.len() as u64;
+                *call = Some(c);
+                self.cum.clear();
+            }
+            Source::Planned(plan) => self.cum = plan.next_table()?,
         }
+        Ok(())
+    }
+
+    /// The call the decoder's LM waits on, if it waits.
+    pub fn take_call(&mut self) -> Option<Call> {
+        match &mut self.source {
+            Source::Caller { call, .. } => call.take(),
+            Source::Planned(_) => None,
+        }
+    }
+
+    /// Whether a call waits to be taken and answered (no bit can be predicted before).
+    pub fn waits(&self) -> bool {
+        matches!(self.source, Source::Caller { call: Some(_), .. })
+    }
+
+    /// The frequency table (total 2^32) that answers the last call taken.
+    pub fn supply(&mut self, f: &[u64]) -> Result<()> {
+        self.cum = sorted_cum(f)?;
         Ok(())
     }
 
@@ -146,10 +350,11 @@ impl<'m> Lm<'m> {
     /// then narrow the token range by the byte.
     pub fn byte(&mut self, hist: &[u8]) -> Result<()> {
         let p = hist.len() - 1;
-        let boundary =
-            p > self.chunk && (starts_chunk(hist[p - 1], hist[p]) || p - self.chunk >= MAX_CHUNK);
-        if boundary {
-            let toks = tokenizer::encode(&hist[self.chunk..p])?;
+        if closes_chunk(hist, p, self.chunk) {
+            let toks = match self.source {
+                Source::Caller { .. } => tokenizer::encode(&hist[self.chunk..p])?,
+                Source::Planned(_) => Vec::new(),
+            };
             self.advance(&toks)?;
             self.chunk = p;
             self.lo = 0;
@@ -182,6 +387,7 @@ impl<'m> Lm<'m> {
         if lo >= hi {
             return None;
         }
+        debug_assert!(!self.cum.is_empty(), "the LM's call was not answered");
         let d = self.depth;
         let r = &self.sorted[lo..hi];
         // Byte values whose top `bit` bits are c0's: [v0, v0 + 2^(8-bit)); the 1-half starts
@@ -196,11 +402,11 @@ impl<'m> Lm<'m> {
         } else {
             first(v0 + width)
         };
-        let total = self.cum[e] - self.cum[a];
+        let total = (self.cum[e] - self.cum[a]) as u64;
         if total == 0 {
             return None;
         }
-        let ones = self.cum[e] - self.cum[m];
+        let ones = (self.cum[e] - self.cum[m]) as u64;
         let p = ((ones as u128 * 4096) / total as u128) as i32;
         Some(stretch(p.clamp(1, 4095)))
     }

@@ -3,13 +3,17 @@
 //!
 //! ```text
 //! "LSTPTXT1" | version u32 = 2 | mode u8 | flags u8 | original_len u64 | blake3 [32]
-//!            | model hash [32] (only with FLAG_LM) | CRC-32 of all the above | payload
+//!            | model hash [32] (only with FLAG_LM)
+//!            | block length u32, coded length u32 per block (only with FLAG_BLOCKS)
+//!            | CRC-32 of all the above | payload
 //! ```
 //! Mode 0 (stored): the payload is the input. Mode 1 (mixed): the payload is the range coder's
-//! output. Integers are little-endian. A stored stream is 58 bytes longer than its input.
+//! output; with FLAG_BLOCKS, the input cut into blocks of the block length (the last one
+//! shorter), each coded on its own, one after the other. Integers are little-endian. A stored
+//! stream is 58 bytes longer than its input.
 
 use super::super::text_codec::{Pass, Progress, MAGIC};
-use super::coder::{decode, encode, Setup};
+use super::coder::{decode, decode_blocks, encode, Setup};
 use crate::backend::Device;
 use crate::format::lm::model_file::{hex, Model};
 use crate::{Error, Result};
@@ -25,6 +29,14 @@ pub const MODE_MIXED: u8 = 1;
 pub const FLAG_LM: u8 = 1;
 /// Mode 1 flag: the byte match model is one of the mixer's inputs.
 pub const FLAG_MATCH: u8 = 2;
+/// Mode 1 flag: the input is coded in independent blocks (their lengths follow), so the
+/// decoder can run them in lockstep, the LM's calls of every block batched.
+pub const FLAG_BLOCKS: u8 = 4;
+
+/// Block length the compressor uses with the LM by default: inputs up to this length are one
+/// block. Each block relearns the file from nothing: a block boundary cost about 350 bytes on
+/// English (docs/BENCHMARKS.md, "Blocks"), about 2.7% of a 64 KiB block of prose.
+pub const BLOCK_LEN: u32 = 64 << 10;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
@@ -32,6 +44,9 @@ pub struct Options {
     pub lm: bool,
     /// Mix the byte match model in.
     pub match_model: bool,
+    /// With the LM, code the input in independent blocks of this many bytes (at least 1), so
+    /// that decoding batches them; an input up to this length is one block.
+    pub block_len: u32,
 }
 
 impl Default for Options {
@@ -39,6 +54,7 @@ impl Default for Options {
         Options {
             lm: true,
             match_model: true,
+            block_len: BLOCK_LEN,
         }
     }
 }
@@ -51,6 +67,16 @@ pub struct Header {
     pub original_hash: [u8; 32],
     /// Present exactly when `flags` has FLAG_LM.
     pub model_hash: Option<[u8; 32]>,
+    /// Present exactly when `flags` has FLAG_BLOCKS.
+    pub blocks: Option<Blocks>,
+}
+
+/// How the input is cut: blocks of `len` bytes (the last one shorter), and the coded length
+/// of each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocks {
+    pub len: u32,
+    pub coded: Vec<u32>,
 }
 
 pub fn write_header(h: &Header) -> Vec<u8> {
@@ -63,6 +89,12 @@ pub fn write_header(h: &Header) -> Vec<u8> {
     o.extend_from_slice(&h.original_hash);
     if let Some(m) = &h.model_hash {
         o.extend_from_slice(m);
+    }
+    if let Some(b) = &h.blocks {
+        o.extend_from_slice(&b.len.to_le_bytes());
+        for c in &b.coded {
+            o.extend_from_slice(&c.to_le_bytes());
+        }
     }
     let crc = crc32fast::hash(&o);
     o.extend_from_slice(&crc.to_le_bytes());
@@ -89,6 +121,30 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
     let model_hash = if flags & FLAG_LM != 0 {
         p += 32;
         Some(get(54, 32)?.try_into().unwrap())
+    } else {
+        None
+    };
+    let blocks = if flags & FLAG_BLOCKS != 0 {
+        let len = u32::from_le_bytes(get(p, 4)?.try_into().unwrap());
+        if len == 0 {
+            return Err(Error::format(WHAT, "block length 0"));
+        }
+        // The count follows from the length; the table must be in the file before anything
+        // is allocated for it.
+        let count = original_len.div_ceil(len as u64);
+        let table = count
+            .checked_mul(4)
+            .and_then(|b| usize::try_from(b).ok())
+            .and_then(|b| d.get(p + 4..(p + 4).checked_add(b)?))
+            .ok_or_else(trunc)?;
+        p += 4 + table.len();
+        Some(Blocks {
+            len,
+            coded: table
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        })
     } else {
         None
     };
@@ -121,8 +177,20 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
             }
         }
         MODE_MIXED => {
-            if flags & !(FLAG_LM | FLAG_MATCH) != 0 {
+            if flags & !(FLAG_LM | FLAG_MATCH | FLAG_BLOCKS) != 0 {
                 return Err(Error::Unsupported(format!("text stream flags {flags:#x}")));
+            }
+            if let Some(b) = &blocks {
+                let coded: u64 = b.coded.iter().map(|&c| c as u64).sum();
+                if coded != (d.len() - start) as u64 {
+                    return Err(Error::format(
+                        WHAT,
+                        format!(
+                            "the blocks' coded lengths add up to {coded} bytes, the payload is {}",
+                            d.len() - start
+                        ),
+                    ));
+                }
             }
         }
         m => return Err(Error::Unsupported(format!("text stream mode {m}"))),
@@ -134,6 +202,7 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
             original_len,
             original_hash,
             model_hash,
+            blocks,
         },
         start,
     ))
@@ -150,14 +219,14 @@ pub fn compress_unverified(
     progress: Progress,
 ) -> Result<Vec<u8>> {
     super::super::text_codec::check_model(model)?;
-    let header = |mode, flags: u8| Header {
+    let header = |mode, flags: u8, blocks| Header {
         mode,
         flags,
         original_len: data.len() as u64,
         original_hash: *blake3::hash(data).as_bytes(),
         model_hash: (flags & FLAG_LM != 0).then_some(model.hash),
+        blocks,
     };
-    let report = |done, total| progress(Pass::Compress, done, total);
     let match_flag = if opts.match_model { FLAG_MATCH } else { 0 };
     // The adaptive models alone first: they cost little, and where they cannot shrink the
     // input (binary, already compressed) the LM would not either, so it is not run.
@@ -165,28 +234,50 @@ pub fn compress_unverified(
         lm: None,
         match_model: opts.match_model,
     };
-    let (mut best, _) = encode(data, alone, &|_, _| {})?;
-    let mut flags = match_flag;
-    if best.len() >= data.len() {
-        let mut out = write_header(&header(MODE_STORED, 0));
+    let (alone, _) = encode(data, alone, &|_, _| {})?;
+    if alone.len() >= data.len() {
+        let mut out = write_header(&header(MODE_STORED, 0, None));
         out.extend_from_slice(data);
         return Ok(out);
     }
+    let mut best = write_header(&header(MODE_MIXED, match_flag, None));
+    best.extend_from_slice(&alone);
     if opts.lm {
         let with = Setup {
             lm: Some((model, device.lm()?)),
             match_model: opts.match_model,
         };
-        let (coded, _) = encode(data, with, &report)?;
-        // The LM costs a 32-byte hash in the header; keep it only where it pays for that.
-        if coded.len() + 32 < best.len() {
-            best = coded;
-            flags |= FLAG_LM;
+        // Blocks, each coded on its own, so that the decoder can batch them.
+        let block_len = opts.block_len.max(1);
+        let parts: Vec<&[u8]> = data.chunks(block_len as usize).collect();
+        let mut payload = Vec::new();
+        let mut coded = Vec::with_capacity(parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            let base = i as u64 * block_len as u64;
+            let (c, _) = encode(part, with, &|d, _| {
+                progress(Pass::Compress, base + d, data.len() as u64)
+            })?;
+            coded.push(
+                u32::try_from(c.len()).map_err(|_| {
+                    Error::Limit("a block's coded length does not fit 32 bits".into())
+                })?,
+            );
+            payload.extend_from_slice(&c);
+        }
+        let blocks = (parts.len() > 1).then(|| Blocks {
+            len: block_len,
+            coded,
+        });
+        let flags = match_flag | FLAG_LM | if blocks.is_some() { FLAG_BLOCKS } else { 0 };
+        let mut out = write_header(&header(MODE_MIXED, flags, blocks));
+        out.extend_from_slice(&payload);
+        // The LM costs a 32-byte hash (and a block table) in the header; keep it only where
+        // it pays for that.
+        if out.len() < best.len() {
+            best = out;
         }
     }
-    let mut out = write_header(&header(MODE_MIXED, flags));
-    out.extend_from_slice(&best);
-    Ok(out)
+    Ok(best)
 }
 
 /// Compress `data`, then decompress the result and compare bytes before returning it.
@@ -249,7 +340,21 @@ pub fn decompress(
                 lm,
                 match_model: h.flags & FLAG_MATCH != 0,
             };
-            decode(payload, h.original_len, setup, &|d, t| progress(pass, d, t))?
+            let report = |d, t| progress(pass, d, t);
+            match &h.blocks {
+                None => decode(payload, h.original_len, setup, &report)?,
+                Some(b) => {
+                    let mut parts = Vec::with_capacity(b.coded.len());
+                    let (mut at, mut left) = (0usize, h.original_len);
+                    for &c in &b.coded {
+                        let len = left.min(b.len as u64);
+                        parts.push((&payload[at..at + c as usize], len));
+                        at += c as usize;
+                        left -= len;
+                    }
+                    decode_blocks(&parts, setup, &report)?
+                }
+            }
         }
     };
     if blake3::hash(&out).as_bytes() != &h.original_hash {

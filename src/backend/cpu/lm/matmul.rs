@@ -25,75 +25,92 @@ pub fn dot_rows_generic(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
 
 /// AVX2: |w| (u8) times sign(x, w) (i8) with `maddubs` gives exact i16 pair sums
 /// (|w| <= 128, |x| <= 127: 2 * 128 * 127 = 32512 < 2^15), widened by `madd` into i32.
+///
+/// Register-blocked: `R` weight rows against `T` items per pass over `k`, so each weight load
+/// (and its `abs`) serves `T` items and each activation load `R` rows. `acc[r * n + t]`
+/// receives row `r`'s dot with item `t`; `w` holds whole rows of `k`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_rows_avx2(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
+unsafe fn dots_avx2(w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
+    let rows = w.len() / k;
+    let mut t = 0;
+    // Four items at a time, two rows per block: 8 accumulators, 4 weight registers.
+    while t + 4 <= n {
+        let mut r = 0;
+        while r + 2 <= rows {
+            block_avx2::<2, 4>(w, xs, k, n, r, t, acc);
+            r += 2;
+        }
+        if r < rows {
+            block_avx2::<1, 4>(w, xs, k, n, r, t, acc);
+        }
+        t += 4;
+    }
+    // The last items one at a time, four rows per block (the decoder's one-item steps).
+    while t < n {
+        let mut r = 0;
+        while r + 4 <= rows {
+            block_avx2::<4, 1>(w, xs, k, n, r, t, acc);
+            r += 4;
+        }
+        while r < rows {
+            block_avx2::<1, 1>(w, xs, k, n, r, t, acc);
+            r += 1;
+        }
+        t += 1;
+    }
+}
+
+/// Rows `r0..r0 + R` against items `t0..t0 + T` (see [`dots_avx2`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_avx2<const R: usize, const T: usize>(
+    w: &[i8],
+    xs: &[i8],
+    k: usize,
+    n: usize,
+    r0: usize,
+    t0: usize,
+    acc: &mut [i32],
+) {
     use std::arch::x86_64::*;
     let body = k / 32 * 32;
     let ones = _mm256_set1_epi16(1);
-    let hsum = |v: __m256i| -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        _mm_cvtsi128_si32(s)
-    };
-    let n = out.len();
-    let mut t = 0;
-    while t + 4 <= n {
-        let x0 = xs.as_ptr().add(t * k);
-        let (x1, x2, x3) = (x0.add(k), x0.add(2 * k), x0.add(3 * k));
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm256_setzero_si256(),
-            _mm256_setzero_si256(),
-            _mm256_setzero_si256(),
-            _mm256_setzero_si256(),
-        );
-        let mut c = 0;
-        while c < body {
-            let wv = _mm256_loadu_si256(w.as_ptr().add(c) as *const __m256i);
-            let aw = _mm256_abs_epi8(wv);
-            macro_rules! step {
-                ($acc:ident, $x:ident) => {
-                    let xv = _mm256_loadu_si256($x.add(c) as *const __m256i);
-                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
-                    $acc = _mm256_add_epi32($acc, _mm256_madd_epi16(p, ones));
-                };
+    let wp = w.as_ptr().add(r0 * k);
+    let xp = xs.as_ptr().add(t0 * k);
+    let mut a = [[_mm256_setzero_si256(); T]; R];
+    let mut c = 0;
+    while c < body {
+        let mut wv = [_mm256_setzero_si256(); R];
+        let mut aw = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            wv[r] = _mm256_loadu_si256(wp.add(r * k + c) as *const __m256i);
+            aw[r] = _mm256_abs_epi8(wv[r]);
+        }
+        for t in 0..T {
+            let xv = _mm256_loadu_si256(xp.add(t * k + c) as *const __m256i);
+            for r in 0..R {
+                let p = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r]));
+                a[r][t] = _mm256_add_epi32(a[r][t], _mm256_madd_epi16(p, ones));
             }
-            step!(a0, x0);
-            step!(a1, x1);
-            step!(a2, x2);
-            step!(a3, x3);
-            c += 32;
         }
-        let tail = |x: *const i8| -> i32 {
-            dot_generic(
-                &w[body..k],
-                std::slice::from_raw_parts(x.add(body), k - body),
-            )
-        };
-        out[t] = hsum(a0) + tail(x0);
-        out[t + 1] = hsum(a1) + tail(x1);
-        out[t + 2] = hsum(a2) + tail(x2);
-        out[t + 3] = hsum(a3) + tail(x3);
-        t += 4;
+        c += 32;
     }
-    while t < n {
-        let x0 = xs.as_ptr().add(t * k);
-        let mut a0 = _mm256_setzero_si256();
-        let mut c = 0;
-        while c < body {
-            let wv = _mm256_loadu_si256(w.as_ptr().add(c) as *const __m256i);
-            let xv = _mm256_loadu_si256(x0.add(c) as *const __m256i);
-            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
-            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(p, ones));
-            c += 32;
-        }
-        out[t] = hsum(a0)
-            + dot_generic(
-                &w[body..k],
-                std::slice::from_raw_parts(x0.add(body), k - body),
+    for r in 0..R {
+        let wr = std::slice::from_raw_parts(wp.add(r * k + body), k - body);
+        for t in 0..T {
+            let v = a[r][t];
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            let tail = dot_generic(
+                wr,
+                std::slice::from_raw_parts(xp.add(t * k + body), k - body),
             );
-        t += 1;
+            acc[(r0 + r) * n + t0 + t] = _mm_cvtsi128_si32(s) + tail;
+        }
     }
 }
 
@@ -187,30 +204,45 @@ impl Dot {
         }
     }
 
-    /// One weight row against every item; `xu` is `xs` with the sign bit flipped
-    /// (x + 128 as u8) and `row_sum` the sum of `w[..k]`, both used by the VNNI kernel only.
-    /// Activations must lie in [-127, 127], as `quantize_row` makes them (the AVX2 sign trick
-    /// cannot negate -128).
+    /// `acc[r * n + t] = dot(w row r, item t)` for the whole rows in `w` (`k` each) and `n`
+    /// items; `xu` is `xs` with the sign bit flipped (x + 128 as u8) and `row_sums` the rows'
+    /// weight sums, both used by the VNNI kernel only. Activations must lie in [-127, 127], as
+    /// `quantize_row` makes them (the AVX2 sign trick cannot negate -128).
     #[allow(clippy::too_many_arguments)]
-    pub fn rows(self, w: &[i8], row_sum: i32, xs: &[i8], xu: &[u8], k: usize, out: &mut [i32]) {
-        assert!(w.len() >= k && xs.len() >= out.len() * k);
+    pub fn dots(
+        self,
+        w: &[i8],
+        row_sums: &[i32],
+        xs: &[i8],
+        xu: &[u8],
+        k: usize,
+        n: usize,
+        acc: &mut [i32],
+    ) {
+        let rows = w.len() / k.max(1);
+        assert!(k > 0 && w.len() == rows * k && xs.len() >= n * k && acc.len() >= rows * n);
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (row_sum, xu);
+        let _ = (row_sums, xu);
         match self {
             #[cfg(target_arch = "x86_64")]
             Dot::Vnni => {
-                assert!(xu.len() >= out.len() * k);
-                assert!(vnni());
-                // SAFETY: AVX-512 VNNI/BW are present (asserted); slices are in bounds.
-                unsafe { dot_rows_vnni(w, row_sum, xu, k, out) }
+                assert!(xu.len() >= n * k && row_sums.len() >= rows && vnni());
+                for (r, a) in acc.chunks_mut(n).take(rows).enumerate() {
+                    // SAFETY: AVX-512 VNNI/BW are present (asserted); slices are in bounds.
+                    unsafe { dot_rows_vnni(&w[r * k..(r + 1) * k], row_sums[r], xu, k, a) }
+                }
             }
             #[cfg(target_arch = "x86_64")]
             Dot::Avx2 => {
                 assert!(Isa::Avx2.available());
-                // SAFETY: AVX2 is present (asserted); slices are in bounds.
-                unsafe { dot_rows_avx2(w, xs, k, out) }
+                // SAFETY: AVX2 is present (asserted); slices are in bounds (asserted above).
+                unsafe { dots_avx2(w, xs, k, n, acc) }
             }
-            _ => dot_rows_generic(w, xs, k, out),
+            _ => {
+                for (r, a) in acc.chunks_mut(n).take(rows).enumerate() {
+                    dot_rows_generic(&w[r * k..(r + 1) * k], xs, k, a);
+                }
+            }
         }
     }
 }
@@ -227,7 +259,14 @@ fn vnni() -> bool {
     }
 }
 
+/// Multiply-adds below which a matmul stays on the calling thread (the decoder's one-item
+/// steps through the small layers cost less than waking the pool).
+const SERIAL_MACS: usize = 1 << 18;
+
 /// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
+///
+/// The weight rows are cut into tiles, one rayon task each; a tile's rows (at most 64 KiB of
+/// weights for the LM head) stay in cache while every item passes over them.
 pub fn matmul(
     isa: Isa,
     lin: &Linear,
@@ -238,8 +277,12 @@ pub fn matmul(
 ) -> Vec<i32> {
     let k = lin.k;
     let n = sc.len();
+    let rows = lin.rows;
     debug_assert_eq!(xq.len(), n * k);
-    const CHUNK: usize = 64;
+    let mut out = vec![0i32; n * rows];
+    if n == 0 || rows == 0 {
+        return out;
+    }
     let kernel = Dot::at(isa);
     let xu: Vec<u8> = if kernel == Dot::Vnni {
         xq.iter().map(|&v| v as u8 ^ 0x80).collect()
@@ -248,35 +291,60 @@ pub fn matmul(
     };
     let tms: Vec<i64> = sc.iter().map(|s| s.0).collect();
     let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
-    let mut out = vec![0i32; n * lin.rows];
-    let outp = SyncPtr(out.as_mut_ptr());
-    let rows = lin.rows;
-    (0..rows.div_ceil(CHUNK)).into_par_iter().for_each(|ci| {
-        let outp = &outp;
-        let j0 = ci * CHUNK;
-        let j1 = (j0 + CHUNK).min(rows);
+    // Tiles: at most 64 KiB of weights, at least 4 per thread when there is enough work.
+    let threads = rayon::current_num_threads().max(1);
+    let tile = if rows * k * n <= SERIAL_MACS {
+        rows
+    } else {
+        rows.div_ceil(4 * threads)
+            .min((1 << 16) / k)
+            .max(SERIAL_MACS.div_ceil(n * k))
+            .clamp(4, rows)
+            .next_multiple_of(4)
+    };
+    let run_tile = |ti: usize, dst: &mut [i32]| {
+        let j0 = ti * tile;
+        let j1 = (j0 + tile).min(rows);
         // acc[r * n + t]: the dots of rows j0.. against every item.
         let mut acc = vec![0i32; (j1 - j0) * n];
-        for (j, a) in (j0..j1).zip(acc.chunks_mut(n.max(1))) {
-            let w = &lin.w[j * k..(j + 1) * k];
-            kernel.rows(w, lin.row_sum[j], xq, &xu, k, a);
-        }
+        kernel.dots(
+            &lin.w[j0 * k..j1 * k],
+            &lin.row_sum[j0..j1],
+            xq,
+            &xu,
+            k,
+            n,
+            &mut acc,
+        );
         let (ms, es): (Vec<i64>, Vec<i32>) = (j0..j1).map(|j| lin.m16(j)).unzip();
         let bias = &lin.bias[j0..j1];
         let mut res = vec![0i32; (j1 - j0) * n];
         rescale(
             isa, &acc, n, &ms, &es, bias, &tms, &tes, out_frac, clamp, &mut res,
         );
-        let mut row = vec![0i32; j1 - j0];
-        for t in 0..n {
-            for (r, o) in row.iter_mut().enumerate() {
-                *o = res[r * n + t];
+        // dst[t * (j1 - j0) + r]: item-major, as the caller lays the output out.
+        for (r, row) in res.chunks_exact(n).enumerate() {
+            for (t, &v) in row.iter().enumerate() {
+                dst[t * (j1 - j0) + r] = v;
             }
-            // SAFETY: t < n and j0..j1 lie inside row t of `out`; row chunks are disjoint, so
+        }
+    };
+    let tiles = rows.div_ceil(tile);
+    if tiles == 1 {
+        run_tile(0, &mut out);
+        return out;
+    }
+    let outp = SyncPtr(out.as_mut_ptr());
+    (0..tiles).into_par_iter().for_each(|ti| {
+        let outp = &outp;
+        let j0 = ti * tile;
+        let w = (j0 + tile).min(rows) - j0;
+        let mut part = vec![0i32; n * w];
+        run_tile(ti, &mut part);
+        for (t, src) in part.chunks_exact(w).enumerate() {
+            // SAFETY: t < n and j0..j0 + w lie inside row t of `out`; tiles are disjoint, so
             // each element is written by exactly one task.
-            unsafe {
-                std::ptr::copy_nonoverlapping(row.as_ptr(), outp.0.add(t * rows + j0), j1 - j0)
-            };
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), outp.0.add(t * rows + j0), w) };
         }
     });
     out
@@ -301,19 +369,24 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) as u32
         };
+        // Row and item counts that reach every block shape and remainder of the tiles.
         for k in [1usize, 31, 32, 64, 128, 200, 768] {
-            let w: Vec<i8> = (0..k).map(|_| (rnd() % 256) as i32 as i8).collect();
-            let xs: Vec<i8> = (0..7 * k)
-                .map(|_| ((rnd() % 255) as i32 - 127) as i8)
-                .collect();
-            let mut want = vec![0; 7];
-            dot_rows_generic(&w, &xs, k, &mut want);
-            let xu: Vec<u8> = xs.iter().map(|&v| v as u8 ^ 0x80).collect();
-            let rs = w.iter().map(|&v| v as i32).sum();
-            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                let mut got = vec![0; 7];
-                Dot::at(isa).rows(&w, rs, &xs, &xu, k, &mut got);
-                assert_eq!(got, want, "k={k} {isa:?}");
+            for (rows, n) in [(1, 1), (7, 1), (7, 4), (9, 7), (4, 9), (5, 13)] {
+                let w: Vec<i8> = (0..rows * k).map(|_| (rnd() % 256) as i32 as i8).collect();
+                let xs: Vec<i8> = (0..n * k)
+                    .map(|_| ((rnd() % 255) as i32 - 127) as i8)
+                    .collect();
+                let mut want = vec![0; rows * n];
+                for (r, a) in want.chunks_mut(n).enumerate() {
+                    dot_rows_generic(&w[r * k..(r + 1) * k], &xs, k, a);
+                }
+                let xu: Vec<u8> = xs.iter().map(|&v| v as u8 ^ 0x80).collect();
+                let rs = Linear::row_sums(&w, k);
+                for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                    let mut got = vec![0; rows * n];
+                    Dot::at(isa).dots(&w, &rs, &xs, &xu, k, n, &mut got);
+                    assert_eq!(got, want, "k={k} rows={rows} n={n} {isa:?}");
+                }
             }
         }
     }

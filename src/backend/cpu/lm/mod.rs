@@ -132,4 +132,14 @@ impl LmSession for CpuSession<'_> {
         let logits = forward::forward(self.isa, self.model, &mut self.caches, &run, None)?;
         freq::frequencies(&logits, &self.model.tables.exp40)
     }
+
+    fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
+        let logits = forward::forward(self.isa, self.model, &mut self.caches, items, None)?;
+        let v = self.model.config.vocab as usize;
+        let exp40 = &self.model.tables.exp40;
+        logits
+            .par_chunks(v)
+            .map(|l| freq::frequencies(l, exp40))
+            .collect()
+    }
 }
