@@ -584,5 +584,8 @@ parity_tests!(avx512, usize::MAX, usize::MAX);
 // lavapipe is slow: the batch matrix runs on the tensors up to 1M elements (all but the
 // embeddings); the stage-by-stage test above covers the whole checkpoint once.
 parity_tests!(wgpu, usize::MAX, 1 << 20);
-// No CUDA device in this build: skipped, or a failure where LOCKSTEP_REQUIRE names it.
+// A CUDA GPU: skipped without a driver, or a failure where LOCKSTEP_REQUIRE names it.
 parity_tests!(cuda, usize::MAX, usize::MAX);
+// The same CUDA kernels in their host emulation (kernels/host/emulate.h): runs everywhere,
+// so CI checks the kernels' integer logic and indexing. An emulation, not a GPU.
+parity_tests!(cuda_emulated, usize::MAX, usize::MAX);

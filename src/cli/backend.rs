@@ -6,13 +6,15 @@ use lockstep::Result;
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default)]
 pub enum BackendArg {
-    /// A discrete GPU through wgpu for checkpoints, else the CPU; text on the CPU (no CUDA
-    /// in this build; -v says which).
+    /// A CUDA GPU for checkpoints, else a discrete GPU through wgpu, else the CPU; text on
+    /// the CPU (-v says which).
     #[default]
     Auto,
     Cpu,
     Wgpu,
     Cuda,
+    /// The CUDA kernels run on the CPU by a host emulation (for tests; slow; not a GPU).
+    CudaEmulated,
     /// The readable reference codec (slow; for checks).
     Reference,
 }
@@ -24,6 +26,7 @@ impl BackendArg {
             BackendArg::Cpu => BackendChoice::Cpu,
             BackendArg::Wgpu => BackendChoice::Wgpu,
             BackendArg::Cuda => BackendChoice::Cuda,
+            BackendArg::CudaEmulated => BackendChoice::CudaEmulated,
             BackendArg::Reference => BackendChoice::Reference,
         }
     }
@@ -51,7 +54,9 @@ pub fn choose_for_text(arg: BackendArg) -> Result<Device> {
     match arg {
         BackendArg::Auto | BackendArg::Cpu => Ok(Device::cpu()),
         BackendArg::Reference => Ok(Device::reference()),
-        BackendArg::Cuda => backend::select(BackendChoice::Cuda).map(|(d, _)| d),
+        BackendArg::Cuda | BackendArg::CudaEmulated => {
+            backend::select(arg.choice()).map(|(d, _)| d)
+        }
         BackendArg::Wgpu => {
             super::ui::note(
                 "note: --backend wgpu applies to the checkpoint codec; the wgpu device has no \

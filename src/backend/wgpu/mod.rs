@@ -6,7 +6,7 @@
 mod decode;
 mod encode;
 mod gpu;
-mod params;
+pub(crate) mod params;
 
 use super::{Backend, DecodeJob, EncodeJob, Resident};
 use crate::{Error, Result};
