@@ -38,7 +38,6 @@ typedef struct {
     jmp_buf jb;
     int started;
     int done;
-    unsigned parity;
 } ls_fiber;
 
 static __thread struct {
@@ -49,7 +48,8 @@ static __thread struct {
     ls_kernel_fn fn;
     const Params *p;
     u32 **bufs;
-    u32 ballot[2][LS_EMU_MAX_THREADS];
+    // Ballot bits of the round in progress, and of the round that last ended.
+    u32 mask_now, mask_done;
 } ls_emu;
 
 static void ls_emu_die(const char *why) {
@@ -112,19 +112,14 @@ static void ls_emu_warp_only(void) {
     if (blockDim.x > 32u) { ls_emu_die("warp intrinsics in a block of more than 32 threads"); }
 }
 
-// Every thread writes its predicate, waits for the block, then reads all of them. Two slot
-// sets alternate: a thread cannot reach ballot k + 2 before every thread has read ballot k
-// (ballot k + 1's barrier is between).
+// A ballot is a barrier: in the round that ends at it, each thread ORs its bit into the
+// round's mask; the scheduler keeps the finished round's mask, which every thread reads once
+// released (all threads run the same sequence of barriers, so a round is one ballot).
 static unsigned ls_emu_ballot(unsigned pred) {
     ls_emu_warp_only();
-    unsigned t = threadIdx.x;
-    unsigned par = ls_emu.cur->parity;
-    ls_emu.cur->parity ^= 1u;
-    ls_emu.ballot[par][t] = pred != 0u;
+    ls_emu.mask_now |= (pred != 0u) << threadIdx.x;
     ls_emu_barrier();
-    unsigned m = 0u;
-    for (unsigned i = 0u; i < blockDim.x; i++) { m |= ls_emu.ballot[par][i] << i; }
-    return m;
+    return ls_emu.mask_done;
 }
 
 void ls_emu_init(unsigned chunk, unsigned groups) {
@@ -158,11 +153,8 @@ int ls_emu_launch(unsigned kernel, unsigned grid, unsigned block, unsigned first
             }
             continue;
         }
-        for (unsigned t = 0u; t < block; t++) {
-            ls_emu.fibers[t].done = 0;
-            ls_emu.fibers[t].parity = 0u;
-            ls_emu.ballot[0][t] = ls_emu.ballot[1][t] = 0u;
-        }
+        for (unsigned t = 0u; t < block; t++) { ls_emu.fibers[t].done = 0; }
+        ls_emu.mask_now = 0u;
         // One round: every thread runs to its next barrier or its end. A round ends with
         // all live threads at the same barrier, which the next round releases.
         unsigned live = block;
@@ -173,6 +165,8 @@ int ls_emu_launch(unsigned kernel, unsigned grid, unsigned block, unsigned first
                 ls_emu_resume(&ls_emu.fibers[t]);
                 if (ls_emu.fibers[t].done) { live--; }
             }
+            ls_emu.mask_done = ls_emu.mask_now;
+            ls_emu.mask_now = 0u;
         }
     }
     return 0;
