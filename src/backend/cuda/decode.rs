@@ -50,7 +50,7 @@ impl<L: Launcher> CudaBackend<L> {
         for (c, ch) in job.chunks.iter().enumerate() {
             meta[c * 36 + 2] = ((stream.len() - tail_off * 4) * 8) as u32;
             meta[c * 36 + 3] = ch.tail_bits as u32;
-            stream.extend_from_slice(&ch.tail);
+            stream.extend_from_slice(ch.tail);
             stream.resize(stream.len().div_ceil(4) * 4, 0);
         }
         p.pad = tail_off as u32;

@@ -31,6 +31,12 @@ pub struct HostEmulation(());
 /// A "device" buffer: atomics, because the kernels write it from several threads.
 pub struct HostBuf(Box<[AtomicU32]>);
 
+impl Default for HostEmulation {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl HostEmulation {
     pub fn new() -> HostEmulation {
         static INIT: std::sync::Once = std::sync::Once::new();
