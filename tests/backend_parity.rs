@@ -511,6 +511,9 @@ pub fn quiet_chunks(backend: &dyn Backend) {
 
 macro_rules! parity_tests {
     ($name:ident, $max_len:expr, $batch_elems:expr) => {
+        parity_tests!($name, $max_len, $batch_elems, usize::MAX);
+    };
+    ($name:ident, $max_len:expr, $batch_elems:expr, $trajectory_elems:expr) => {
         mod $name {
             use super::*;
 
@@ -563,7 +566,7 @@ macro_rules! parity_tests {
             #[test]
             fn real_trajectory_stage_by_stage() {
                 if let Some(d) = device() {
-                    real_trajectory(d.delta().unwrap(), usize::MAX);
+                    real_trajectory(d.delta().unwrap(), $trajectory_elems);
                 }
             }
 
@@ -584,5 +587,64 @@ parity_tests!(avx512, usize::MAX, usize::MAX);
 // lavapipe is slow: the batch matrix runs on the tensors up to 1M elements (all but the
 // embeddings); the stage-by-stage test above covers the whole checkpoint once.
 parity_tests!(wgpu, usize::MAX, 1 << 20);
-// No CUDA device in this build: skipped, or a failure where LOCKSTEP_REQUIRE names it.
+// A CUDA GPU: skipped without a driver, or a failure where LOCKSTEP_REQUIRE names it.
 parity_tests!(cuda, usize::MAX, usize::MAX);
+// The same CUDA kernels in their host emulation (kernels/host/emulate.h): runs everywhere,
+// so CI checks the kernels' integer logic and indexing. An emulation, not a GPU, and slow
+// (its lane decoder switches threads at every ballot): by default the random tensors stop
+// at two chunks (2^18 + 1 elements) and the real trajectory and batch matrix take the
+// tensors up to 1M and 64K elements; LOCKSTEP_CUDA_EMULATED_FULL=1 runs everything.
+parity_tests!(
+    cuda_emulated,
+    emulated_limit(CHUNK_ELEMS + 1),
+    emulated_limit(1 << 16),
+    emulated_limit(1 << 20)
+);
+
+fn emulated_limit(n: usize) -> usize {
+    match std::env::var("LOCKSTEP_CUDA_EMULATED_FULL").as_deref() {
+        Ok("1") => usize::MAX,
+        _ => n,
+    }
+}
+
+/// CUDA-encoded blobs decode on the CPU and on wgpu, and theirs decode on CUDA, in both
+/// layouts (the default and `--fast`), with rows of 48 so the neighbor contexts are in play.
+/// CUDA here is every CUDA device present: the host emulation always (an emulation of the
+/// kernels, not a GPU), a GPU where there is one.
+#[test]
+fn cuda_emulated_and_gpu_cross_decode_with_cpu_and_wgpu() {
+    let mut cuda: Vec<Device> = devices::device("cuda_emulated").into_iter().collect();
+    cuda.extend(devices::device("cuda"));
+    let mut others = vec![Device::cpu()];
+    others.extend(devices::device("wgpu"));
+    for (i, dtype) in FLOATS.into_iter().enumerate() {
+        let n = 48 * (1000 + i);
+        let (r, x) = pair_bytes(dtype, n, 48, 1234 + i as u64);
+        let shape = [(n / 48) as u64, 48];
+        let pair = TensorPair {
+            dtype,
+            shape: &shape,
+            reference: &r,
+            target: &x,
+        };
+        for layout in [LayoutChoice::Auto, LayoutChoice::Fast] {
+            let opts = EncodeOptions {
+                layout,
+                ..EncodeOptions::default()
+            };
+            for c in &cuda {
+                let c = c.delta().unwrap();
+                let (ours, _) = encode_tensor(&pair, &opts, c).unwrap();
+                for o in &others {
+                    let o = o.delta().unwrap();
+                    let (theirs, _) = encode_tensor(&pair, &opts, o).unwrap();
+                    let what = format!("{dtype} {layout:?} {} / {}", c.name(), o.name());
+                    assert_eq!(ours, theirs, "{what}: different blobs");
+                    assert_eq!(decode_tensor(&ours, &r, o).unwrap(), x, "{what}");
+                    assert_eq!(decode_tensor(&theirs, &r, c).unwrap(), x, "{what}");
+                }
+            }
+        }
+    }
+}

@@ -18,18 +18,29 @@ fn lockstep(args: &[&str]) -> (bool, String, String) {
 }
 
 #[test]
-fn backends_lists_cpu_and_says_cuda_is_not_built() {
+fn backends_lists_cpu_cuda_and_the_cuda_emulation() {
     let (ok, out, _) = lockstep(&["backends"]);
     assert!(ok);
     assert!(out.contains("cpu ") && out.contains("auto picks:"), "{out}");
-    assert!(out.contains("CUDA is not built"), "{out}");
+    assert!(out.contains("\ncuda "), "{out}");
+    if !lockstep::backend::cuda::driver::driver_present() {
+        assert!(out.contains("no CUDA driver"), "{out}");
+    }
+    assert!(
+        out.contains("host emulation on the CPU (not a GPU)"),
+        "{out}"
+    );
 }
 
 #[test]
-fn asking_for_cuda_is_a_clear_error_not_a_fallback() {
+fn asking_for_cuda_without_a_driver_is_a_clear_error_not_a_fallback() {
+    if lockstep::backend::cuda::driver::driver_present() {
+        eprintln!("SKIP: this machine has a CUDA driver");
+        return;
+    }
     let (ok, _, err) = lockstep(&["--backend", "cuda", "demo"]);
     assert!(!ok);
-    assert!(err.contains("CUDA is not built"), "{err}");
+    assert!(err.contains("no CUDA driver"), "{err}");
 }
 
 #[test]

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::cpu::lm::CpuLm;
 use super::cpu::{CpuAt, CpuBackend, Isa};
+use super::cuda::CudaBackend;
 use super::lm::LmKernels;
 use super::reference::ReferenceBackend;
 use super::wgpu::WgpuBackend;
@@ -32,6 +33,10 @@ impl Default for Device {
         Device::cpu()
     }
 }
+
+/// Why the CUDA devices have no language-model kernels.
+const NO_CUDA_LM: &str = "the CUDA device has no language-model kernels yet (the text codec \
+                          runs on --backend cpu or wgpu)";
 
 impl Device {
     /// The CPU at the best instruction-set level it runs ([`Isa::detect`]), for both codecs.
@@ -75,6 +80,36 @@ impl Device {
             lm: Ok(Arc::new(b.lm())),
             delta: Ok(Arc::new(b)),
         }
+    }
+
+    /// The first CUDA GPU, its kernels compiled by NVRTC for it; "no CUDA driver" and the
+    /// like when there is none.
+    pub fn cuda() -> Result<Device> {
+        let dev = super::cuda::driver::CudaDriver::open()?;
+        Ok(Device {
+            name: "cuda".into(),
+            delta: Ok(Arc::new(CudaBackend::new(dev, "cuda"))),
+            lm: Err(NO_CUDA_LM.into()),
+        })
+    }
+
+    /// The CUDA kernels run on the CPU by their host emulation (kernels/host/emulate.h):
+    /// slow, for tests of the kernels' logic on machines without a GPU; never chosen by
+    /// `auto`.
+    pub fn cuda_emulated() -> Result<Device> {
+        #[cfg(cuda_emulation)]
+        {
+            let dev = super::cuda::emulated::HostEmulation::new();
+            Ok(Device {
+                name: "cuda-emulated".into(),
+                delta: Ok(Arc::new(CudaBackend::new(dev, "cuda-emulated"))),
+                lm: Err(NO_CUDA_LM.into()),
+            })
+        }
+        #[cfg(not(cuda_emulation))]
+        Err(Error::Unsupported(
+            "the CUDA host emulation is built on Linux only".into(),
+        ))
     }
 
     /// This device's delta kernels with `other`'s language model where this device has none
@@ -128,11 +163,13 @@ impl Device {
     }
 
     /// Every device this build can run here, CPU levels included, for tests and `parity`:
-    /// the reference, each CPU level this CPU runs, and wgpu if an adapter answers (`Err`
-    /// says why it did not).
+    /// the reference, each CPU level this CPU runs, a CUDA GPU if there is one, and wgpu if
+    /// an adapter answers (`Err` says why it did not). The CUDA host emulation is not here:
+    /// it is for tests, and slow.
     pub fn all_here() -> (Vec<Device>, std::result::Result<(), String>) {
         let mut out = vec![Device::reference()];
         out.extend(Isa::ALL.into_iter().filter_map(Device::cpu_at));
+        out.extend(Device::cuda().ok());
         let wgpu = match Device::wgpu(false) {
             Ok(d) => {
                 out.push(d);

@@ -19,10 +19,13 @@
 //! - [`reference::ReferenceBackend`]: the readable oracle (`format::chunk`, `format::symbols`).
 //! - [`cpu::CpuBackend`]: the fast one, and the default.
 //! - [`wgpu::WgpuBackend`]: WGSL compute shaders on any Vulkan/Metal/DX12/GL adapter.
+//! - [`cuda::CudaBackend`]: CUDA kernels (kernels/*.cu) on a GPU through cudarc, or on the
+//!   CPU through their host emulation (tests only).
 //!
-//! Selection (`--backend auto|cpu|wgpu|cuda|reference`) lives in `select.rs`.
+//! Selection (`--backend auto|cpu|wgpu|cuda|cuda-emulated|reference`) lives in `select.rs`.
 
 pub mod cpu;
+pub mod cuda;
 mod device;
 pub mod lm;
 pub mod reference;

@@ -1,5 +1,5 @@
-//! Choosing a device: `--backend auto|cpu|wgpu|cuda|reference`, and what `lockstep backends`
-//! lists. A requested device that is missing is an error; `auto` falls back, and says so.
+//! Choosing a device: `--backend auto|cpu|wgpu|cuda|cuda-emulated|reference`, and what
+//! `lockstep backends` lists. A requested device that is missing is an error; `auto` falls back, and says so.
 
 use super::cpu::CpuBackend;
 use super::reference::ReferenceBackend;
@@ -9,12 +9,14 @@ use crate::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
-    /// A discrete wgpu adapter for the delta codec, else the CPU; the language model on the
-    /// CPU (no GPU has LM kernels yet; there is no CUDA device in this build).
+    /// A CUDA GPU for the delta codec, else a discrete wgpu adapter, else the CPU; the
+    /// language model on the CPU (no GPU has LM kernels yet).
     Auto,
     Cpu,
     Wgpu,
     Cuda,
+    /// The CUDA kernels on the CPU through their host emulation (tests; never `auto`).
+    CudaEmulated,
     /// The readable references (slow; for checks).
     Reference,
 }
@@ -27,38 +29,50 @@ pub struct Found {
     pub detail: String,
 }
 
-const NO_CUDA: &str = "CUDA is not built into this version of lockstep (no CUDA kernels yet): \
-use --backend wgpu for a GPU, or --backend cpu";
-
 /// The device for `choice`, and what a person should be told about the choice (a fallback).
 pub fn select(choice: BackendChoice) -> Result<(Device, Option<String>)> {
     match choice {
         BackendChoice::Cpu => Ok((Device::cpu(), None)),
         BackendChoice::Reference => Ok((Device::reference(), None)),
-        BackendChoice::Cuda => Err(Error::Unsupported(NO_CUDA.into())),
+        BackendChoice::Cuda => Ok((Device::cuda()?, None)),
+        BackendChoice::CudaEmulated => Ok((Device::cuda_emulated()?, None)),
         BackendChoice::Wgpu => Ok((Device::wgpu(false)?, None)),
-        BackendChoice::Auto => match WgpuBackend::new(true) {
-            Ok(b) => {
-                let note = format!(
-                    "auto: no CUDA in this build; using wgpu on {} for checkpoints (the text \
-                     codec's auto is the CPU)",
-                    b.device()
-                );
-                Ok((Device::wgpu_from(b), Some(note)))
-            }
-            Err(e) => {
-                let why = match e {
-                    Error::Unsupported(m) => m,
-                    other => other.to_string(),
-                };
-                Ok((
-                    Device::cpu(),
-                    Some(format!(
-                        "auto: no CUDA in this build; {why}; using the CPU backend"
-                    )),
-                ))
-            }
-        },
+        BackendChoice::Auto => auto(),
+    }
+}
+
+/// `auto`: CUDA where it works, else a discrete GPU through wgpu, else the CPU.
+fn auto() -> Result<(Device, Option<String>)> {
+    let no_cuda = match Device::cuda() {
+        Ok(d) => {
+            let note = format!(
+                "auto: using CUDA on {} for checkpoints, the CPU for the language model",
+                d.describe()
+            );
+            return Ok((d.lm_from(&Device::cpu()), Some(note)));
+        }
+        Err(Error::Unsupported(m)) => m,
+        Err(other) => other.to_string(),
+    };
+    match WgpuBackend::new(true) {
+        Ok(b) => {
+            let note = format!(
+                "auto: {no_cuda}; using wgpu on {} for checkpoints, the CPU \
+                     for the language model",
+                b.device()
+            );
+            Ok((Device::wgpu_from(b).lm_from(&Device::cpu()), Some(note)))
+        }
+        Err(e) => {
+            let why = match e {
+                Error::Unsupported(m) => m,
+                other => other.to_string(),
+            };
+            Ok((
+                Device::cpu(),
+                Some(format!("auto: {no_cuda}; {why}; using the CPU backend")),
+            ))
+        }
     }
 }
 
@@ -75,12 +89,37 @@ pub fn available() -> Vec<Found> {
             usable: true,
             detail: ReferenceBackend.device(),
         },
-        Found {
+    ];
+    out.push(match Device::cuda() {
+        Ok(d) => Found {
+            name: "cuda",
+            usable: true,
+            detail: d.delta().map(|b| b.device()).unwrap_or_default(),
+        },
+        Err(e) => Found {
             name: "cuda",
             usable: false,
-            detail: NO_CUDA.into(),
+            detail: match e {
+                Error::Unsupported(m) => m,
+                other => other.to_string(),
+            },
         },
-    ];
+    });
+    out.push(match Device::cuda_emulated() {
+        Ok(d) => Found {
+            name: "cuda-emulated",
+            usable: true,
+            detail: format!(
+                "{} (for tests; slow)",
+                d.delta().map(|b| b.device()).unwrap_or_default()
+            ),
+        },
+        Err(e) => Found {
+            name: "cuda-emulated",
+            usable: false,
+            detail: e.to_string(),
+        },
+    });
     let adapters = gpu::adapters();
     if adapters.is_empty() {
         out.push(Found {

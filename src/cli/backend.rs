@@ -6,13 +6,15 @@ use lockstep::Result;
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default)]
 pub enum BackendArg {
-    /// A discrete GPU through wgpu for checkpoints, else the CPU; text on the CPU (no CUDA
-    /// in this build; -v says which).
+    /// A CUDA GPU for checkpoints, else a discrete GPU through wgpu, else the CPU; text on
+    /// the CPU (-v says which).
     #[default]
     Auto,
     Cpu,
     Wgpu,
     Cuda,
+    /// The CUDA kernels run on the CPU by a host emulation (for tests; slow; not a GPU).
+    CudaEmulated,
     /// The readable reference codec (slow; for checks).
     Reference,
 }
@@ -24,6 +26,7 @@ impl BackendArg {
             BackendArg::Cpu => BackendChoice::Cpu,
             BackendArg::Wgpu => BackendChoice::Wgpu,
             BackendArg::Cuda => BackendChoice::Cuda,
+            BackendArg::CudaEmulated => BackendChoice::CudaEmulated,
             BackendArg::Reference => BackendChoice::Reference,
         }
     }
@@ -52,8 +55,9 @@ pub fn choose_for_text(arg: BackendArg) -> Result<Device> {
     let device = match arg {
         BackendArg::Auto | BackendArg::Cpu => Device::cpu(),
         BackendArg::Reference => Device::reference(),
-        BackendArg::Cuda => backend::select(BackendChoice::Cuda)?.0,
-        BackendArg::Wgpu => backend::select(BackendChoice::Wgpu)?.0,
+        BackendArg::Cuda | BackendArg::CudaEmulated | BackendArg::Wgpu => {
+            backend::select(arg.choice())?.0
+        }
     };
     if let Ok(lm) = device.lm() {
         super::ui::detail(format!(

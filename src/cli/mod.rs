@@ -17,8 +17,8 @@ mod ui;
     about = "Lossless compression for checkpoint trajectories and text"
 )]
 pub struct Cli {
-    /// Compute device: auto takes a discrete GPU (wgpu) for checkpoints if there is one, else
-    /// the CPU; text runs on the CPU (no CUDA in this build; -v says which it chose and why).
+    /// Compute device: auto takes a CUDA GPU for checkpoints if there is one, else a discrete
+    /// GPU through wgpu, else the CPU; text runs on the CPU (-v says which it chose and why).
     /// The bytes never depend on it.
     #[arg(long, value_enum, global = true, default_value_t = backend::BackendArg::Auto)]
     pub backend: backend::BackendArg,

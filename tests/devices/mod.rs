@@ -11,16 +11,31 @@ use lockstep::backend::{Device, Isa};
 
 /// Every device name the tests know: the readable references, each CPU instruction-set
 /// level, and the GPUs.
-pub const NAMES: [&str; 6] = ["reference", "portable", "avx2", "avx512", "wgpu", "cuda"];
+/// `cuda_emulated` is the CUDA kernels' host emulation (present wherever it is built: it
+/// checks their logic, not a GPU); `nvrtc` is the CUDA toolkit the kernel compile check
+/// uses (tests/cuda_compile.rs).
+pub const NAMES: [&str; 8] = [
+    "reference",
+    "portable",
+    "avx2",
+    "avx512",
+    "wgpu",
+    "cuda",
+    "cuda_emulated",
+    "nvrtc",
+];
 
-/// Whether `LOCKSTEP_REQUIRE` (or `CI=true`, for wgpu) names `name`.
+/// Whether `LOCKSTEP_REQUIRE` (or `CI=true`, for wgpu, the CUDA emulation and the CUDA
+/// toolkit) names `name`.
 pub fn required(name: &str) -> bool {
     let listed = std::env::var("LOCKSTEP_REQUIRE").unwrap_or_default();
     let mut names = listed.split(',').map(str::trim).filter(|n| !n.is_empty());
     if let Some(bad) = names.clone().find(|n| !NAMES.contains(n)) {
         panic!("LOCKSTEP_REQUIRE names '{bad}', not one of {NAMES:?}");
     }
-    names.any(|n| n == name) || (name == "wgpu" && std::env::var("CI").as_deref() == Ok("true"))
+    names.any(|n| n == name)
+        || (["wgpu", "cuda_emulated", "nvrtc"].contains(&name)
+            && std::env::var("CI").as_deref() == Ok("true"))
 }
 
 /// The device called `name`, or `None` with a printed reason; a missing device that
@@ -33,9 +48,8 @@ pub fn device(name: &str) -> Option<Device> {
             Device::cpu_at(isa).ok_or_else(|| format!("this CPU does not run {}", isa.name()))
         }
         "wgpu" => Device::wgpu(false).map_err(|e| e.to_string()),
-        "cuda" => lockstep::backend::select(lockstep::backend::BackendChoice::Cuda)
-            .map(|(d, _)| d)
-            .map_err(|e| e.to_string()),
+        "cuda" => Device::cuda().map_err(|e| e.to_string()),
+        "cuda_emulated" => Device::cuda_emulated().map_err(|e| e.to_string()),
         other => panic!("unknown device name {other}"),
     };
     match found {

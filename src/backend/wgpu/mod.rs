@@ -7,7 +7,7 @@ mod decode;
 mod encode;
 mod gpu;
 pub mod lm;
-mod params;
+pub(crate) mod params;
 
 use std::sync::Arc;
 

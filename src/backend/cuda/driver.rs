@@ -1,0 +1,148 @@
+//! A real GPU through cudarc's driver API, loaded at run time: the crate builds and runs on
+//! machines without CUDA. The driver library is probed before a context is created (cudarc
+//! panics when it is missing), so its absence is a plain "no CUDA driver" error.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+
+use super::launch::{Kernel, Launcher};
+use super::nvrtc::Nvrtc;
+use crate::backend::wgpu::params::Params;
+use crate::{Error, Result};
+
+/// One CUDA device (ordinal 0) with the kernels compiled for its architecture.
+pub struct CudaDriver {
+    stream: Arc<CudaStream>,
+    functions: Vec<CudaFunction>,
+    describe: String,
+}
+
+fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Invalid(format!("CUDA {what}: {e:?}"))
+}
+
+/// Whether the CUDA driver library can be loaded, before anything asks cudarc for it.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver library by its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl CudaDriver {
+    /// Open device 0 and compile the kernels for it, or say why not.
+    pub fn open() -> Result<CudaDriver> {
+        if !driver_present() {
+            return Err(Error::Unsupported(
+                "no CUDA driver (libcuda.so not found)".into(),
+            ));
+        }
+        // cudarc panics on a driver without the symbols it expects; that is this device's
+        // absence too, not the process's end.
+        std::panic::catch_unwind(Self::open_inner).unwrap_or_else(|p| {
+            let why = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(Error::Unsupported(format!("the CUDA driver failed: {why}")))
+        })
+    }
+
+    fn open_inner() -> Result<CudaDriver> {
+        let ctx = CudaContext::new(0)
+            .map_err(|e| Error::Unsupported(format!("no usable CUDA device: {e:?}")))?;
+        let name = ctx.name().map_err(driver_err("device name"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver_err("compute capability"))?;
+        let nvrtc = Nvrtc::open(None)?;
+        let arch = format!("compute_{major}{minor}");
+        let mut functions = Vec::new();
+        let mut modules = Vec::new();
+        for (file, source, _) in super::kernel_sources() {
+            let ptx = nvrtc.compile(file, &source, &arch)?;
+            let m = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(driver_err("module load"))?;
+            modules.push((file, m));
+        }
+        for k in Kernel::ALL {
+            let m = &modules.iter().find(|(f, _)| *f == k.module()).unwrap().1;
+            functions.push(
+                m.load_function(k.symbol())
+                    .map_err(driver_err("kernel lookup"))?,
+            );
+        }
+        Ok(CudaDriver {
+            stream: ctx.default_stream(),
+            functions,
+            describe: format!("{name} (CUDA, sm_{major}{minor})"),
+        })
+    }
+}
+
+impl Launcher for CudaDriver {
+    type Buf = CudaSlice<u32>;
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn upload(&self, words: &[u32]) -> Result<CudaSlice<u32>> {
+        if words.len() < 4 {
+            let mut w = words.to_vec();
+            w.resize(4, 0);
+            return self.upload(&w);
+        }
+        self.stream.clone_htod(words).map_err(driver_err("upload"))
+    }
+
+    fn zeroed(&self, words: usize) -> Result<CudaSlice<u32>> {
+        self.stream
+            .alloc_zeros::<u32>(words.max(4))
+            .map_err(driver_err("allocation"))
+    }
+
+    fn write(&self, buf: &mut CudaSlice<u32>, at: usize, words: &[u32]) -> Result<()> {
+        let mut dst = buf.slice_mut(at..at + words.len());
+        self.stream
+            .memcpy_htod(words, &mut dst)
+            .map_err(driver_err("copy to the device"))
+    }
+
+    fn read(&self, buf: &CudaSlice<u32>, words: usize) -> Result<Vec<u32>> {
+        self.stream
+            .clone_dtoh(&buf.slice(..words))
+            .map_err(driver_err("copy from the device"))
+    }
+
+    fn launch(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        p: &Params,
+        bufs: [&CudaSlice<u32>; 6],
+    ) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        let words = p.words();
+        let f = &self.functions[kernel as usize];
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&words);
+        for buf in bufs {
+            b.arg(buf);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (kernel.block(), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every kernel takes (Params, six u32 pointers), sized by the host code.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(driver_err(kernel.symbol()))
+    }
+}

@@ -1,0 +1,132 @@
+//! The host emulation of the CUDA kernels: kernels/*.cu compiled as C by build.rs, with
+//! kernels/host/emulate.h standing in for CUDA's built-ins. An emulation: it proves the
+//! kernels' integer logic and indexing on any machine (CI runs the whole parity suite on
+//! it), not the CUDA compiler or a GPU. Never chosen by `auto`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use rayon::prelude::*;
+
+use super::launch::{Kernel, Launcher};
+use crate::backend::wgpu::params::Params;
+use crate::format::chunk::{CHUNK_ELEMS, LANES};
+use crate::{Error, Result};
+
+extern "C" {
+    fn ls_emu_init(chunk: u32, groups: u32);
+    fn ls_emu_launch(
+        kernel: u32,
+        grid: u32,
+        block: u32,
+        first: u32,
+        end: u32,
+        p: *const u32,
+        bufs: *const *mut u32,
+    ) -> i32;
+}
+
+/// The emulated device.
+pub struct HostEmulation(());
+
+/// A "device" buffer: atomics, because the kernels write it from several threads.
+pub struct HostBuf(Box<[AtomicU32]>);
+
+impl Default for HostEmulation {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostEmulation {
+    pub fn new() -> HostEmulation {
+        static INIT: std::sync::Once = std::sync::Once::new();
+        // SAFETY: sets two plain integers before any launch.
+        INIT.call_once(|| unsafe {
+            ls_emu_init(CHUNK_ELEMS as u32, (CHUNK_ELEMS / LANES * 4) as u32)
+        });
+        HostEmulation(())
+    }
+}
+
+/// Raw buffer pointers, shared by the threads that run a launch's blocks.
+struct Ptrs([*mut u32; 6]);
+// SAFETY: the kernels write these buffers only through atomics or at indices no other thread
+// of the launch touches, exactly as on a GPU.
+unsafe impl Sync for Ptrs {}
+
+impl Launcher for HostEmulation {
+    type Buf = HostBuf;
+
+    fn describe(&self) -> String {
+        "CUDA kernels, host emulation on the CPU (not a GPU)".into()
+    }
+
+    fn upload(&self, words: &[u32]) -> Result<HostBuf> {
+        let mut v: Vec<AtomicU32> = words.iter().map(|&w| AtomicU32::new(w)).collect();
+        v.resize_with(v.len().max(4), || AtomicU32::new(0));
+        Ok(HostBuf(v.into_boxed_slice()))
+    }
+
+    fn zeroed(&self, words: usize) -> Result<HostBuf> {
+        Ok(HostBuf(
+            (0..words.max(4)).map(|_| AtomicU32::new(0)).collect(),
+        ))
+    }
+
+    fn write(&self, buf: &mut HostBuf, at: usize, words: &[u32]) -> Result<()> {
+        let dst = buf
+            .0
+            .get(at..at + words.len())
+            .ok_or_else(|| Error::Invalid("CUDA emulation: write past a buffer's end".into()))?;
+        for (d, &w) in dst.iter().zip(words) {
+            d.store(w, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn read(&self, buf: &HostBuf, words: usize) -> Result<Vec<u32>> {
+        let src = buf
+            .0
+            .get(..words)
+            .ok_or_else(|| Error::Invalid("CUDA emulation: read past a buffer's end".into()))?;
+        Ok(src.iter().map(|a| a.load(Ordering::Relaxed)).collect())
+    }
+
+    fn launch(&self, kernel: Kernel, grid: u32, p: &Params, bufs: [&HostBuf; 6]) -> Result<()> {
+        let words = p.words();
+        let ptrs = Ptrs(bufs.map(|b| b.0.as_ptr() as *mut u32));
+        let block = kernel.block();
+        // A few ranges per thread: blocks differ in cost (a short last chunk).
+        let per = grid
+            .div_ceil(rayon::current_num_threads() as u32 * 4)
+            .max(1);
+        let failed = (0..grid.div_ceil(per))
+            .into_par_iter()
+            .map(|r| {
+                let (first, end) = (r * per, ((r + 1) * per).min(grid));
+                let ptrs = &ptrs;
+                // SAFETY: the parameter block is the kernels' Params (32 words); the buffers
+                // live until this call returns and are as large as the host code sized them
+                // for the kernel (the same sizes the GPU gets).
+                unsafe {
+                    ls_emu_launch(
+                        kernel as u32,
+                        grid,
+                        block,
+                        first,
+                        end,
+                        words.as_ptr(),
+                        ptrs.0.as_ptr(),
+                    )
+                }
+            })
+            .find_any(|&rc| rc != 0);
+        match failed {
+            None => Ok(()),
+            Some(rc) => Err(Error::Invalid(format!(
+                "CUDA emulation refused {} (code {rc})",
+                kernel.symbol()
+            ))),
+        }
+    }
+}
