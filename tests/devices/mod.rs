@@ -11,7 +11,15 @@ use lockstep::backend::{Device, Isa};
 
 /// Every device name the tests know: the readable references, each CPU instruction-set
 /// level, and the GPUs.
-pub const NAMES: [&str; 6] = ["reference", "portable", "avx2", "avx512", "wgpu", "cuda"];
+pub const NAMES: [&str; 7] = [
+    "reference",
+    "portable",
+    "neon",
+    "avx2",
+    "avx512",
+    "wgpu",
+    "cuda",
+];
 
 /// Whether `LOCKSTEP_REQUIRE` (or `CI=true`, for wgpu) names `name`.
 pub fn required(name: &str) -> bool {
@@ -28,7 +36,7 @@ pub fn required(name: &str) -> bool {
 pub fn device(name: &str) -> Option<Device> {
     let found = match name {
         "reference" => Ok(Device::reference()),
-        "portable" | "avx2" | "avx512" => {
+        "portable" | "neon" | "avx2" | "avx512" => {
             let isa = Isa::ALL.into_iter().find(|i| i.tag() == name).unwrap();
             Device::cpu_at(isa).ok_or_else(|| format!("this CPU does not run {}", isa.name()))
         }
