@@ -582,6 +582,8 @@ macro_rules! parity_tests {
 
 // The auto-selected CPU backend is one of these levels (the best this CPU runs).
 parity_tests!(portable, usize::MAX, usize::MAX);
+// Absent on x86; on aarch64 (natively or under qemu: `cargo xtask cross`) it runs.
+parity_tests!(neon, usize::MAX, usize::MAX);
 parity_tests!(avx2, usize::MAX, usize::MAX);
 parity_tests!(avx512, usize::MAX, usize::MAX);
 // lavapipe is slow: the batch matrix runs on the tensors up to 1M elements (all but the

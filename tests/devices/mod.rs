@@ -14,9 +14,10 @@ use lockstep::backend::{Device, Isa};
 /// `cuda_emulated` is the CUDA kernels' host emulation (present wherever it is built: it
 /// checks their logic, not a GPU); `nvrtc` is the CUDA toolkit the kernel compile check
 /// uses (tests/cuda_compile.rs).
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 9] = [
     "reference",
     "portable",
+    "neon",
     "avx2",
     "avx512",
     "wgpu",
@@ -43,7 +44,7 @@ pub fn required(name: &str) -> bool {
 pub fn device(name: &str) -> Option<Device> {
     let found = match name {
         "reference" => Ok(Device::reference()),
-        "portable" | "avx2" | "avx512" => {
+        "portable" | "neon" | "avx2" | "avx512" => {
             let isa = Isa::ALL.into_iter().find(|i| i.tag() == name).unwrap();
             Device::cpu_at(isa).ok_or_else(|| format!("this CPU does not run {}", isa.name()))
         }

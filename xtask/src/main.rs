@@ -209,6 +209,21 @@ fn cross() -> Result<(), String> {
             )),
         }
     };
+    // `--backend cpu` runs the best level the CPU has: on aarch64 that must be the NEON
+    // level, so the byte comparisons below check its lanes (both layouts) against the host's.
+    let listed = Command::new("qemu-aarch64")
+        .args(["-L", "/usr/aarch64-linux-gnu", arm.as_str(), "backends"])
+        .output()
+        .map_err(|e| format!("could not start qemu-aarch64: {e}"))?;
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    if !listed
+        .lines()
+        .any(|l| l.starts_with("cpu") && l.ends_with("NEON"))
+    {
+        return Err(format!(
+            "the aarch64 build's cpu backend is not at the NEON level:\n{listed}"
+        ));
+    }
     let (r, t) = (
         "demo/step0200_blocks_bf16.safetensors",
         "demo/step0400_blocks_bf16.safetensors",
@@ -271,7 +286,8 @@ fn cross() -> Result<(), String> {
     same(&back, &text)?;
     on("aarch64", &["parity", r, t])?;
     eprintln!(
-        "cross-architecture check: {CROSS_TARGET} under qemu writes and reads the host's bytes"
+        "cross-architecture check: {CROSS_TARGET} (NEON level) under qemu writes and reads the \
+         host's bytes"
     );
     Ok(())
 }

@@ -305,6 +305,22 @@ fn joint_vector<T: Word>(
             };
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: `Isa::Neon` is only used where `Isa::available` confirmed it; the stream
+        // is padded with `LANES` words unless `guarded`.
+        return unsafe {
+            super::neon::joint::decode::<T>(
+                table,
+                reference,
+                info_fn.joint_params(),
+                codes,
+                states,
+                st,
+                guarded,
+            )
+        };
+    }
     let _ = (isa, table, reference, info_fn, codes, states, st, guarded);
     Ok(0)
 }
@@ -387,6 +403,8 @@ fn finish<T: Word>(
     let mut tail = BitReader::new(c.tail);
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && T::BITS == 16 {
         // SAFETY: as above; `need` was checked.

@@ -253,6 +253,7 @@ pub struct JointDec<'a> {
     /// The first of 64 contexts whose rows the vector decoders keep in registers: the 64
     /// up to the highest context with a row of its own (a tensor's exponent classes are
     /// few; the top ones hold most weights).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub window: u32,
 }
 
@@ -342,7 +343,10 @@ pub const FLAT_STRIDE: usize = 33 * 8;
 /// The encoders' flat table: the packed symbol (`freq | start << 16`) of every per-element
 /// code under every context of the tensor's exponent classes, so a lane needs one lookup
 /// (no context -> row -> code -> J chain).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub struct JointFlat {
     /// The lowest exponent class covered; entries are at `((er - lo)·2 + rs)·FLAT_STRIDE +
     /// b·8 + (code >> 7 & 7)`.
@@ -350,7 +354,10 @@ pub struct JointFlat {
     pub packed: Vec<u32>,
 }
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 impl JointFlat {
     /// The table for the exponent classes of `info` (a tensor's elements); `None` where it
     /// would have more entries than twice the elements (small tensors: building it would

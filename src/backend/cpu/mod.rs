@@ -10,6 +10,7 @@ mod encode;
 mod hist;
 mod joint;
 pub mod lm;
+mod neon;
 mod tables;
 mod word;
 
@@ -52,6 +53,11 @@ impl CpuAt {
 pub enum Isa {
     /// Plain Rust, as built for the target.
     Portable,
+    /// Explicit aarch64 NEON rANS lanes of the Joint (`--fast`) layout, decoding and
+    /// encoding (4 per vector, no gathers: table lookups stay scalar). Ordered below the x86
+    /// levels so that `isa >= Isa::Avx2` stays false for it; NEON is baseline on aarch64,
+    /// so [`Isa::detect`] picks it there.
+    Neon,
     /// Explicit AVX2 rANS lanes, encoding and decoding (8 per vector), and the decoder's
     /// tail pass; the other loops compiled with AVX2 (auto-vectorized, no intrinsics).
     Avx2,
@@ -74,7 +80,7 @@ impl Isa {
         })
     }
 
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Neon, Isa::Avx2, Isa::Avx512];
 
     /// Whether this CPU can run the level.
     pub fn available(self) -> bool {
@@ -85,6 +91,7 @@ impl Isa {
                 has!("avx2") && has!("bmi1") && has!("bmi2") && has!("lzcnt") && has!("popcnt");
             match self {
                 Isa::Portable => true,
+                Isa::Neon => false,
                 Isa::Avx2 => avx2,
                 Isa::Avx512 => {
                     avx2 && has!("avx512f")
@@ -94,7 +101,15 @@ impl Isa {
                 }
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            match self {
+                Isa::Portable => true,
+                Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+                Isa::Avx2 | Isa::Avx512 => false,
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             self == Isa::Portable
         }
@@ -104,6 +119,7 @@ impl Isa {
     pub fn tag(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
+            Isa::Neon => "neon",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
@@ -112,6 +128,7 @@ impl Isa {
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
+            Isa::Neon => "NEON",
             Isa::Avx2 => "AVX2",
             Isa::Avx512 => "AVX-512",
         }
@@ -301,9 +318,13 @@ impl<T: Word> Resident for CpuResident<T> {
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
         if layout == Layout::Joint {
-            // The flat table serves both vector encoders (small tensors: the portable lanes).
+            // The flat table serves every vector encoder (small tensors: the portable lanes).
             #[cfg(target_arch = "x86_64")]
             let flat = (self.isa >= Isa::Avx2)
+                .then(|| joint::JointFlat::new(&stages[0], &self.info))
+                .flatten();
+            #[cfg(target_arch = "aarch64")]
+            let flat = (self.isa == Isa::Neon)
                 .then(|| joint::JointFlat::new(&stages[0], &self.info))
                 .flatten();
             return Ok(chunk_ranges(self.d.len())
@@ -322,6 +343,12 @@ impl<T: Word> Resident for CpuResident<T> {
                                 avx2::joint::encode_chunk(d, info, flat, scratch)
                             }
                         };
+                    }
+                    #[cfg(target_arch = "aarch64")]
+                    if let Some(flat) = &flat {
+                        // SAFETY: `flat` exists only at `isa == Neon`, and `isa` is only ever
+                        // a level `Isa::available` confirmed on this CPU.
+                        return unsafe { neon::joint::encode_chunk(d, info, flat, scratch) };
                     }
                     fast(
                         self.isa,
@@ -489,6 +516,7 @@ impl Backend for CpuAt {
     fn name(&self) -> &'static str {
         match self.0 {
             Isa::Portable => "cpu-portable",
+            Isa::Neon => "cpu-neon",
             Isa::Avx2 => "cpu-avx2",
             Isa::Avx512 => "cpu-avx512",
         }

@@ -83,7 +83,10 @@ pub struct EncStage<'a> {
     pub alphabet: usize,
     pub syms: Vec<EncSym>,
     /// The same symbols as [`pack`]ed `u32`s (the AVX-512 lanes gather them).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub packed: Vec<u32>,
     /// Index of the identity row (absent elements).
     identity_row: usize,

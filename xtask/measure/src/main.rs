@@ -37,7 +37,7 @@ commands:
 options:
   --dir DIR       checkpoint folder (default ../shared/data/trajectory-gpt2)
   --dtype T       bf16 or fp32: which 600 -> 800 pair (default bf16; `table` runs both)
-  --isa L         portable, avx2 or avx512 (default: the best this CPU runs; `stages`
+  --isa L         portable, neon, avx2 or avx512 (default: the best this CPU runs; `stages`
                   runs every level unless one is given)
   --layout L      fast or default (default: fast; `stages` runs both unless one is given)
   --threads N     rayon threads (default 1)
@@ -90,7 +90,7 @@ impl Opts {
                                     .replace('-', "")
                                     .eq_ignore_ascii_case(&v.replace('-', ""))
                             })
-                            .ok_or(format!("unknown level {v} (portable, avx2, avx512)"))?,
+                            .ok_or(format!("unknown level {v} (portable, neon, avx2, avx512)"))?,
                     );
                 }
                 "--layout" => {

@@ -197,7 +197,7 @@ impl Dot {
     /// The kernel of level `isa` (a level the CPU runs: `CpuLm` is only built for those).
     pub fn at(isa: Isa) -> Dot {
         match isa {
-            Isa::Portable => Dot::Generic,
+            Isa::Portable | Isa::Neon => Dot::Generic,
             Isa::Avx2 => Dot::Avx2,
             Isa::Avx512 if vnni() => Dot::Vnni,
             Isa::Avx512 => Dot::Avx2,

@@ -1,0 +1,18 @@
+//! Explicit aarch64 NEON paths (every Arm laptop and server: NEON is baseline on aarch64).
+//! A chunk's 32 lanes as eight 4-lane `u32` vectors; same operations in the same order as
+//! `format::chunk`, so the same bytes as the portable level (checked under qemu by
+//! `cargo xtask cross` and `tests/backend_parity.rs`'s `neon` module on an aarch64 build).
+//! Only called when [`super::Isa::Neon`] is available.
+//!
+//! What NEON lacks next to AVX2, and what stands in for it:
+//! - gathers: each lane's table lookup is a scalar load (AVX2's gathers are microcoded into
+//!   as many loads anyway); the state arithmetic, the flush and the refill are vectors;
+//! - `movemask`: the compare result ANDed with the lane bits `1, 2, 4, 8` and summed
+//!   across the vector (`vaddvq_u32`);
+//! - the compressing store: a byte table lookup (`vtbl1_u8`) keyed by the 4-bit flush mask
+//!   moves the flushed words to the top of a 4-word block stored to end at the cursor.
+//!
+//! Speed on Arm has not been measured (no Arm machine here; qemu is not a CPU):
+//! `cargo run --release -p lockstep-measure -- stages --isa neon` on an Arm machine does.
+
+pub mod joint;
