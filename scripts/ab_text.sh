@@ -1,0 +1,15 @@
+#!/bin/bash
+# Paired A/B of two lockstep binaries on the text codec: /tmp/lockstep-main and /tmp/lockstep-new
+# (copy the two builds there first), alternating, `text compress` (verify included) then
+# `text decompress`, each output compared with the input. Usage: scripts/ab_text.sh FILE ROUNDS
+# Prints wall and user seconds per run (docs/BENCHMARKS.md, text codec sections).
+f=$1; rounds=$2
+for r in $(seq 1 $rounds); do
+  for b in main new; do
+    s=$( { /usr/bin/time -f "%e %U" /tmp/lockstep-$b text compress -q -f -c $f > /tmp/ab.$b.lst; } 2>&1 )
+    d=$( { /usr/bin/time -f "%e %U" /tmp/lockstep-$b text decompress -q -f -c /tmp/ab.$b.lst > /tmp/ab.$b.out; } 2>&1 )
+    cmp -s /tmp/ab.$b.out $f || echo "ROUNDTRIP FAIL $b"
+    echo "round $r $b size $(stat -c %s /tmp/ab.$b.lst) compress $s decompress $d load $(cut -d' ' -f1 /proc/loadavg)"
+  done
+  cmp -s /tmp/ab.main.lst /tmp/ab.new.lst && echo "round $r same bytes" || echo "round $r bytes differ"
+done
