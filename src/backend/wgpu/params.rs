@@ -143,3 +143,77 @@ pub fn flatten_tables(tables: &Tables, p: &mut Params, slots: bool) -> Vec<u32> 
     }
     out
 }
+
+/// What a GPU decoder uploads, laid out as its kernels read it (shaders/decode.wgsl and
+/// kernels/decode.cu share the layout): the checked parameter block, the flattened tables,
+/// the ledger (per chunk: word offset, word count, tail bit offset, tail bits, the 32 lane
+/// states; then one error word) and one stream of every chunk's words (u32-aligned), then
+/// every chunk's tail.
+pub struct DecodeInput {
+    pub p: Params,
+    pub tables: Vec<u32>,
+    pub meta: Vec<u32>,
+    pub stream: Vec<u8>,
+    pub chunks: usize,
+}
+
+/// The decode inputs of `job` over `n` elements, or `None` for an empty tensor.
+pub fn decode_input(job: &crate::backend::DecodeJob, n: usize) -> Result<Option<DecodeInput>> {
+    let nc = crate::format::chunk::chunk_ranges(n).len();
+    if nc != job.chunks.len() {
+        return Err(Error::format(
+            "tensor blob",
+            format!("{} chunks for {n} elements", job.chunks.len()),
+        ));
+    }
+    if nc == 0 {
+        return Ok(None);
+    }
+    let mut p = Params::new(job.fl, n, job.condition).layout(job.layout, job.distance)?;
+    if job.tables.stages.len() != p.n_stages as usize {
+        return Err(Error::Invalid(
+            "stage tables do not match the layout".into(),
+        ));
+    }
+    let tables = flatten_tables(job.tables, &mut p, true);
+    let mut meta = vec![0u32; nc * 36 + 1];
+    let mut words: Vec<u16> = Vec::new();
+    for (c, ch) in job.chunks.iter().enumerate() {
+        meta[c * 36] = words.len() as u32;
+        meta[c * 36 + 1] = ch.words.len() as u32;
+        meta[c * 36 + 4..c * 36 + 36].copy_from_slice(&ch.states);
+        words.extend_from_slice(&ch.words);
+        if words.len() % 2 == 1 {
+            words.push(0);
+        }
+    }
+    let mut stream: Vec<u8> = bytemuck::cast_slice(&words).to_vec();
+    let tail_off = stream.len() / 4;
+    for (c, ch) in job.chunks.iter().enumerate() {
+        meta[c * 36 + 2] = ((stream.len() - tail_off * 4) * 8) as u32;
+        meta[c * 36 + 3] = ch.tail_bits as u32;
+        stream.extend_from_slice(ch.tail);
+        stream.resize(stream.len().div_ceil(4) * 4, 0);
+    }
+    p.pad = tail_off as u32;
+    Ok(Some(DecodeInput {
+        p,
+        tables,
+        meta,
+        stream,
+        chunks: nc,
+    }))
+}
+
+/// The error word a GPU decoder leaves after its ledger, as the format error it stands for.
+pub fn decode_error(err: u32) -> Result<()> {
+    let bad = |d: &str| Err(Error::format("tensor blob chunk", d.to_string()));
+    match err.trailing_zeros() {
+        32 => Ok(()),
+        1 => bad("a symbol's context has no frequency row"),
+        2 => bad("rANS word stream ended early"),
+        3 => bad("rANS lanes did not end in their initial state"),
+        4 => bad("raw tail shorter than the bit lengths require"),
+        _ => bad("raw tail longer than the bit lengths require"),
+    }
+}
