@@ -124,3 +124,24 @@ impl Trace {
         }
     }
 }
+
+/// `items` with a query on the last one only (an encoder's query for symbol 0, no match mix):
+/// what a [`LmSession::step_table`] implementation runs, since only the last item's table is
+/// wanted.
+pub fn query_last(items: &[Item]) -> Result<Vec<Item>> {
+    let last = items
+        .len()
+        .checked_sub(1)
+        .ok_or_else(|| crate::Error::Invalid("step_table: no token to predict from".into()))?;
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| Item {
+            query: (i == last).then_some(Query {
+                find: Find::Symbol(0),
+                mix: None,
+            }),
+            ..*it
+        })
+        .collect())
+}

@@ -13,7 +13,7 @@ mod rescale;
 use rayon::prelude::*;
 
 use super::Isa;
-use crate::backend::lm::{Coded, Find, Item, LmKernels, LmSession, Query, Trace};
+use crate::backend::lm::{query_last, Coded, Item, LmKernels, LmSession, Trace};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
 use forward::KvCache;
@@ -113,22 +113,8 @@ impl LmSession for CpuSession<'_> {
     }
 
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
-        let last = items
-            .len()
-            .checked_sub(1)
-            .ok_or_else(|| Error::Invalid("step_table: no token to predict from".into()))?;
         // Only the last item's logits are wanted, so only it carries a query.
-        let run: Vec<Item> = items
-            .iter()
-            .enumerate()
-            .map(|(i, it)| Item {
-                query: (i == last).then_some(Query {
-                    find: Find::Symbol(0),
-                    mix: None,
-                }),
-                ..*it
-            })
-            .collect();
+        let run = query_last(items)?;
         let logits = forward::forward(self.isa, self.model, &mut self.caches, &run, None)?;
         freq::frequencies(&logits, &self.model.tables.exp40)
     }

@@ -9,7 +9,7 @@ mod kernels;
 use std::sync::{Arc, OnceLock};
 
 use super::gpu::Gpu;
-use crate::backend::lm::{Coded, Find, Item, LmKernels, LmSession, Query, Trace};
+use crate::backend::lm::{query_last, Coded, Find, Item, LmKernels, LmSession, Query, Trace};
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
 use kernels::{dispatch, row_grid, Kernels};
@@ -660,21 +660,8 @@ impl LmSession for WgpuSession<'_> {
     }
 
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
-        let last = items
-            .len()
-            .checked_sub(1)
-            .ok_or_else(|| Error::Invalid("step_table: no token to predict from".into()))?;
-        let run: Vec<Item> = items
-            .iter()
-            .enumerate()
-            .map(|(i, it)| Item {
-                query: (i == last).then_some(Query {
-                    find: Find::Symbol(0),
-                    mix: None,
-                }),
-                ..*it
-            })
-            .collect();
+        // Only the last item's logits are wanted, so only it carries a query.
+        let run = query_last(items)?;
         self.run(&run, None, true)?
             .1
             .ok_or_else(|| Error::Invalid("step_table: no table came back".into()))
