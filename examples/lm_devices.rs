@@ -5,6 +5,9 @@
 //! `cargo run --release --example lm_devices -- FILE [--rounds N] [--gpt2-small]
 //! [--devices cpu,wgpu]`: the shipped tinygpt2 model, or with `--gpt2-small` a random model
 //! of GPT-2-small's shape (12 x 768, vocab 50257; segments of 255 tokens).
+//! `--int8-rate MACS_PER_S` also prints the floor: the model's int8 matmul MACs per token
+//! (every token is coded, so the head counts for each; attention's 2 pos d per layer is left
+//! out) at that rate, and each device's measured/floor.
 
 use std::time::Instant;
 
@@ -21,6 +24,7 @@ fn device(name: &str) -> Device {
         "reference" => BackendChoice::Reference,
         "wgpu" => BackendChoice::Wgpu,
         "cuda" => BackendChoice::Cuda,
+        "cuda-emulated" => BackendChoice::CudaEmulated,
         other => panic!("unknown device {other}"),
     };
     select(choice)
@@ -106,5 +110,31 @@ fn main() {
             tokens / dlo,
             kb / dm
         );
+    }
+    if let Some(rate) = flag("--int8-rate") {
+        let rate: f64 = rate.parse().expect("--int8-rate: MACs per second");
+        let macs = model
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.qkv, &b.attn_proj, &b.fc, &b.proj])
+            .chain([&model.wte])
+            .map(|l| (l.rows * l.k) as f64)
+            .sum::<f64>();
+        let floor = macs / rate;
+        println!(
+            "floor: {:.1}M int8 MACs per token at {rate:.3e} MAC/s = {:.0} tokens/s ({:.0} KB/s)",
+            macs / 1e6,
+            1.0 / floor,
+            data.len() as f64 / tokens / floor / 1000.0
+        );
+        for ((name, _), (c, d)) in devices.iter().zip(&mut times) {
+            let (cm, _, _) = median_range(c);
+            let (dm, _, _) = median_range(d);
+            println!(
+                "{name}: measured/floor compress {:.2e}, decompress {:.2e}",
+                tokens / cm * floor,
+                tokens / dm * floor
+            );
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Compile checks of the CUDA kernels without a GPU: every module of kernels/*.cu, exactly
-//! as the CUDA device compiles it at run time (`cuda::kernel_sources`), through NVRTC to PTX
+//! Compile checks of the CUDA kernels without a GPU: every module of kernels/*.cu and
+//! kernels/lm/*.cu, exactly as the CUDA device compiles it at run time (`cuda::kernel_sources`,
+//! `cuda::lm::kernels::kernel_sources`), through NVRTC to PTX
 //! for compute_90, then by `ptxas -v` to sm_90 (H100/H200) machine code. Fails on any error
 //! or warning-free compile that loses a kernel; prints registers and spills per kernel.
 //!
@@ -13,6 +14,7 @@ mod devices;
 use std::path::PathBuf;
 use std::process::Command;
 
+use lockstep::backend::cuda::lm::kernels::kernel_sources as lm_kernel_sources;
 use lockstep::backend::cuda::{kernel_sources, nvrtc::Nvrtc};
 
 struct Tools {
@@ -55,7 +57,7 @@ fn every_kernel_compiles_to_ptx_and_sm90() {
     let (major, minor) = nvrtc.version().unwrap();
     println!("NVRTC {major}.{minor}");
     let dir = tempfile::tempdir().unwrap();
-    for (file, source, kernels) in kernel_sources() {
+    for (file, source, kernels) in kernel_sources().into_iter().chain(lm_kernel_sources()) {
         assert!(
             !source.contains("fast_math") && !source.contains("fast-math"),
             "{file}: fast-math must never shape bytes"
@@ -69,6 +71,7 @@ fn every_kernel_compiles_to_ptx_and_sm90() {
                 "{file}: the PTX lacks kernel {k}"
             );
         }
+        let file = file.replace('/', "_");
         let ptx_path = dir.path().join(format!("{file}.ptx"));
         std::fs::write(&ptx_path, &ptx).unwrap();
         let out = Command::new(&t.ptxas)

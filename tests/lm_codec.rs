@@ -403,6 +403,10 @@ lm_parity!(avx2);
 lm_parity!(avx512);
 // The WGSL kernels (lavapipe here and in CI).
 lm_parity!(wgpu);
+// The CUDA kernels: on a GPU where there is one, and through their host emulation everywhere
+// (the same kernels/lm/*.cu compiled as C: their integer logic, not the GPU).
+lm_parity!(cuda);
+lm_parity!(cuda_emulated);
 
 #[test]
 fn rehashed_but_inconsistent_model_files_are_refused() {

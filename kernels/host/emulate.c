@@ -18,6 +18,14 @@
 #include "../residual.cu"
 #include "../encode.cu"
 #include "../decode.cu"
+#include "../lm/lm.cuh"
+#include "../lm/embed.cu"
+#include "../lm/norm.cu"
+#include "../lm/quantize.cu"
+#include "../lm/matmul.cu"
+#include "../lm/attention.cu"
+#include "../lm/elementwise.cu"
+#include "../lm/freq.cu"
 
 #define LS_EMU_MAX_THREADS 256u
 #define LS_EMU_STACK (128u * 1024u)
@@ -32,6 +40,9 @@ static const struct {
     {ls_residuals, 0}, {ls_symbols, 0}, {ls_histogram, 0}, {ls_enc_lanes, 0},
     {ls_enc_scan, 1},  {ls_enc_tail, 1}, {ls_dec_lanes, 1}, {ls_dec_tail, 1},
 };
+
+typedef void (*ls_lm_kernel_fn)(const LmParams, u32 *, u32 *, u32 *, u32 *, u32 *, u32 *, u32 *,
+                                u32 *);
 
 typedef struct {
     ucontext_t uc;
@@ -50,6 +61,9 @@ static __thread struct {
     u32 **bufs;
     // Ballot bits of the round in progress, and of the round that last ended.
     u32 mask_now, mask_done;
+    // Set while a language-model kernel runs (ls_emu_launch_lm): its signature differs.
+    ls_lm_kernel_fn lm_fn;
+    const LmParams *lm_p;
 } ls_emu;
 
 static void ls_emu_die(const char *why) {
@@ -66,7 +80,11 @@ static void ls_emu_yield(void) {
 static void ls_fiber_main(void) {
     for (;;) {
         u32 **b = ls_emu.bufs;
-        ls_emu.fn(*ls_emu.p, b[0], b[1], b[2], b[3], b[4], b[5]);
+        if (ls_emu.lm_fn) {
+            ls_emu.lm_fn(*ls_emu.lm_p, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+        } else {
+            ls_emu.fn(*ls_emu.p, b[0], b[1], b[2], b[3], b[4], b[5]);
+        }
         ls_emu.cur->done = 1;
         ls_emu_yield();
     }
@@ -169,5 +187,60 @@ int ls_emu_launch(unsigned kernel, unsigned grid, unsigned block, unsigned first
             ls_emu.mask_now = 0u;
         }
     }
+    return 0;
+}
+
+// ---- the integer GPT-2's kernels (kernels/lm/) ----
+
+// In the order of the Rust enum `LmKernel` (src/backend/cuda/lm/kernels.rs).
+static const struct {
+    ls_lm_kernel_fn fn;
+    int syncs;
+} LS_LM_KERNELS[] = {
+    {lm_embed, 0},     {lm_layer_norm, 1},   {lm_quantize, 1}, {lm_matmul, 0},
+    {lm_kv_store, 0},  {lm_attention, 1},    {lm_add_residual, 0}, {lm_gelu, 0},
+    {lm_gather, 0},    {lm_frequencies, 1},
+};
+
+// Run blocks [first, end) of a launch of LM kernel `kernel` (grid x block threads, eight
+// buffers). 0: done; 1: no such kernel; 2: a block size the emulation does not take.
+int ls_emu_launch_lm(unsigned kernel, unsigned grid, unsigned block, unsigned first,
+                     unsigned end, const LmParams *p, u32 **bufs) {
+    if (kernel >= sizeof(LS_LM_KERNELS) / sizeof(LS_LM_KERNELS[0])) { return 1; }
+    if (block == 0u || block > LS_EMU_MAX_THREADS) { return 2; }
+    ls_emu.lm_fn = LS_LM_KERNELS[kernel].fn;
+    ls_emu.lm_p = p;
+    ls_emu.bufs = bufs;
+    ls_emu.fiber_mode = LS_LM_KERNELS[kernel].syncs;
+    if (ls_emu.fiber_mode) { ls_emu_fibers(); }
+    gridDim.x = grid;
+    gridDim.y = gridDim.z = 1u;
+    blockDim.x = block;
+    blockDim.y = blockDim.z = 1u;
+    threadIdx.y = threadIdx.z = 0u;
+    blockIdx.y = blockIdx.z = 0u;
+    for (unsigned b = first; b < end; b++) {
+        blockIdx.x = b;
+        if (!ls_emu.fiber_mode) {
+            for (unsigned t = 0u; t < block; t++) {
+                threadIdx.x = t;
+                ls_emu.lm_fn(*p, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], bufs[5], bufs[6],
+                             bufs[7]);
+            }
+            continue;
+        }
+        for (unsigned t = 0u; t < block; t++) { ls_emu.fibers[t].done = 0; }
+        unsigned live = block;
+        while (live > 0u) {
+            for (unsigned t = 0u; t < block; t++) {
+                if (ls_emu.fibers[t].done) { continue; }
+                threadIdx.x = t;
+                ls_emu_resume(&ls_emu.fibers[t]);
+                if (ls_emu.fibers[t].done) { live--; }
+            }
+        }
+    }
+    // The delta kernels' launches find no LM kernel set.
+    ls_emu.lm_fn = 0;
     return 0;
 }

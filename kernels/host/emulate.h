@@ -50,6 +50,11 @@ static inline unsigned atomicOr(unsigned *a, unsigned v) {
     return __atomic_fetch_or(a, v, __ATOMIC_RELAXED);
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+// Four signed int8 products summed into c, like the device's.
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 32; i += 8) { c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i); }
+    return c;
+}
 // Like the device's: 64 for zero.
 static inline int __clzll(long long v) {
     return v == 0 ? 64 : __builtin_clzll((unsigned long long)v);

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::cpu::lm::CpuLm;
 use super::cpu::{CpuAt, CpuBackend, Isa};
+use super::cuda::lm::CudaLm;
 use super::cuda::CudaBackend;
 use super::lm::LmKernels;
 use super::reference::ReferenceBackend;
@@ -33,10 +34,6 @@ impl Default for Device {
         Device::cpu()
     }
 }
-
-/// Why the CUDA devices have no language-model kernels.
-const NO_CUDA_LM: &str = "the CUDA device has no language-model kernels yet (the text codec \
-                          runs on --backend cpu or wgpu)";
 
 impl Device {
     /// The CPU at the best instruction-set level it runs ([`Isa::detect`]), for both codecs.
@@ -85,11 +82,11 @@ impl Device {
     /// The first CUDA GPU, its kernels compiled by NVRTC for it; "no CUDA driver" and the
     /// like when there is none.
     pub fn cuda() -> Result<Device> {
-        let dev = super::cuda::driver::CudaDriver::open()?;
+        let dev = Arc::new(super::cuda::driver::CudaDriver::open()?);
         Ok(Device {
             name: "cuda".into(),
+            lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
             delta: Ok(Arc::new(CudaBackend::new(dev, "cuda"))),
-            lm: Err(NO_CUDA_LM.into()),
         })
     }
 
@@ -99,11 +96,11 @@ impl Device {
     pub fn cuda_emulated() -> Result<Device> {
         #[cfg(cuda_emulation)]
         {
-            let dev = super::cuda::emulated::HostEmulation::new();
+            let dev = Arc::new(super::cuda::emulated::HostEmulation::new());
             Ok(Device {
                 name: "cuda-emulated".into(),
+                lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
                 delta: Ok(Arc::new(CudaBackend::new(dev, "cuda-emulated"))),
-                lm: Err(NO_CUDA_LM.into()),
             })
         }
         #[cfg(not(cuda_emulation))]
@@ -121,6 +118,14 @@ impl Device {
                 self.name = format!("{}+{}-lm", self.name, other.name);
             }
         }
+        self
+    }
+
+    /// This device's delta kernels with `other`'s language model, whether or not this device
+    /// has one (`auto` on CUDA: the CUDA LM's parity on a GPU is not yet checked).
+    pub fn lm_of(mut self, other: &Device) -> Device {
+        self.lm = other.lm.clone();
+        self.name = format!("{}+{}-lm", self.name, other.name);
         self
     }
 

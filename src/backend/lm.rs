@@ -145,3 +145,39 @@ pub fn query_last(items: &[Item]) -> Result<Vec<Item>> {
         })
         .collect())
 }
+
+/// Fold LayerNorm outputs into a trace's per-channel maxima (as the CPU's trace does): for
+/// devices that read the LayerNorm outputs back.
+pub fn record(acc: &mut [i64], y: &[i64], d: usize) {
+    for row in y.chunks_exact(d) {
+        for (a, &v) in acc.iter_mut().zip(row) {
+            *a = (*a).max(v.abs());
+        }
+    }
+}
+
+/// A query as the GPU frequency kernels read it (shaders/lm/freq.wgsl, kernels/lm/freq.cu): kind (0 symbol, 1 target), its value, the
+/// mixed-in token (u32::MAX: none) and lambda. Out-of-range questions are refused here, as
+/// the CPU's `freq::answer` refuses them.
+pub fn query_words(q: Query, vocab: usize) -> Result<[u32; 4]> {
+    let (kind, value) = match q.find {
+        Find::Symbol(s) if (s as usize) < vocab => (0, s),
+        Find::Symbol(s) => {
+            return Err(crate::Error::Invalid(format!(
+                "symbol {s} beyond the vocabulary"
+            )));
+        }
+        Find::Target(t) if t < 1 << 32 => (1, t as u32),
+        Find::Target(t) => {
+            return Err(crate::Error::Invalid(format!(
+                "target {t} beyond the table's total"
+            )));
+        }
+    };
+    // The mix is a no-op unless 0 < lambda < 2^16 and the token is in the vocabulary.
+    let (x, lambda) = match q.mix {
+        Some((x, l)) if (x as usize) < vocab && l > 0 && l < 1 << 16 => (x, l as u32),
+        _ => (u32::MAX, 0),
+    };
+    Ok([kind, value, x, lambda])
+}

@@ -49,7 +49,8 @@ fn auto() -> Result<(Device, Option<String>)> {
                 "auto: using CUDA on {} for checkpoints, the CPU for the language model",
                 d.describe()
             );
-            return Ok((d.lm_from(&Device::cpu()), Some(note)));
+            // Text stays on the CPU until the CUDA LM's parity has run on a GPU.
+            return Ok((d.lm_of(&Device::cpu()), Some(note)));
         }
         Err(Error::Unsupported(m)) => m,
         Err(other) => other.to_string(),

@@ -201,16 +201,17 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
                 print_json(&json!({
                     "input": input, "output": dest.json(), "input_bytes": data.len(),
                     "output_bytes": packed.len(), "bits_per_byte": bits, "verified": true,
-                    "seconds": secs, "model": model.hash_hex(),
+                    "seconds": secs, "model": model.hash_hex(), "device": lm_device(device),
                 }));
             } else {
                 ui::note(format!(
-                    "{} -> {}: {} -> {} bytes ({bits:.3} bits/byte), verified, {secs:.1}s, model {}",
+                    "{} -> {}: {} -> {} bytes ({bits:.3} bits/byte), verified, {secs:.1}s, model {}, on {}",
                     files::shown(&input),
                     dest.shown(),
                     data.len(),
                     packed.len(),
-                    &model.hash_hex()[..16]
+                    &model.hash_hex()[..16],
+                    lm_device(device)
                 ));
             }
             Ok(())
@@ -242,19 +243,27 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
                 print_json(&json!({
                     "input": input, "output": dest.json(), "input_bytes": data.len(),
                     "output_bytes": plain.len(), "verified": true, "seconds": secs,
-                    "model": model.hash_hex(),
+                    "model": model.hash_hex(), "device": lm_device(device),
                 }));
             } else {
                 ui::note(format!(
-                    "{} -> {}: {} bytes, verified, {secs:.1}s",
+                    "{} -> {}: {} bytes, verified, {secs:.1}s, on {}",
                     files::shown(&input),
                     dest.shown(),
-                    plain.len()
+                    plain.len(),
+                    lm_device(device)
                 ));
             }
             Ok(())
         }
     }
+}
+
+/// The device the language model ran on (or why there is none), for people.
+fn lm_device(device: &Device) -> String {
+    device
+        .lm()
+        .map_or_else(|e| format!("none ({e})"), |k| k.describe())
 }
 
 pub(crate) fn print_json(v: &serde_json::Value) {

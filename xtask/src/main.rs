@@ -10,7 +10,9 @@
 //!   ../shared/data/trajectory-gpt2, else the demo), the wgpu parity tests with `CI=true`
 //!   (no adapter is a failure), the CUDA tests with `LOCKSTEP_REQUIRE=cuda,nvrtc` (parity
 //!   on the GPU), a delta encode on CUDA and on the CPU that must write the same file, and
-//!   the bench table whose wgpu rows then time a real GPU.
+//!   the bench table whose wgpu rows then time a real GPU; then the language model on CUDA
+//!   (its parity ran with the CUDA tests): tokens/s and KB/s for the shipped tinygpt2 and
+//!   a GPT-2-small-shaped random model, with the int8 floor and measured/floor.
 //!   Logs go to `$OUT` when set. Each step runs even if one before failed; the exit status
 //!   says whether all passed.
 //! - `bench delta [DIR] [--zipnn] [--rounds N]`: the speed and ratio table of
@@ -660,6 +662,42 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         ],
         &[],
     );
+    // The language model on CUDA: its parity (lm_codec's cuda tests) ran in cuda-tests;
+    // here its throughput, the shipped model beside the CPU, GPT-2-small's shape alone (the
+    // CPU would take minutes). The floor assumes the H200's dense int8 tensor-core rate,
+    // 1979 TOPS = 989.5e12 MAC/s (the kernels use __dp4a today, so they cannot reach it).
+    for (name, file, extra) in [
+        (
+            "lm-speed-tinygpt2",
+            "benches/text/prose-genesis.txt",
+            "cuda,cpu",
+        ),
+        (
+            "lm-speed-gpt2-small",
+            "benches/text/code-forward.rs",
+            "cuda",
+        ),
+    ] {
+        let mut args = vec![
+            "run",
+            "--release",
+            "--quiet",
+            "--example",
+            "lm_devices",
+            "--",
+            file,
+            "--rounds",
+            "2",
+            "--devices",
+            extra,
+            "--int8-rate",
+            "989.5e12",
+        ];
+        if name.ends_with("gpt2-small") {
+            args.push("--gpt2-small");
+        }
+        step(name, "cargo", &args, &[]);
+    }
     if failed.is_empty() {
         Ok(())
     } else {

@@ -9,6 +9,7 @@ use cudarc::driver::{
 };
 
 use super::launch::{Kernel, Launcher};
+use super::lm::kernels::{LmKernel, LmParams};
 use super::nvrtc::Nvrtc;
 use crate::backend::wgpu::params::Params;
 use crate::{Error, Result};
@@ -17,6 +18,9 @@ use crate::{Error, Result};
 pub struct CudaDriver {
     stream: Arc<CudaStream>,
     functions: Vec<CudaFunction>,
+    /// The language model's kernels, compiled on first use (a delta-only run never does).
+    lm: std::sync::OnceLock<std::result::Result<Vec<CudaFunction>, String>>,
+    arch: String,
     describe: String,
 }
 
@@ -78,8 +82,40 @@ impl CudaDriver {
         Ok(CudaDriver {
             stream: ctx.default_stream(),
             functions,
+            lm: std::sync::OnceLock::new(),
+            arch,
             describe: format!("{name} (CUDA, sm_{major}{minor})"),
         })
+    }
+}
+
+impl CudaDriver {
+    fn lm_functions(&self) -> Result<&[CudaFunction]> {
+        self.lm
+            .get_or_init(|| {
+                let nvrtc = Nvrtc::open(None).map_err(|e| e.to_string())?;
+                let ctx = self.stream.context();
+                let mut modules = Vec::new();
+                for (file, source, _) in super::lm::kernels::kernel_sources() {
+                    let ptx = nvrtc
+                        .compile(file, &source, &self.arch)
+                        .map_err(|e| e.to_string())?;
+                    let m = ctx
+                        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                        .map_err(|e| format!("CUDA module load: {e:?}"))?;
+                    modules.push((file, m));
+                }
+                LmKernel::ALL
+                    .iter()
+                    .map(|k| {
+                        let m = &modules.iter().find(|(f, _)| *f == k.module()).unwrap().1;
+                        m.load_function(k.symbol())
+                            .map_err(|e| format!("CUDA kernel lookup: {e:?}"))
+                    })
+                    .collect()
+            })
+            .as_deref()
+            .map_err(|e| Error::Unsupported(e.clone()))
     }
 }
 
@@ -141,6 +177,34 @@ impl Launcher for CudaDriver {
             shared_mem_bytes: 0,
         };
         // SAFETY: every kernel takes (Params, six u32 pointers), sized by the host code.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(driver_err(kernel.symbol()))
+    }
+
+    fn launch_lm(
+        &self,
+        kernel: LmKernel,
+        grid: u32,
+        p: &LmParams,
+        bufs: [&CudaSlice<u32>; 8],
+    ) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        let words = p.words();
+        let f = &self.lm_functions()?[kernel as usize];
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&words);
+        for buf in bufs {
+            b.arg(buf);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (kernel.block(), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every LM kernel takes (LmParams, eight u32 pointers), sized by the host code.
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(driver_err(kernel.symbol()))

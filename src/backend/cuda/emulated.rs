@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use rayon::prelude::*;
 
 use super::launch::{Kernel, Launcher};
+use super::lm::kernels::{LmKernel, LmParams};
 use crate::backend::wgpu::params::Params;
 use crate::format::chunk::{CHUNK_ELEMS, LANES};
 use crate::{Error, Result};
@@ -15,6 +16,15 @@ use crate::{Error, Result};
 extern "C" {
     fn ls_emu_init(chunk: u32, groups: u32);
     fn ls_emu_launch(
+        kernel: u32,
+        grid: u32,
+        block: u32,
+        first: u32,
+        end: u32,
+        p: *const u32,
+        bufs: *const *mut u32,
+    ) -> i32;
+    fn ls_emu_launch_lm(
         kernel: u32,
         grid: u32,
         block: u32,
@@ -49,10 +59,28 @@ impl HostEmulation {
 }
 
 /// Raw buffer pointers, shared by the threads that run a launch's blocks.
-struct Ptrs([*mut u32; 6]);
+struct Ptrs<const N: usize>([*mut u32; N]);
 // SAFETY: the kernels write these buffers only through atomics or at indices no other thread
 // of the launch touches, exactly as on a GPU.
-unsafe impl Sync for Ptrs {}
+unsafe impl<const N: usize> Sync for Ptrs<N> {}
+
+/// Run a launch's blocks in ranges on the rayon pool through `run(first, end)` (the C entry
+/// point's return code, 0 for done): a few ranges per thread, since blocks differ in cost.
+fn run_blocks(grid: u32, symbol: &str, run: impl Fn(u32, u32) -> i32 + Sync) -> Result<()> {
+    let per = grid
+        .div_ceil(rayon::current_num_threads() as u32 * 4)
+        .max(1);
+    let failed = (0..grid.div_ceil(per))
+        .into_par_iter()
+        .map(|r| run(r * per, ((r + 1) * per).min(grid)))
+        .find_any(|&rc| rc != 0);
+    match failed {
+        None => Ok(()),
+        Some(rc) => Err(Error::Invalid(format!(
+            "CUDA emulation refused {symbol} (code {rc})"
+        ))),
+    }
+}
 
 impl Launcher for HostEmulation {
     type Buf = HostBuf;
@@ -128,5 +156,34 @@ impl Launcher for HostEmulation {
                 kernel.symbol()
             ))),
         }
+    }
+
+    fn launch_lm(
+        &self,
+        kernel: LmKernel,
+        grid: u32,
+        p: &LmParams,
+        bufs: [&HostBuf; 8],
+    ) -> Result<()> {
+        let words = p.words();
+        let ptrs = Ptrs(bufs.map(|b| b.0.as_ptr() as *mut u32));
+        let block = kernel.block();
+        run_blocks(grid, kernel.symbol(), |first, end| {
+            let ptrs = &ptrs;
+            // SAFETY: the parameter block is the kernels' LmParams (32 words); the buffers
+            // live until this call returns and are as large as the host code sized them for
+            // the kernel (the same sizes the GPU gets).
+            unsafe {
+                ls_emu_launch_lm(
+                    kernel as u32,
+                    grid,
+                    block,
+                    first,
+                    end,
+                    words.as_ptr(),
+                    ptrs.0.as_ptr(),
+                )
+            }
+        })
     }
 }

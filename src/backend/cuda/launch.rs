@@ -2,6 +2,7 @@
 //! launches. Two implementations: the real GPU through cudarc (`driver.rs`) and the host
 //! emulation of the same kernel sources (`emulated.rs`), so one host code drives both.
 
+use super::lm::kernels::{LmKernel, LmParams};
 use crate::backend::wgpu::params::Params;
 use crate::Result;
 
@@ -82,4 +83,45 @@ pub trait Launcher: Send + Sync + 'static {
     fn read(&self, buf: &Self::Buf, words: usize) -> Result<Vec<u32>>;
     /// Launch `kernel` on `grid` blocks of `kernel.block()` threads.
     fn launch(&self, kernel: Kernel, grid: u32, p: &Params, bufs: [&Self::Buf; 6]) -> Result<()>;
+    /// Launch language-model kernel `kernel` (kernels/lm/) on `grid` blocks of
+    /// `kernel.block()` threads.
+    fn launch_lm(
+        &self,
+        kernel: LmKernel,
+        grid: u32,
+        p: &LmParams,
+        bufs: [&Self::Buf; 8],
+    ) -> Result<()>;
+}
+
+/// A shared device: the delta codec's backend and the language model hold one each.
+impl<L: Launcher> Launcher for std::sync::Arc<L> {
+    type Buf = L::Buf;
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn upload(&self, words: &[u32]) -> Result<Self::Buf> {
+        (**self).upload(words)
+    }
+    fn zeroed(&self, words: usize) -> Result<Self::Buf> {
+        (**self).zeroed(words)
+    }
+    fn write(&self, buf: &mut Self::Buf, at: usize, words: &[u32]) -> Result<()> {
+        (**self).write(buf, at, words)
+    }
+    fn read(&self, buf: &Self::Buf, words: usize) -> Result<Vec<u32>> {
+        (**self).read(buf, words)
+    }
+    fn launch(&self, kernel: Kernel, grid: u32, p: &Params, bufs: [&Self::Buf; 6]) -> Result<()> {
+        (**self).launch(kernel, grid, p, bufs)
+    }
+    fn launch_lm(
+        &self,
+        kernel: LmKernel,
+        grid: u32,
+        p: &LmParams,
+        bufs: [&Self::Buf; 8],
+    ) -> Result<()> {
+        (**self).launch_lm(kernel, grid, p, bufs)
+    }
 }

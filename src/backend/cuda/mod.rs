@@ -18,6 +18,7 @@ pub mod driver;
 pub mod emulated;
 mod encode;
 pub mod launch;
+pub mod lm;
 pub mod nvrtc;
 
 use super::wgpu::params::Params;

@@ -65,7 +65,8 @@ impl Nvrtc {
     }
 
     /// Compile `source` (named `name` in messages) to PTX for `arch` (e.g. "compute_90").
-    /// Integer kernels, and no fast-math: nothing here may change a result.
+    /// Integer kernels, and no fast-math: nothing here may change a result. 128-bit integers
+    /// are on (`--device-int128`): the LM's kernels use them where the spec does.
     pub fn compile(&self, name: &str, source: &str, arch: &str) -> Result<String> {
         type Create = unsafe extern "C" fn(
             *mut Prog,
@@ -88,10 +89,14 @@ impl Nvrtc {
         let destroy: Destroy = self.sym(b"nvrtcDestroyProgram\0")?;
         let src = CString::new(source).map_err(|_| Error::Invalid("NUL in a kernel".into()))?;
         let cname = CString::new(name).map_err(|_| Error::Invalid("NUL in a name".into()))?;
-        let opts: Vec<CString> = [format!("--gpu-architecture={arch}"), "--fmad=false".into()]
-            .into_iter()
-            .map(|o| CString::new(o).unwrap())
-            .collect();
+        let opts: Vec<CString> = [
+            format!("--gpu-architecture={arch}"),
+            "--fmad=false".into(),
+            "--device-int128".into(),
+        ]
+        .into_iter()
+        .map(|o| CString::new(o).unwrap())
+        .collect();
         let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
         let mut prog: Prog = std::ptr::null_mut();
         // SAFETY: NVRTC's documented signatures; every buffer is sized by NVRTC's answer.

@@ -9,7 +9,9 @@ mod kernels;
 use std::sync::{Arc, OnceLock};
 
 use super::gpu::Gpu;
-use crate::backend::lm::{query_last, Coded, Find, Item, LmKernels, LmSession, Query, Trace};
+use crate::backend::lm::{
+    query_last, query_words, record, Coded, Item, LmKernels, LmSession, Trace,
+};
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
 use kernels::{dispatch, row_grid, Kernels};
@@ -608,39 +610,6 @@ fn i64s(bytes: &[u8]) -> Vec<i64> {
         .collect()
 }
 
-/// Fold LayerNorm outputs into a trace's per-channel maxima (as the CPU's trace does).
-fn record(acc: &mut [i64], y: &[i64], d: usize) {
-    for row in y.chunks_exact(d) {
-        for (a, &v) in acc.iter_mut().zip(row) {
-            *a = (*a).max(v.abs());
-        }
-    }
-}
-
-/// A query as the frequency shader reads it: kind (0 symbol, 1 target), its value, the
-/// mixed-in token (u32::MAX: none) and lambda. Out-of-range questions are refused here, as
-/// the CPU's `freq::answer` refuses them.
-fn query_words(q: Query, vocab: usize) -> Result<[u32; 4]> {
-    let (kind, value) = match q.find {
-        Find::Symbol(s) if (s as usize) < vocab => (0, s),
-        Find::Symbol(s) => {
-            return Err(Error::Invalid(format!("symbol {s} beyond the vocabulary")));
-        }
-        Find::Target(t) if t < 1 << 32 => (1, t as u32),
-        Find::Target(t) => {
-            return Err(Error::Invalid(format!(
-                "target {t} beyond the table's total"
-            )));
-        }
-    };
-    // The mix is a no-op unless 0 < lambda < 2^16 and the token is in the vocabulary.
-    let (x, lambda) = match q.mix {
-        Some((x, l)) if (x as usize) < vocab && l > 0 && l < 1 << 16 => (x, l as u32),
-        _ => (u32::MAX, 0),
-    };
-    Ok([kind, value, x, lambda])
-}
-
 impl LmSession for WgpuSession<'_> {
     fn clear(&mut self, seq: usize) -> Result<()> {
         // The cache's old values are overwritten before any position reads them.
@@ -671,6 +640,7 @@ impl LmSession for WgpuSession<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::lm::{Find, Query};
 
     /// `dot4I8Packed` and the scalar `dot4` give the same integers (the trace of the shipped
     /// model on a batch, both against the CPU's portable reference). Skips without an adapter.

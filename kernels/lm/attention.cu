@@ -1,0 +1,80 @@
+// Causal attention with the KV cache on the device (docs/INTEGER_GPT2.md §4). `lm_kv_store`
+// writes every item's key and value at its (sequence, position) first, so an item sees the
+// earlier items of its own sequence in the same batch; `lm_attention` runs one block per
+// (item, head). Mirrors cpu/lm/attention.rs.
+
+// b1 qkv (n x 3d i32, Q10), b2 items (sequence, position, token, unused), b3 this layer's
+// key cache, b4 its value cache (sequence x ctx x d i32). p: n, d, ctx. One thread per
+// (item, channel).
+LS_KERNEL lm_kv_store(LM_ARGS) {
+    u64 at = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (at >= (u64)p.n * p.d) { return; }
+    u32 t = (u32)(at / p.d);
+    u32 i = (u32)(at % p.d);
+    u64 to = ((u64)b2[4u * t] * p.ctx + b2[4u * t + 1u]) * p.d + i;
+    b3[to] = b1[(u64)t * 3u * p.d + p.d + i];
+    b4[to] = b1[(u64)t * 3u * p.d + 2u * p.d + i];
+}
+
+#define ATT_THREADS 64u
+__shared__ i64 att_red[ATT_THREADS];
+
+// b1 qkv, b2 items, b3 exp24 (u32), b4 key cache, b5 value cache, b6 scratch (per (item of
+// this launch, head): span i64 scores, then the weights), b7 out (n x d i64).
+// p: d, hd, ctx, heads, exp_len, attn_m, first, span. Block b: item first + b / heads,
+// head b % heads.
+LS_KERNEL lm_attention(LM_ARGS) {
+    u32 l = threadIdx.x;
+    u32 local = blockIdx.x / p.heads;
+    u32 head = blockIdx.x % p.heads;
+    u32 t = p.first + local;
+    u32 len = b2[4u * t + 1u] + 1u;
+    u32 off = head * p.hd;
+    const int *q = (const int *)b1 + (u64)t * 3u * p.d + off;
+    const int *kc = (const int *)b4 + (u64)b2[4u * t] * p.ctx * p.d + off;
+    const int *vc = (const int *)b5 + (u64)b2[4u * t] * p.ctx * p.d + off;
+    u64 sb = ((u64)local * p.heads + head) * p.span;
+    i64 attn_m = (i64)((u64)p.attn_m_lo | ((u64)p.attn_m_hi << 32));
+    // scores: round_shift(q . k * attn_m, 52); |q|, |k| <= 2^20, so q . k fits an i64
+    i64 mx = (i64)(1ull << 63);
+    for (u32 s = l; s < len; s += ATT_THREADS) {
+        i64 dot = 0;
+        for (u32 c = 0u; c < p.hd; c++) { dot += (i64)q[c] * kc[(u64)s * p.d + c]; }
+        i64 sc = (i64)round_shift((i128)dot * attn_m, 52);
+        st64(b6, sb + s, sc);
+        if (sc > mx) { mx = sc; }
+    }
+    att_red[l] = mx;
+    __syncthreads();
+    for (u32 o = ATT_THREADS / 2u; o > 0u; o /= 2u) {
+        if (l < o && att_red[l + o] > att_red[l]) { att_red[l] = att_red[l + o]; }
+        __syncthreads();
+    }
+    mx = att_red[0];
+    __syncthreads();
+    // weights: EXP24[gap], 0 past the table; their sum
+    i64 total = 0;
+    for (u32 s = l; s < len; s += ATT_THREADS) {
+        u64 gap = (u64)(mx - ld64(b6, sb + s));
+        i64 w = gap < p.exp_len ? (i64)b3[gap] : 0;
+        st64(b6, sb + s, w);
+        total += w;
+    }
+    att_red[l] = total;
+    __syncthreads();
+    for (u32 o = ATT_THREADS / 2u; o > 0u; o /= 2u) {
+        if (l < o) { att_red[l] += att_red[l + o]; }
+        __syncthreads();
+    }
+    // the maximum weighs 2^24, so the total is positive
+    Recip rc = recip((i128)att_red[0]);
+    for (u32 c = l; c < p.hd; c += ATT_THREADS) {
+        i64 acc = 0;
+        for (u32 s = 0u; s < len; s++) {
+            i64 w = ld64(b6, sb + s);
+            if (w != 0) { acc += w * vc[(u64)s * p.d + c]; }
+        }
+        // |acc| <= 2^57, r <= 2^30
+        st64(b7, (u64)t * p.d + off + c, (i64)div_recip((i128)acc, rc));
+    }
+}

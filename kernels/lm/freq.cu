@@ -1,0 +1,150 @@
+// Logits (Q8) -> frequency table of total 2^32 -> the query's answer (docs/INTEGER_GPT2.md
+// §5, §10), one block of 256 threads per queried item; the table stays on the device.
+// Mirrors cpu/lm/freq.rs: w_j = EXP40[L - l_j] (0 past the table), f_j = 1 + floor(w_j R / W)
+// with R = 2^32 - V, the remainder to the largest logit (lowest id on ties), then the match
+// mix. Every frequency and every prefix sum below the total fits a u32 (the table sums to
+// 2^32 and each entry is at least 1), so u32 sums that wrap at 2^32 are exact.
+
+#define FREQ_THREADS 256u
+__shared__ int freq_best_v[FREQ_THREADS];
+__shared__ u32 freq_best_i[FREQ_THREADS];
+__shared__ u64 freq_red64[FREQ_THREADS];
+__shared__ u32 freq_red32[FREQ_THREADS];
+
+// Block-wide sum of u32s (wrapping). Call from uniform control flow.
+LS_FN u32 freq_sum32(u32 l, u32 v) {
+    freq_red32[l] = v;
+    __syncthreads();
+    for (u32 o = FREQ_THREADS / 2u; o > 0u; o /= 2u) {
+        if (l < o) { freq_red32[l] += freq_red32[l + o]; }
+        __syncthreads();
+    }
+    u32 s = freq_red32[0];
+    __syncthreads();
+    return s;
+}
+
+// b1 logits (n x rows i32), b2 exp40 (u64), b3 queries (per row: kind 0 symbol / 1 target,
+// its value, the mixed-in token (0xffffffff: none), lambda), b4 by_gap (n x exp_len u32),
+// b5 freqs (n x rows u32), b6 answers (per row: symbol, cum, freq, 0). p: n, rows (the
+// vocabulary), exp_len.
+LS_KERNEL lm_frequencies(LM_ARGS) {
+    u32 row = blockIdx.x;
+    u32 l = threadIdx.x;
+    u32 v = p.rows;
+    const int *logits = (const int *)b1 + (u64)row * v;
+    u32 *by_gap = b4 + (u64)row * p.exp_len;
+    u32 *f = b5 + (u64)row * v;
+    // L = max logit, arg = its lowest id
+    int bv = (int)0x80000000u;
+    u32 bi = 0xffffffffu;
+    for (u32 j = l; j < v; j += FREQ_THREADS) {
+        if (logits[j] > bv) {
+            bv = logits[j];
+            bi = j;
+        }
+    }
+    freq_best_v[l] = bv;
+    freq_best_i[l] = bi;
+    __syncthreads();
+    for (u32 o = FREQ_THREADS / 2u; o > 0u; o /= 2u) {
+        if (l < o) {
+            int ov = freq_best_v[l + o];
+            u32 oi = freq_best_i[l + o];
+            if (ov > freq_best_v[l] || (ov == freq_best_v[l] && oi < freq_best_i[l])) {
+                freq_best_v[l] = ov;
+                freq_best_i[l] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    int top = freq_best_v[0];
+    u32 arg = freq_best_i[0];
+    // W = sum of the weights (< 2^56)
+    u64 wsum = 0u;
+    for (u32 j = l; j < v; j += FREQ_THREADS) {
+        u32 gap = (u32)top - (u32)logits[j];
+        if (gap < p.exp_len) { wsum += (u64)ld64(b2, gap); }
+    }
+    freq_red64[l] = wsum;
+    __syncthreads();
+    for (u32 o = FREQ_THREADS / 2u; o > 0u; o /= 2u) {
+        if (l < o) { freq_red64[l] += freq_red64[l + o]; }
+        __syncthreads();
+    }
+    u64 total_w = freq_red64[0];
+    // f by gap: each distinct gap divided once
+    u64 r = (1ull << 32) - v;
+    for (u32 g = l; g < p.exp_len; g += FREQ_THREADS) {
+        by_gap[g] = 1u + (u32)((u128)(u64)ld64(b2, g) * r / total_w);
+    }
+    __syncthreads();
+    u32 s = 0u;
+    for (u32 j = l; j < v; j += FREQ_THREADS) {
+        u32 gap = (u32)top - (u32)logits[j];
+        u32 fj = gap < p.exp_len ? by_gap[gap] : 1u;
+        f[j] = fj;
+        s += fj;
+    }
+    u32 rest = 0u - freq_sum32(l, s);
+    // the match mix: every other token gives up lambda / 2^16 of its frequency (keeping 1)
+    const u32 *qr = b3 + 4u * row;
+    u32 x = qr[2];
+    u32 lambda = qr[3];
+    int mixing = x < v && lambda != 0u && lambda < 65536u;
+    u32 others = 0u;
+    for (u32 j = l; j < v; j += FREQ_THREADS) {
+        u32 fj = f[j];
+        if (j == arg) { fj += rest; }
+        if (mixing && j != x) {
+            u32 take = (u32)(((u64)fj * lambda) >> 16);
+            fj = fj - take > 1u ? fj - take : 1u;
+            others += fj;
+        }
+        f[j] = fj;
+    }
+    u32 others_total = freq_sum32(l, others);
+    if (mixing && l == 0u) { f[x] = 0u - others_total; }
+    __syncthreads();
+    // the answer: prefix sums over 256 contiguous blocks, then a scan inside one block
+    u32 per = (v + FREQ_THREADS - 1u) / FREQ_THREADS;
+    u32 j0 = l * per < v ? l * per : v;
+    u32 j1 = j0 + per < v ? j0 + per : v;
+    u32 bsum = 0u;
+    for (u32 j = j0; j < j1; j++) { bsum += f[j]; }
+    freq_red32[l] = bsum;
+    __syncthreads();
+    for (u32 o = 1u; o < FREQ_THREADS; o *= 2u) {
+        u32 acc = freq_red32[l];
+        if (l >= o) { acc += freq_red32[l - o]; }
+        __syncthreads();
+        freq_red32[l] = acc;
+        __syncthreads();
+    }
+    u32 pre = freq_red32[l] - bsum;
+    u32 *out = b6 + 4u * row;
+    if (qr[0] == 0u) {
+        u32 sym = qr[1];
+        if (sym >= j0 && sym < j1) {
+            u32 cum = pre;
+            for (u32 j = j0; j < sym; j++) { cum += f[j]; }
+            out[0] = sym;
+            out[1] = cum;
+            out[2] = f[sym];
+        }
+    } else {
+        u32 goal = qr[1];
+        if (goal >= pre && goal - pre < bsum) {
+            u32 cum = pre;
+            for (u32 j = j0; j < j1; j++) {
+                if (goal - cum < f[j]) {
+                    out[0] = j;
+                    out[1] = cum;
+                    out[2] = f[j];
+                    break;
+                }
+                cum += f[j];
+            }
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! The integer GPT-2 on the CUDA device (docs/BACKENDS.md, "Language model"): every stage of
+//! docs/INTEGER_GPT2.md §4–§5 and the match mix of §10 as CUDA kernels (kernels/lm/), giving
+//! the CPU reference's integers. Written once against [`Launcher`], so the host emulation
+//! (CI) and a real GPU run every line here. Weights are uploaded once in `load`, each layer's
+//! KV cache lives on the device, and per queried position only three integers come back
+//! ([`Coded`]): the frequency table is built, mixed and searched where the logits are.
+
+pub mod kernels;
+
+use std::sync::Arc;
+
+use super::launch::Launcher;
+use crate::backend::lm::{
+    query_last, query_words, record, Coded, Item, LmKernels, LmSession, Trace,
+};
+use crate::format::lm::model_file::*;
+use crate::{Error, Result};
+use kernels::{LmKernel, LmParams};
+
+/// The language model's kernels on a CUDA device (shared with its delta codec's backend).
+pub struct CudaLm<L: Launcher> {
+    dev: Arc<L>,
+}
+
+impl<L: Launcher> CudaLm<L> {
+    pub fn new(dev: Arc<L>) -> Self {
+        CudaLm { dev }
+    }
+}
+
+impl<L: Launcher> LmKernels for CudaLm<L> {
+    fn describe(&self) -> String {
+        format!("{}, __dp4a int8 matmul", self.dev.describe())
+    }
+
+    fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>> {
+        Ok(Box::new(CudaSession::new(
+            self.dev.clone(),
+            model,
+            sequences,
+        )?))
+    }
+}
+
+/// An int8 matrix as the matmul reads it: word c of row j (four int8, zero padded) at
+/// `c * rows + j`, and per row (m16, e16, bias, 0).
+struct Matrix<B> {
+    w: B,
+    rowinfo: B,
+    rows: usize,
+    k4: usize,
+}
+
+struct Norm<B> {
+    gamma: B,
+    beta: B,
+}
+
+struct BlockBufs<B> {
+    ln1: Norm<B>,
+    qkv: Matrix<B>,
+    attn_proj: Matrix<B>,
+    ln2: Norm<B>,
+    fc: Matrix<B>,
+    proj: Matrix<B>,
+}
+
+fn i64_words(v: impl IntoIterator<Item = i64>) -> Vec<u32> {
+    v.into_iter()
+        .flat_map(|x| [x as u32, (x >> 32) as u32])
+        .collect()
+}
+
+/// Rows of `k` int8 as rows of `k.div_ceil(4)` words, zero padded.
+fn packed_rows(w: &[i8], rows: usize, k: usize) -> Vec<u32> {
+    let k4 = k.div_ceil(4);
+    let mut out = vec![0u32; rows * k4];
+    for (dst, src) in out.chunks_exact_mut(k4).zip(w.chunks_exact(k)) {
+        for (i, &b) in src.iter().enumerate() {
+            dst[i / 4] |= (b as u8 as u32) << (8 * (i % 4));
+        }
+    }
+    out
+}
+
+fn matrix<L: Launcher>(dev: &L, lin: &Linear, with_bias: bool) -> Result<Matrix<L::Buf>> {
+    let k4 = lin.k.div_ceil(4);
+    let rows = packed_rows(&lin.w, lin.rows, lin.k);
+    let mut cols = vec![0u32; rows.len()];
+    for (j, row) in rows.chunks_exact(k4).enumerate() {
+        for (c, &word) in row.iter().enumerate() {
+            cols[c * lin.rows + j] = word;
+        }
+    }
+    let mut info = Vec::with_capacity(lin.rows * 4);
+    for j in 0..lin.rows {
+        let (m16, e16) = lin.m16(j);
+        let bias = if with_bias { lin.bias[j] } else { 0 };
+        info.extend([m16 as u32, e16 as u32, bias as u32, 0]);
+    }
+    Ok(Matrix {
+        w: dev.upload(&cols)?,
+        rowinfo: dev.upload(&info)?,
+        rows: lin.rows,
+        k4,
+    })
+}
+
+fn norm<L: Launcher>(dev: &L, ln: &LayerNorm) -> Result<Norm<L::Buf>> {
+    Ok(Norm {
+        gamma: dev.upload(bytemuck::cast_slice(&ln.gamma))?,
+        beta: dev.upload(&i64_words(ln.beta.iter().copied()))?,
+    })
+}
+
+/// The model resident on the device, one KV cache per sequence.
+struct CudaSession<'m, L: Launcher> {
+    dev: Arc<L>,
+    model: &'m Model,
+    /// The head (the matmul's layout) and the embedding rows (token-major) of the same wte.
+    wte: Matrix<L::Buf>,
+    wte_rows: L::Buf,
+    /// Per token: the embedding's full row scale (m, e).
+    wte_scale: L::Buf,
+    wpe: L::Buf,
+    blocks: Vec<BlockBufs<L::Buf>>,
+    ln_f: Norm<L::Buf>,
+    gelu: L::Buf,
+    exp24: L::Buf,
+    exp40: L::Buf,
+    /// Per layer: keys and values, sequence x n_ctx x n_embd i32.
+    kv: Vec<(L::Buf, L::Buf)>,
+    lens: Vec<usize>,
+}
+
+/// What a run brings back besides the answers.
+#[derive(Default)]
+struct Readback {
+    ln1: Vec<Vec<i64>>,
+    ln2: Vec<Vec<i64>>,
+    resid: Vec<Vec<i32>>,
+    logits: Vec<i32>,
+    freqs: Vec<Vec<u64>>,
+}
+
+/// Queried rows per head launch: bounds the logits and frequency buffers (rows x vocab).
+const HEAD_ROWS: usize = 256;
+/// Bytes of attention scores per launch: items are grouped to stay below it.
+const SCRATCH_BYTES: usize = 64 << 20;
+
+impl<'m, L: Launcher> CudaSession<'m, L> {
+    fn new(dev: Arc<L>, model: &'m Model, sequences: usize) -> Result<CudaSession<'m, L>> {
+        let c = &model.config;
+        let (d, ctx) = (c.n_embd as usize, c.n_ctx as usize);
+        if c.vocab > 1 << 16 {
+            return Err(Error::Unsupported(format!(
+                "the CUDA language model takes vocabularies up to 65536 (this model: {})",
+                c.vocab
+            )));
+        }
+        let g = &*dev;
+        let scale: Vec<u32> = (0..model.wte.rows)
+            .flat_map(|t| [model.wte.m[t] as u32, model.wte.e[t] as u32])
+            .collect();
+        let kv_words = sequences.max(1) * ctx * d;
+        let mut kv = Vec::new();
+        for _ in 0..model.blocks.len() {
+            kv.push((g.zeroed(kv_words)?, g.zeroed(kv_words)?));
+        }
+        let blocks = model
+            .blocks
+            .iter()
+            .map(|b| {
+                Ok(BlockBufs {
+                    ln1: norm(g, &b.ln1)?,
+                    qkv: matrix(g, &b.qkv, true)?,
+                    attn_proj: matrix(g, &b.attn_proj, true)?,
+                    ln2: norm(g, &b.ln2)?,
+                    fc: matrix(g, &b.fc, true)?,
+                    proj: matrix(g, &b.proj, true)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let t = &model.tables;
+        let exp24: Vec<u32> = t.exp24.iter().map(|&v| v as u32).collect();
+        Ok(CudaSession {
+            wte: matrix(g, &model.wte, false)?,
+            wte_rows: g.upload(&packed_rows(&model.wte.w, model.wte.rows, model.wte.k))?,
+            wte_scale: g.upload(&scale)?,
+            wpe: g.upload(bytemuck::cast_slice(&model.wpe))?,
+            blocks,
+            ln_f: norm(g, &model.ln_f)?,
+            gelu: g.upload(bytemuck::cast_slice(&t.gelu))?,
+            exp24: g.upload(&exp24)?,
+            exp40: g.upload(&i64_words(t.exp40.iter().map(|&v| v as i64)))?,
+            kv,
+            lens: vec![0; sequences],
+            dev,
+            model,
+        })
+    }
+
+    fn run(
+        &mut self,
+        items: &[Item],
+        trace: Option<&mut Trace>,
+        want_table: bool,
+    ) -> Result<(Vec<Coded>, Option<Vec<u64>>)> {
+        let cfg = &self.model.config;
+        let (d, ctx, v) = (cfg.n_embd as usize, cfg.n_ctx as usize, cfg.vocab as usize);
+        // Positions, checked before anything runs (the caches move only on success).
+        let mut next = self.lens.clone();
+        let mut words = Vec::with_capacity(items.len() * 4);
+        let mut queries = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let p = next
+                .get_mut(it.seq)
+                .ok_or_else(|| Error::Invalid(format!("no sequence {} in this session", it.seq)))?;
+            if *p >= ctx {
+                return Err(Error::Invalid(format!(
+                    "forward: position {} beyond context {ctx}",
+                    *p
+                )));
+            }
+            if it.token >= cfg.vocab {
+                return Err(Error::Invalid(format!(
+                    "forward: token {} beyond vocab",
+                    it.token
+                )));
+            }
+            words.extend([it.seq as u32, *p as u32, it.token, 0]);
+            *p += 1;
+            if let Some(q) = it.query {
+                queries.push((i, query_words(q, v)?));
+            }
+        }
+        if items.is_empty() {
+            return Ok((Vec::new(), None));
+        }
+        let traced = trace.is_some();
+        let (coded, rb, table) = self.forward(&words, &queries, traced, want_table)?;
+        self.lens = next;
+        if let Some(t) = trace {
+            let nl = self.model.blocks.len();
+            if t.ln1.len() != nl || t.ln2.len() != nl {
+                *t = Trace {
+                    ln1: vec![vec![0; d]; nl],
+                    ln2: vec![vec![0; d]; nl],
+                    ..std::mem::take(t)
+                };
+            }
+            for (acc, y) in t.ln1.iter_mut().zip(&rb.ln1) {
+                record(acc, y, d);
+            }
+            for (acc, y) in t.ln2.iter_mut().zip(&rb.ln2) {
+                record(acc, y, d);
+            }
+            t.resid = rb.resid;
+            t.logits = rb.logits;
+            t.freqs = rb.freqs;
+        }
+        Ok((coded, table))
+    }
+
+    /// Launch one step; returns the answers, the traced integers (when `traced`) and the last
+    /// query's table (when `want_table`).
+    fn forward(
+        &self,
+        items: &[u32],
+        queries: &[(usize, [u32; 4])],
+        traced: bool,
+        want_table: bool,
+    ) -> Result<(Vec<Coded>, Readback, Option<Vec<u64>>)> {
+        let g = &*self.dev;
+        let m = self.model;
+        let cfg = &m.config;
+        let (d, ctx, v) = (cfg.n_embd as usize, cfg.n_ctx as usize, cfg.vocab as usize);
+        let heads = cfg.n_head as usize;
+        let hd = m.head_dim();
+        let n = items.len() / 4;
+        let item_buf = g.upload(items)?;
+        let h = g.zeroed(n * d)?;
+        let y = g.zeroed(n * d * 2)?;
+        // The widest quantized row is the MLP's 4d int8: d words.
+        let xq = g.zeroed(n * d)?;
+        let sc = g.zeroed(n * 2)?;
+        let qkv = g.zeroed(n * 3 * d)?;
+        let o = g.zeroed(n * d * 2)?;
+        let a = g.zeroed(n * d)?;
+        let f = g.zeroed(n * 4 * d)?;
+        let gq = g.zeroed(n * 4 * d * 2)?;
+        let dummy = g.zeroed(4)?;
+        // Attention scores: items in groups small enough for one scratch buffer.
+        let span = items
+            .chunks_exact(4)
+            .map(|w| w[1] as usize + 1)
+            .max()
+            .unwrap_or(1);
+        let per_item = heads * span * 8;
+        let attn_group = (SCRATCH_BYTES / per_item).clamp(1, n);
+        let scratch = g.zeroed(attn_group * per_item / 4)?;
+
+        let launch = |k: LmKernel, grid: usize, p: LmParams, bufs: &[&L::Buf]| {
+            let mut all = [&dummy; 8];
+            all[..bufs.len()].copy_from_slice(bufs);
+            let grid = u32::try_from(grid).map_err(|_| {
+                Error::Unsupported(format!("{}: a grid of {grid} blocks", k.symbol()))
+            })?;
+            g.launch_lm(k, grid, &p, all)
+        };
+        let per_thread = |len: usize| len.div_ceil(256);
+        let layer_norm = |src: &L::Buf, ln: &Norm<L::Buf>, dst: &L::Buf, rows: usize| {
+            let p = LmParams {
+                n: rows as u32,
+                d: d as u32,
+                eps: cfg.eps_q,
+                ..Default::default()
+            };
+            launch(
+                LmKernel::LayerNorm,
+                rows,
+                p,
+                &[src, &ln.gamma, &ln.beta, dst],
+            )
+        };
+        let quantize = |src: &L::Buf, width: usize, frac: i32, dq: &L::Buf, dsc: &L::Buf, rows| {
+            let p = LmParams {
+                n: rows as u32,
+                k: width as u32,
+                k4: width.div_ceil(4) as u32,
+                frac,
+                ..Default::default()
+            };
+            launch(LmKernel::Quantize, rows, p, &[src, dq, dsc])
+        };
+        let matmul = |mat: &Matrix<L::Buf>,
+                      xq: &L::Buf,
+                      sc: &L::Buf,
+                      out: &L::Buf,
+                      frac: i32,
+                      clamp: i64,
+                      rows: usize| {
+            let p = LmParams {
+                n: rows as u32,
+                rows: mat.rows as u32,
+                k4: mat.k4 as u32,
+                frac,
+                clamp: clamp as u32,
+                ..Default::default()
+            };
+            let grid = mat.rows.div_ceil(64) * rows.div_ceil(4);
+            launch(
+                LmKernel::Matmul,
+                grid,
+                p,
+                &[&mat.w, &mat.rowinfo, xq, sc, out],
+            )
+        };
+        let add_residual = |src: &L::Buf| {
+            let p = LmParams {
+                n: (n * d) as u32,
+                clamp: RES_MAX as u32,
+                ..Default::default()
+            };
+            launch(LmKernel::AddResidual, per_thread(n * d), p, &[src, &h])
+        };
+        let read_i64s = |buf: &L::Buf, count: usize| -> Result<Vec<i64>> {
+            Ok(g.read(buf, count * 2)?
+                .chunks_exact(2)
+                .map(|w| (w[0] as u64 | (w[1] as u64) << 32) as i64)
+                .collect())
+        };
+        let mut rb = Readback::default();
+
+        let p = LmParams {
+            n: n as u32,
+            d: d as u32,
+            k4: self.wte.k4 as u32,
+            clamp: RES_MAX as u32,
+            ..Default::default()
+        };
+        launch(
+            LmKernel::Embed,
+            per_thread(n * d),
+            p,
+            &[&item_buf, &self.wte_rows, &self.wte_scale, &self.wpe, &h],
+        )?;
+        for (l, blk) in self.blocks.iter().enumerate() {
+            let (kc, vc) = &self.kv[l];
+            layer_norm(&h, &blk.ln1, &y, n)?;
+            if traced {
+                rb.ln1.push(read_i64s(&y, n * d)?);
+            }
+            quantize(&y, d, FLN, &xq, &sc, n)?;
+            matmul(&blk.qkv, &xq, &sc, &qkv, FQKV, QKV_MAX, n)?;
+            let p = LmParams {
+                n: n as u32,
+                d: d as u32,
+                ctx: ctx as u32,
+                ..Default::default()
+            };
+            launch(
+                LmKernel::KvStore,
+                per_thread(n * d),
+                p,
+                &[&qkv, &item_buf, kc, vc],
+            )?;
+            for first in (0..n).step_by(attn_group) {
+                let count = attn_group.min(n - first);
+                let p = LmParams {
+                    d: d as u32,
+                    hd: hd as u32,
+                    ctx: ctx as u32,
+                    heads: heads as u32,
+                    exp_len: m.tables.exp24.len() as u32,
+                    attn_m: m.tables.attn_m,
+                    first: first as u32,
+                    span: span as u32,
+                    ..Default::default()
+                };
+                launch(
+                    LmKernel::Attention,
+                    heads * count,
+                    p,
+                    &[&qkv, &item_buf, &self.exp24, kc, vc, &scratch, &o],
+                )?;
+            }
+            quantize(&o, d, FQKV, &xq, &sc, n)?;
+            matmul(&blk.attn_proj, &xq, &sc, &a, FR, RES_MAX, n)?;
+            add_residual(&a)?;
+            layer_norm(&h, &blk.ln2, &y, n)?;
+            if traced {
+                rb.ln2.push(read_i64s(&y, n * d)?);
+            }
+            quantize(&y, d, FLN, &xq, &sc, n)?;
+            matmul(&blk.fc, &xq, &sc, &f, FGELU, 1 << 15, n)?;
+            let p = LmParams {
+                n: (n * 4 * d) as u32,
+                ..Default::default()
+            };
+            launch(
+                LmKernel::Gelu,
+                per_thread(n * 4 * d),
+                p,
+                &[&f, &self.gelu, &gq],
+            )?;
+            quantize(&gq, 4 * d, FGELU, &xq, &sc, n)?;
+            matmul(&blk.proj, &xq, &sc, &a, FR, RES_MAX, n)?;
+            add_residual(&a)?;
+            if traced {
+                let words = g.read(&h, n * d)?;
+                rb.resid.push(words.iter().map(|&x| x as i32).collect());
+            }
+        }
+        // The head and the tables, for the queried items only, in groups of rows.
+        let exp_len = m.tables.exp40.len();
+        let mut coded = Vec::with_capacity(queries.len());
+        let mut table = None;
+        let chunks = queries.len().div_ceil(HEAD_ROWS);
+        for (c, chunk) in queries.chunks(HEAD_ROWS).enumerate() {
+            let nq = chunk.len();
+            let rows: Vec<u32> = chunk.iter().map(|&(i, _)| i as u32).collect();
+            let qwords: Vec<u32> = chunk.iter().flat_map(|(_, q)| *q).collect();
+            let (rows, qbuf) = (g.upload(&rows)?, g.upload(&qwords)?);
+            let hq = g.zeroed(nq * d)?;
+            let yq = g.zeroed(nq * d * 2)?;
+            let xqq = g.zeroed(nq * self.wte.k4)?;
+            let scq = g.zeroed(nq * 2)?;
+            let logits = g.zeroed(nq * v)?;
+            let by_gap = g.zeroed(nq * exp_len)?;
+            let freqs = g.zeroed(nq * v)?;
+            let answers = g.zeroed(nq * 4)?;
+            let p = LmParams {
+                n: nq as u32,
+                d: d as u32,
+                ..Default::default()
+            };
+            launch(LmKernel::Gather, per_thread(nq * d), p, &[&h, &rows, &hq])?;
+            layer_norm(&hq, &self.ln_f, &yq, nq)?;
+            quantize(&yq, d, FLN, &xqq, &scq, nq)?;
+            matmul(&self.wte, &xqq, &scq, &logits, FLOGIT, LOGIT_MAX, nq)?;
+            let p = LmParams {
+                n: nq as u32,
+                rows: v as u32,
+                exp_len: exp_len as u32,
+                ..Default::default()
+            };
+            launch(
+                LmKernel::Frequencies,
+                nq,
+                p,
+                &[&logits, &self.exp40, &qbuf, &by_gap, &freqs, &answers],
+            )?;
+            for w in g.read(&answers, nq * 4)?.chunks_exact(4) {
+                coded.push(Coded {
+                    symbol: w[0],
+                    cum: w[1] as u64,
+                    freq: w[2] as u64,
+                });
+            }
+            let last = c + 1 == chunks;
+            if traced || (want_table && last) {
+                let f = g.read(&freqs, nq * v)?;
+                if want_table && last {
+                    table = Some(f[(nq - 1) * v..].iter().map(|&x| x as u64).collect());
+                }
+                if traced {
+                    let l = g.read(&logits, nq * v)?;
+                    rb.logits.extend(l.iter().map(|&x| x as i32));
+                    rb.freqs.extend(
+                        f.chunks_exact(v)
+                            .map(|r| r.iter().map(|&x| x as u64).collect()),
+                    );
+                }
+            }
+        }
+        Ok((coded, rb, table))
+    }
+}
+
+impl<L: Launcher> LmSession for CudaSession<'_, L> {
+    fn clear(&mut self, seq: usize) -> Result<()> {
+        // The cache's old values are overwritten before any position reads them.
+        *self
+            .lens
+            .get_mut(seq)
+            .ok_or_else(|| Error::Invalid(format!("no sequence {seq} in this session")))? = 0;
+        Ok(())
+    }
+
+    fn step(&mut self, items: &[Item]) -> Result<Vec<Coded>> {
+        Ok(self.run(items, None, false)?.0)
+    }
+
+    fn step_traced(&mut self, items: &[Item], trace: &mut Trace) -> Result<Vec<Coded>> {
+        Ok(self.run(items, Some(trace), false)?.0)
+    }
+
+    fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
+        // Only the last item's logits are wanted, so only it carries a query.
+        let run = query_last(items)?;
+        self.run(&run, None, true)?
+            .1
+            .ok_or_else(|| Error::Invalid("step_table: no table came back".into()))
+    }
+}
