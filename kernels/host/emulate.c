@@ -18,6 +18,7 @@
 #include "../residual.cu"
 #include "../encode.cu"
 #include "../decode.cu"
+#include "../crc32.cu"
 
 #define LS_EMU_MAX_THREADS 256u
 #define LS_EMU_STACK (128u * 1024u)
@@ -29,8 +30,9 @@ static const struct {
     ls_kernel_fn fn;
     int syncs;
 } LS_KERNELS[] = {
-    {ls_residuals, 0}, {ls_symbols, 0}, {ls_histogram, 0}, {ls_enc_lanes, 0},
+    {ls_residuals, 0}, {ls_symbols, 0}, {ls_histogram, 1}, {ls_enc_lanes, 0},
     {ls_enc_scan, 1},  {ls_enc_tail, 1}, {ls_dec_lanes, 1}, {ls_dec_tail, 1},
+    {ls_crc32, 1},
 };
 
 typedef struct {

@@ -16,6 +16,7 @@ pub enum Kernel {
     EncTail,
     DecLanes,
     DecTail,
+    Crc32,
 }
 
 /// Threads per block of the element-wise kernels and of the per-chunk prefix sums
@@ -23,7 +24,7 @@ pub enum Kernel {
 pub const BLOCK: u32 = 256;
 
 impl Kernel {
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Residuals,
         Kernel::Symbols,
         Kernel::Histogram,
@@ -32,6 +33,7 @@ impl Kernel {
         Kernel::EncTail,
         Kernel::DecLanes,
         Kernel::DecTail,
+        Kernel::Crc32,
     ];
 
     /// The `extern "C"` name in kernels/*.cu.
@@ -45,6 +47,7 @@ impl Kernel {
             Kernel::EncTail => "ls_enc_tail",
             Kernel::DecLanes => "ls_dec_lanes",
             Kernel::DecTail => "ls_dec_tail",
+            Kernel::Crc32 => "ls_crc32",
         }
     }
 
@@ -54,6 +57,7 @@ impl Kernel {
             Kernel::Residuals | Kernel::Symbols | Kernel::Histogram => "residual.cu",
             Kernel::EncLanes | Kernel::EncScan | Kernel::EncTail => "encode.cu",
             Kernel::DecLanes | Kernel::DecTail => "decode.cu",
+            Kernel::Crc32 => "crc32.cu",
         }
     }
 
