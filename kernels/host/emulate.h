@@ -49,6 +49,13 @@ static inline unsigned atomicAdd(unsigned *a, unsigned v) {
 static inline unsigned atomicOr(unsigned *a, unsigned v) {
     return __atomic_fetch_or(a, v, __ATOMIC_RELAXED);
 }
+static inline unsigned atomicMax(unsigned *a, unsigned v) {
+    unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (old < v &&
+           !__atomic_compare_exchange_n(a, &old, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 // Four signed int8 products summed into c, like the device's.
 static inline int __dp4a(int a, int b, int c) {

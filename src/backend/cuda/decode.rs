@@ -3,18 +3,47 @@
 //! src/backend/wgpu/decode.rs, on a [`Launcher`]).
 
 use super::launch::{Kernel, Launcher};
-use super::{check_len, words_of, CudaBackend};
+use super::{check_len, crc, words_of, CudaBackend};
 use crate::backend::wgpu::params::{decode_error, decode_input};
-use crate::backend::DecodeJob;
+use crate::backend::{Checked, DecodeJob};
 use crate::Result;
 
+/// A decoded tensor, with the device buffers of it and of its reference (for their CRCs).
+struct Decoded<B> {
+    out: Vec<u8>,
+    on_device: Option<(B, B)>,
+}
+
 impl<L: Launcher> CudaBackend<L> {
-    pub(super) fn decode_inner(&self, job: &DecodeJob) -> Result<Vec<u8>> {
+    /// Decode `job`; with `checked`, also the CRC-32s of the output and the reference,
+    /// computed on the device.
+    pub(super) fn decode_inner(&self, job: &DecodeJob, checked: bool) -> Result<Checked> {
         let size = (job.fl.width / 8) as usize;
         let n = job.reference.len() / size;
+        let d = self.decode_resident(job, n)?;
+        let (crc, reference_crc) = match (&d.on_device, checked) {
+            (Some((out, refs)), true) => (
+                crc::crc32(&self.dev, out, job.fl.width, n)?,
+                crc::crc32(&self.dev, refs, job.fl.width, n)?,
+            ),
+            // An empty tensor (whose CRC-32 is 0 either way), or no checks asked.
+            _ => (0, 0),
+        };
+        Ok(Checked {
+            out: d.out,
+            crc,
+            reference_crc,
+        })
+    }
+
+    fn decode_resident(&self, job: &DecodeJob, n: usize) -> Result<Decoded<L::Buf>> {
+        let size = (job.fl.width / 8) as usize;
         check_len(n)?;
         let Some(input) = decode_input(job, n)? else {
-            return Ok(Vec::new());
+            return Ok(Decoded {
+                out: Vec::new(),
+                on_device: None,
+            });
         };
         let (p, nc) = (input.p, input.chunks);
         let d = &self.dev;
@@ -37,6 +66,9 @@ impl<L: Launcher> CudaBackend<L> {
         let w = d.read(&out, out_words)?;
         let mut bytes: Vec<u8> = bytemuck::cast_slice(&w).to_vec();
         bytes.truncate(n * size);
-        Ok(bytes)
+        Ok(Decoded {
+            out: bytes,
+            on_device: Some((out, refs)),
+        })
     }
 }

@@ -4,13 +4,16 @@
 
 use super::launch::{Kernel, Launcher};
 use super::{blocks, CudaBackend};
-use crate::backend::wgpu::params::{flatten_tables, Params};
+use crate::backend::wgpu::params::{encode_input, hist_layout, EncodeLedger, Params};
 use crate::backend::{HistRequest, Resident};
-use crate::format::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
-use crate::format::layout_spaces;
+use crate::format::chunk::EncodedChunk;
 use crate::format::symbols::Layout;
 use crate::format::tables::{Hist, Tables};
-use crate::{Error, Result};
+use crate::Result;
+
+/// Elements per block of the histogram kernel (any split counts the same): enough that
+/// clearing and merging the block's shared histogram stays a small part of its work.
+const HIST_SPAN: usize = 16384;
 
 pub struct CudaResident<'a, L: Launcher> {
     pub b: &'a CudaBackend<L>,
@@ -68,38 +71,17 @@ impl<L: Launcher> Resident for CudaResident<'_, L> {
 impl<L: Launcher> CudaResident<'_, L> {
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
         let d = &self.b.dev;
-        let distance = distance.filter(|_| layout == Layout::Signed);
-        let spaces = layout_spaces(layout, self.base.fl_width, distance);
-        let mut p = self
-            .base
-            .layout(layout, distance)?
-            .forms(spaces.iter().copied());
-        let mut total = 0usize;
-        for (s, sp) in spaces.iter().enumerate() {
-            p.hist_off[s] = total as u32;
-            p.alpha[s] = sp.alphabet() as u32;
-            total += sp.n_primary() * sp.alphabet();
-        }
-        let counts = d.zeroed(total)?;
-        self.codes(&p)?;
+        let h = hist_layout(self.base, layout, distance)?;
+        let counts = d.zeroed(h.total)?;
+        self.codes(&h.p)?;
         let r = &self.resid;
         d.launch(
             Kernel::Histogram,
-            blocks(self.n),
-            &p,
+            self.n.div_ceil(HIST_SPAN) as u32,
+            &h.p,
             [&self.refs, &self.tgts, r, &self.codes, &counts, r],
         )?;
-        let words = d.read(&counts, total)?;
-        Ok(spaces
-            .iter()
-            .enumerate()
-            .map(|(s, &sp)| {
-                let at = p.hist_off[s] as usize;
-                let n = sp.n_primary() * sp.alphabet();
-                let counts: Vec<u64> = words[at..at + n].iter().map(|&w| w as u64).collect();
-                Hist::from_dense(sp, &counts)
-            })
-            .collect())
+        Ok(h.hists(&d.read(&counts, h.total)?))
     }
 
     fn encode_inner(
@@ -113,17 +95,10 @@ impl<L: Launcher> CudaResident<'_, L> {
         if nc == 0 {
             return Ok(Vec::new());
         }
-        let mut p = self.base.layout(layout, distance)?;
-        if tables.stages.len() != p.n_stages as usize {
-            return Err(Error::Invalid(
-                "stage tables do not match the layout".into(),
-            ));
-        }
-        let flat = d.upload(&flatten_tables(tables, &mut p, false))?;
-        const GROUPS: usize = CHUNK_ELEMS / LANES * 4;
-        let meta_len = 2 * nc * GROUPS + 4 * nc + 32 * nc;
-        let (o_wtot, o_states) = (2 * nc * GROUPS, 2 * nc * GROUPS + 4 * nc);
-        let mut meta = d.zeroed(meta_len)?;
+        let (mut p, flat) = encode_input(self.base, layout, tables, distance)?;
+        let flat = d.upload(&flat)?;
+        let ledger = EncodeLedger { chunks: nc };
+        let mut meta = d.zeroed(ledger.len())?;
 
         // Pass 0: which lanes flush a word in each group; prefix sums; tail lengths.
         self.codes(&p)?;
@@ -139,57 +114,19 @@ impl<L: Launcher> CudaResident<'_, L> {
         d.launch(Kernel::EncLanes, nc as u32, &p, bufs0)?;
         d.launch(Kernel::EncScan, nc as u32, &p, bufs0)?;
         d.launch(Kernel::EncTail, nc as u32, &p, bufs0)?;
-        let totals = d.read(&meta, o_wtot + 2 * nc)?;
-        let (word_totals, tail_totals) = totals[o_wtot..].split_at(nc);
-
-        // Chunk bases: each chunk starts on a u32 boundary in both regions.
-        let mut bases = vec![0u32; 2 * nc];
-        let (mut wpos, mut tpos) = (0u64, 0u64);
-        for c in 0..nc {
-            bases[c] = wpos as u32;
-            bases[nc + c] = tpos as u32;
-            wpos += (word_totals[c] as u64).div_ceil(2) * 2;
-            tpos += (tail_totals[c] as u64).div_ceil(32) * 32;
-        }
-        if wpos >= 1 << 32 || tpos >= 1 << 32 {
-            return Err(Error::Unsupported(
-                "tensor too large for the CUDA backend".into(),
-            ));
-        }
-        let tail_off = (wpos / 2) as usize;
-        let out_words = tail_off + (tpos / 32) as usize + 2;
-        let out = d.zeroed(out_words)?;
-        d.write(&mut meta, o_wtot + 2 * nc, &bases)?;
+        let totals = d.read(&meta, ledger.bases_at())?;
+        let at = ledger.place(&totals[ledger.totals_at()..], "CUDA")?;
+        let out = d.zeroed(at.out_words)?;
+        d.write(&mut meta, ledger.bases_at(), &at.bases)?;
 
         // Pass 1: the same lanes, now writing words where the prefix sums put them; tails.
         p.pass = 1;
-        p.pad = tail_off as u32;
+        p.pad = at.tail_off as u32;
         let bufs1 = [&self.refs, &self.resid, &self.codes, &flat, &meta, &out];
         d.launch(Kernel::EncLanes, nc as u32, &p, bufs1)?;
         d.launch(Kernel::EncTail, nc as u32, &p, bufs1)?;
-        let out_w = d.read(&out, out_words)?;
-        let out_bytes: &[u8] = bytemuck::cast_slice(&out_w);
-        let meta_words = d.read(&meta, meta_len)?;
-
-        Ok((0..nc)
-            .map(|c| {
-                let w0 = bases[c] as usize * 2;
-                let words = out_bytes[w0..w0 + word_totals[c] as usize * 2]
-                    .chunks_exact(2)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                    .collect();
-                let t0 = tail_off * 4 + bases[nc + c] as usize / 8;
-                let tail_bits = tail_totals[c] as u64;
-                let mut states = [0u32; LANES];
-                states
-                    .copy_from_slice(&meta_words[o_states + c * LANES..o_states + (c + 1) * LANES]);
-                EncodedChunk {
-                    words,
-                    states,
-                    tail: out_bytes[t0..t0 + tail_bits.div_ceil(8) as usize].to_vec(),
-                    tail_bits,
-                }
-            })
-            .collect())
+        let out_w = d.read(&out, at.out_words)?;
+        let ledger_words = d.read(&meta, ledger.len())?;
+        Ok(ledger.chunks(&at, bytemuck::cast_slice(&out_w), &ledger_words))
     }
 }

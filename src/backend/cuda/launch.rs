@@ -17,6 +17,7 @@ pub enum Kernel {
     EncTail,
     DecLanes,
     DecTail,
+    Crc32,
 }
 
 /// Threads per block of the element-wise kernels and of the per-chunk prefix sums
@@ -24,7 +25,7 @@ pub enum Kernel {
 pub const BLOCK: u32 = 256;
 
 impl Kernel {
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Residuals,
         Kernel::Symbols,
         Kernel::Histogram,
@@ -33,6 +34,7 @@ impl Kernel {
         Kernel::EncTail,
         Kernel::DecLanes,
         Kernel::DecTail,
+        Kernel::Crc32,
     ];
 
     /// The `extern "C"` name in kernels/*.cu.
@@ -46,6 +48,7 @@ impl Kernel {
             Kernel::EncTail => "ls_enc_tail",
             Kernel::DecLanes => "ls_dec_lanes",
             Kernel::DecTail => "ls_dec_tail",
+            Kernel::Crc32 => "ls_crc32",
         }
     }
 
@@ -55,6 +58,7 @@ impl Kernel {
             Kernel::Residuals | Kernel::Symbols | Kernel::Histogram => "residual.cu",
             Kernel::EncLanes | Kernel::EncScan | Kernel::EncTail => "encode.cu",
             Kernel::DecLanes | Kernel::DecTail => "decode.cu",
+            Kernel::Crc32 => "crc32.cu",
         }
     }
 

@@ -12,6 +12,7 @@
 //! Residuals, codes and the reference stay on the device between stages; data comes back
 //! only as histograms, per-chunk totals and the coded output.
 
+mod crc;
 mod decode;
 pub mod driver;
 #[cfg(cuda_emulation)]
@@ -23,7 +24,7 @@ pub mod nvrtc;
 
 use super::wgpu::params::Params;
 use super::wgpu::{check_len, u32s};
-use super::{Backend, DecodeJob, EncodeJob, Resident};
+use super::{Backend, Checked, DecodeJob, EncodeJob, Resident};
 use crate::format::chunk::{CHUNK_ELEMS, LANES};
 use crate::Result;
 use encode::CudaResident;
@@ -33,6 +34,7 @@ const LOCKSTEP_CUH: &str = include_str!("../../../kernels/lockstep.cuh");
 const RESIDUAL_CU: &str = include_str!("../../../kernels/residual.cu");
 const ENCODE_CU: &str = include_str!("../../../kernels/encode.cu");
 const DECODE_CU: &str = include_str!("../../../kernels/decode.cu");
+const CRC32_CU: &str = include_str!("../../../kernels/crc32.cu");
 
 /// Every kernel module as NVRTC compiles it: `(file name, full source, kernels it defines)`.
 /// The chunk geometry is prepended from the Rust constants, so kernels and host cannot
@@ -46,6 +48,7 @@ pub fn kernel_sources() -> Vec<(&'static str, String, Vec<&'static str>)> {
         ("residual.cu", RESIDUAL_CU),
         ("encode.cu", ENCODE_CU),
         ("decode.cu", DECODE_CU),
+        ("crc32.cu", CRC32_CU),
     ]
     .into_iter()
     .map(|(file, body)| {
@@ -138,6 +141,13 @@ impl<L: Launcher> Backend for CudaBackend<L> {
 
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
         let _one = self.one_at_a_time();
-        self.decode_inner(job)
+        Ok(self.decode_inner(job, false)?.out)
+    }
+
+    /// The CRCs of the output and the reference are computed on the device
+    /// (kernels/crc32.cu), where both tensors are.
+    fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
+        let _one = self.one_at_a_time();
+        self.decode_inner(job, true)
     }
 }

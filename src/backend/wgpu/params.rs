@@ -3,10 +3,10 @@
 use crate::dtype::FloatLayout;
 use crate::entropy::freq::PROB_TOTAL;
 use crate::format::check_layout;
-use crate::format::chunk::CHUNK_ELEMS;
+use crate::format::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
 use crate::format::layout_stages;
 use crate::format::symbols::Layout;
-use crate::format::tables::{Space, Tables};
+use crate::format::tables::{Hist, Space, Tables};
 use crate::{Error, Result};
 
 /// The uniform parameter block (struct Params in shaders/prelude.wgsl).
@@ -215,5 +215,149 @@ pub fn decode_error(err: u32) -> Result<()> {
         3 => bad("rANS lanes did not end in their initial state"),
         4 => bad("raw tail shorter than the bit lengths require"),
         _ => bad("raw tail longer than the bit lengths require"),
+    }
+}
+
+/// Where a GPU's histogram pass counts (shaders/residual.wgsl and kernels/residual.cu):
+/// every stage of one request in one buffer of `total` words, stage `s` from `p.hist_off[s]`,
+/// context-major.
+pub struct HistLayout {
+    pub p: Params,
+    pub spaces: Vec<Space>,
+    pub total: usize,
+}
+
+/// The histogram layout of one request (B and S in their neighbor forms with a `distance`,
+/// Signed only) over the tensor of `base`.
+pub fn hist_layout(base: Params, layout: Layout, distance: Option<usize>) -> Result<HistLayout> {
+    let distance = distance.filter(|_| layout == Layout::Signed);
+    let spaces = crate::format::layout_spaces(layout, base.fl_width, distance);
+    let mut p = base.layout(layout, distance)?.forms(spaces.iter().copied());
+    let mut total = 0usize;
+    for (s, sp) in spaces.iter().enumerate() {
+        p.hist_off[s] = total as u32;
+        p.alpha[s] = sp.alphabet() as u32;
+        total += sp.n_primary() * sp.alphabet();
+    }
+    Ok(HistLayout { p, spaces, total })
+}
+
+impl HistLayout {
+    /// The stages' histograms from the counts read back.
+    pub fn hists(&self, words: &[u32]) -> Vec<Hist> {
+        self.spaces
+            .iter()
+            .enumerate()
+            .map(|(s, &sp)| {
+                let at = self.p.hist_off[s] as usize;
+                let n = sp.n_primary() * sp.alphabet();
+                let counts: Vec<u64> = words[at..at + n].iter().map(|&w| w as u64).collect();
+                Hist::from_dense(sp, &counts)
+            })
+            .collect()
+    }
+}
+
+/// The parameter block and flattened tables of an encode (no slot tables: the encoder does
+/// not search).
+pub fn encode_input(
+    base: Params,
+    layout: Layout,
+    tables: &Tables,
+    distance: Option<usize>,
+) -> Result<(Params, Vec<u32>)> {
+    let mut p = base.layout(layout, distance)?;
+    if tables.stages.len() != p.n_stages as usize {
+        return Err(Error::Invalid(
+            "stage tables do not match the layout".into(),
+        ));
+    }
+    let flat = flatten_tables(tables, &mut p, false);
+    Ok((p, flat))
+}
+
+/// A GPU encoder's ledger (shaders/encode.wgsl and kernels/encode.cu share it), in words:
+/// lane masks [nc * GROUPS] | their prefix sums [nc * GROUPS] | word totals [nc] | tail
+/// totals [nc] | word bases [nc] | tail bases [nc] | final lane states [nc * 32].
+pub struct EncodeLedger {
+    pub chunks: usize,
+}
+
+/// Mask groups per chunk: steps of 32 lanes x 4 stage slots.
+const GROUPS: usize = CHUNK_ELEMS / LANES * 4;
+
+/// Where pass 1 writes: chunk bases (word bases, then tail bit bases), and the output's size.
+pub struct Placement {
+    pub bases: Vec<u32>,
+    /// u32 index of the tails in the output (`Params::pad` of pass 1).
+    pub tail_off: usize,
+    pub out_words: usize,
+}
+
+impl EncodeLedger {
+    pub fn len(&self) -> usize {
+        2 * self.chunks * GROUPS + 4 * self.chunks + LANES * self.chunks
+    }
+    /// Word offset of the per-chunk totals (word totals, then tail totals).
+    pub fn totals_at(&self) -> usize {
+        2 * self.chunks * GROUPS
+    }
+    /// Word offset of the chunk bases, which the host writes between the passes.
+    pub fn bases_at(&self) -> usize {
+        self.totals_at() + 2 * self.chunks
+    }
+    fn states_at(&self) -> usize {
+        self.totals_at() + 4 * self.chunks
+    }
+
+    /// Chunk bases from pass 0's totals (word totals, then tail totals): each chunk starts on
+    /// a u32 boundary in both regions.
+    pub fn place(&self, totals: &[u32], device: &str) -> Result<Placement> {
+        let nc = self.chunks;
+        let mut bases = vec![0u32; 2 * nc];
+        let (mut wpos, mut tpos) = (0u64, 0u64);
+        for c in 0..nc {
+            bases[c] = wpos as u32;
+            bases[nc + c] = tpos as u32;
+            wpos += (totals[c] as u64).div_ceil(2) * 2;
+            tpos += (totals[nc + c] as u64).div_ceil(32) * 32;
+        }
+        if wpos >= 1 << 32 || tpos >= 1 << 32 {
+            return Err(Error::Unsupported(format!(
+                "tensor too large for the {device} backend"
+            )));
+        }
+        let tail_off = (wpos / 2) as usize;
+        Ok(Placement {
+            bases,
+            tail_off,
+            out_words: tail_off + (tpos / 32) as usize + 2,
+        })
+    }
+
+    /// Every chunk's coded output, from pass 1's output and ledger.
+    pub fn chunks(&self, at: &Placement, out_bytes: &[u8], ledger: &[u32]) -> Vec<EncodedChunk> {
+        let nc = self.chunks;
+        let totals = &ledger[self.totals_at()..];
+        (0..nc)
+            .map(|c| {
+                let w0 = at.bases[c] as usize * 2;
+                let words = out_bytes[w0..w0 + totals[c] as usize * 2]
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                let t0 = at.tail_off * 4 + at.bases[nc + c] as usize / 8;
+                let tail_bits = totals[nc + c] as u64;
+                let mut states = [0u32; LANES];
+                let s0 = self.states_at() + c * LANES;
+                states.copy_from_slice(&ledger[s0..s0 + LANES]);
+                EncodedChunk {
+                    words,
+                    states,
+                    tail: out_bytes[t0..t0 + tail_bits.div_ceil(8) as usize].to_vec(),
+                    tail_bits,
+                }
+            })
+            .collect()
     }
 }
