@@ -113,15 +113,9 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
     Ok((header, r.rest()))
 }
 
-fn table_bytes(t: &StageTable) -> u64 {
-    let mut w = ByteWriter::new();
-    t.write(&mut w);
-    w.len() as u64
-}
-
 /// Estimated cost of a stage (data + table) in COST_ONE_BIT units.
 fn stage_cost(t: &StageTable, h: &Hist) -> u64 {
-    t.data_cost(h) + table_bytes(t) * 8 * COST_ONE_BIT
+    t.data_cost(h) + t.bytes() as u64 * 8 * COST_ONE_BIT
 }
 
 /// One way of coding a float tensor, with its estimated size.

@@ -295,15 +295,19 @@ pub struct StageTable {
 
 impl StageTable {
     fn build(space: Space, explicit: Vec<(u32, Row)>, backoff: Vec<(u32, Row)>) -> StageTable {
-        let mut map = vec![u32::MAX; space.n_primary()];
-        let nb = space.n_backoff();
+        let (n, nb) = (space.n_primary(), space.n_backoff());
         let mut backoff_index = vec![u32::MAX; nb];
         for (i, (id, _)) in backoff.iter().enumerate() {
             backoff_index[*id as usize] = (explicit.len() + i) as u32;
         }
-        // map[ctx] = backoff_index[ctx % nb], without a division per context.
-        for (m, &b) in map.iter_mut().zip(backoff_index.iter().cycle()) {
-            *m = b;
+        // map[ctx] = backoff_index[ctx % nb]: the first nb entries, then the filled prefix
+        // copied after itself (a multiple of nb long, so the period holds). Selection builds
+        // several tables per tensor, up to 26,112 contexts each: filling them element by
+        // element after a clearing memset was a tenth of a small tensor's encode.
+        let mut map = Vec::with_capacity(n);
+        map.extend_from_slice(&backoff_index[..nb.min(n)]);
+        while map.len() < n {
+            map.extend_from_within(..map.len().min(n - map.len()));
         }
         for (i, (id, _)) in explicit.iter().enumerate() {
             map[*id as usize] = i as u32;
@@ -346,11 +350,10 @@ impl StageTable {
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
         for (ctx, counts) in hist.rows() {
-            let own = best_row(counts);
-            let keep = !prune || {
-                let own_cost = cost(counts, &own) + (row_bytes(&own) as u64 + 1) * 8 * COST_ONE_BIT;
-                own_cost < cost(counts, &group_freqs[ctx % nb])
-            };
+            let (own, own_price) = priced_row(counts);
+            // The row's own cost: its data, its bytes and one byte of context id.
+            let keep =
+                !prune || own_price + 8 * COST_ONE_BIT < cost(counts, &group_freqs[ctx % nb]);
             if keep {
                 explicit.push((ctx as u32, Row::from_freqs(own)));
             } else {
@@ -376,6 +379,25 @@ impl StageTable {
     pub fn data_cost(&self, hist: &Hist) -> u64 {
         hist.rows()
             .map(|(ctx, counts)| cost(counts, &self.row(self.map[ctx]).freq))
+            .sum()
+    }
+
+    /// Bytes [`StageTable::write`] writes, without writing them.
+    pub fn bytes(&self) -> usize {
+        [&self.explicit, &self.backoff]
+            .iter()
+            .map(|list| {
+                let mut next = 0u32;
+                varint_len(list.len() as u64)
+                    + list
+                        .iter()
+                        .map(|(id, row)| {
+                            let gap = id - next;
+                            next = id + 1;
+                            varint_len(gap as u64) + row_bytes(&row.freq)
+                        })
+                        .sum::<usize>()
+            })
             .sum()
     }
 
@@ -421,17 +443,25 @@ const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
 /// code length under it plus the row's bytes (integer estimates only). Binary rows are always
 /// sent at full precision.
 pub fn best_row(counts: &[u64]) -> Vec<u32> {
+    priced_row(counts).0
+}
+
+/// [`best_row`] and its price: the data's code length under it plus the row's bytes, in
+/// COST_ONE_BIT units.
+fn priced_row(counts: &[u64]) -> (Vec<u32>, u64) {
+    let price = |f: &[u32]| cost(counts, f) + row_bytes(f) as u64 * 8 * COST_ONE_BIT;
     if counts.iter().all(|&c| c == 0) {
         // What the search below returns for an empty row, without it.
-        return vec![0; counts.len()];
+        let zero = vec![0; counts.len()];
+        let p = price(&zero);
+        return (zero, p);
     }
     let full = normalize_to(counts, PROB_BITS);
+    let mut best_price = price(&full);
     if counts.len() == 2 {
-        return full;
+        return (full, best_price);
     }
     let seen = counts.iter().filter(|&&c| c > 0).count() as u64;
-    let price = |f: &[u32]| cost(counts, f) + row_bytes(f) as u64 * 8 * COST_ONE_BIT;
-    let mut best_price = price(&full);
     let mut best = full;
     for bits in ROW_PRECISIONS[1..]
         .iter()
@@ -448,7 +478,7 @@ pub fn best_row(counts: &[u64]) -> Vec<u32> {
             best = row;
         }
     }
-    best
+    (best, best_price)
 }
 
 /// Bytes a row takes in the table format (what [`write_row`] writes), without writing it.
@@ -456,15 +486,23 @@ pub fn row_bytes(freq: &[u32]) -> usize {
     if freq.len() == 2 {
         return varint_len(freq[0] as u64);
     }
-    let lo = freq.iter().position(|&f| f > 0).unwrap_or(0);
-    let hi = freq.iter().rposition(|&f| f > 0).unwrap_or(0);
-    let shift = freq
-        .iter()
-        .filter(|&&f| f > 0)
-        .map(|f| f.trailing_zeros())
-        .min()
-        .unwrap_or(0)
-        .min(PROB_BITS);
+    // One pass for the symbol range and the shift (the fewest trailing zeros of a
+    // non-zero frequency: those of all of them or'ed), as `write_row` finds them; row
+    // sizes are priced several times for every context of every candidate table.
+    let (mut lo, mut hi, mut all) = (usize::MAX, 0, 0u32);
+    for (i, &f) in freq.iter().enumerate() {
+        if f > 0 {
+            lo = lo.min(i);
+            hi = i;
+            all |= f;
+        }
+    }
+    let lo = if lo == usize::MAX { 0 } else { lo };
+    let shift = if all == 0 {
+        0
+    } else {
+        all.trailing_zeros().min(PROB_BITS)
+    };
     varint_len(shift as u64)
         + varint_len(lo as u64)
         + varint_len((hi - lo + 1) as u64)
@@ -554,6 +592,34 @@ mod tests {
             let mut w = ByteWriter::new();
             write_row(&mut w, &freq);
             assert_eq!(row_bytes(&freq), w.len(), "{freq:?}");
+        }
+    }
+
+    #[test]
+    fn table_bytes_are_what_write_writes() {
+        // Q1 rows (binary) and B rows of the neighbor space: explicit rows with id gaps
+        // past one varint byte, backoff rows, and an empty table.
+        let mut counts = vec![0u64; Space::new(Stage::B, 16, true).n_primary() * 17];
+        for ctx in [0usize, 3, 200, 4000, 18000] {
+            for s in 0..17 {
+                counts[ctx * 17 + s] = ((ctx * 31 + s * 7) % 50) as u64;
+            }
+        }
+        let b = Hist::from_dense(Space::new(Stage::B, 16, true), &counts);
+        let q1 = Hist::from_dense(
+            Space::new(Stage::Q1, 16, false),
+            &(0..256 * 17 * 2)
+                .map(|i| (i % 5) as u64)
+                .collect::<Vec<_>>(),
+        );
+        let empty = Hist::new(Space::new(Stage::S, 16, true));
+        for h in [&b, &q1, &empty] {
+            for prune in [false, true] {
+                let t = StageTable::select(h, prune);
+                let mut w = ByteWriter::new();
+                t.write(&mut w);
+                assert_eq!(t.bytes(), w.len());
+            }
         }
     }
 }

@@ -99,19 +99,83 @@ pub unsafe fn decode<T: Word>(
         _mm_cvtsi32_si128(mant as i32),
         _mm256_set1_epi32(emask as i32),
     );
+    // The rows of the 64 contexts from `table.window`, as bytes (255: none) in four 16-byte
+    // shuffle tables, where every row number fits: a step whose contexts all fall in the
+    // window finds its rows by four byte shuffles and three blends per vector instead of a
+    // gather (the map gathers were a fifth of these lanes' samples). Other steps gather.
+    let lo = table.window as usize;
+    let mut rows_b = [0u8; 64];
+    let mut window_ok = true;
+    for (k, r) in rows_b.iter_mut().enumerate() {
+        *r = match table.map.get(lo + k).copied().unwrap_or(JointDec::NONE) {
+            JointDec::NONE => 255,
+            r if r < 255 => r as u8,
+            _ => {
+                window_ok = false;
+                0
+            }
+        };
+    }
+    let rp_b = rows_b.as_ptr();
+    let rt = [
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.cast())),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.add(16).cast())),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.add(32).cast())),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.add(48).cast())),
+    ];
+    let lo_v = _mm256_set1_epi32(lo as i32);
+    let outside = _mm256_set1_epi32(!63);
+    let (byte_none, upper) = (
+        _mm256_set1_epi32(255),
+        _mm256_set1_epi32(0x8080_8000_u32 as i32),
+    );
     let mut done = 0;
     while done < full {
         if guarded && st.len - pos < LANES {
             break;
         }
         let base = done;
+        // Rows first (they depend only on the reference): off the state chain.
+        let mut ctx = [_mm256_setzero_si256(); NV];
+        let mut rel = [_mm256_setzero_si256(); NV];
+        let mut any = _mm256_setzero_si256();
+        for v in 0..NV {
+            ctx[v] = ref_contexts::<T>(rp, base + 8 * v, mant, emask);
+            rel[v] = _mm256_sub_epi32(ctx[v], lo_v);
+            any = _mm256_or_si256(any, rel[v]);
+        }
         let mut row = [_mm256_setzero_si256(); NV];
         let mut missing = _mm256_setzero_si256();
-        for (v, r) in row.iter_mut().enumerate() {
-            let ctx = ref_contexts::<T>(rp, base + 8 * v, mant, emask);
-            // In bounds: contexts are below 512 <= `map.len()` (`vector_ok`).
-            *r = _mm256_i32gather_epi32::<4>(map.cast(), ctx);
-            missing = _mm256_or_si256(missing, _mm256_cmpeq_epi32(*r, none));
+        if window_ok && _mm256_testz_si256(any, outside) != 0 {
+            for v in 0..NV {
+                // `rel` < 64: byte 0 indexes each table by its low 4 bits, bits 4 and 5
+                // (shifted to bit 7 of the byte) pick the table; bytes 1..3 have bit 7 set
+                // and read 0.
+                let i = _mm256_or_si256(rel[v], upper);
+                // (Spelled out: closures lose this function's target features.)
+                let t = [
+                    _mm256_shuffle_epi8(rt[0], i),
+                    _mm256_shuffle_epi8(rt[1], i),
+                    _mm256_shuffle_epi8(rt[2], i),
+                    _mm256_shuffle_epi8(rt[3], i),
+                ];
+                let (m4, m5) = (
+                    _mm256_slli_epi32::<3>(rel[v]),
+                    _mm256_slli_epi32::<2>(rel[v]),
+                );
+                row[v] = _mm256_blendv_epi8(
+                    _mm256_blendv_epi8(t[0], t[1], m4),
+                    _mm256_blendv_epi8(t[2], t[3], m4),
+                    m5,
+                );
+                missing = _mm256_or_si256(missing, _mm256_cmpeq_epi32(row[v], byte_none));
+            }
+        } else {
+            for v in 0..NV {
+                // In bounds: contexts are below 512 <= `map.len()` (`vector_ok`).
+                row[v] = _mm256_i32gather_epi32::<4>(map.cast(), ctx[v]);
+                missing = _mm256_or_si256(missing, _mm256_cmpeq_epi32(row[v], none));
+            }
         }
         if _mm256_testz_si256(missing, missing) == 0 {
             return Err(no_row());
