@@ -91,7 +91,7 @@ fn attention_body(
 /// (`acc.len()` of them).
 #[inline(always)]
 fn weighted_values(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [i64]) {
-    if acc.len() % 8 != 0 {
+    if !acc.len().is_multiple_of(8) {
         return weighted_values_reference(p, vc, d, off, acc);
     }
     // Eight channels at a time down every position: their sums stay in registers instead of
