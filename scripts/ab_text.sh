@@ -1,13 +1,16 @@
 #!/bin/bash
-# Paired A/B of two lockstep binaries on the text codec: /tmp/lockstep-main and /tmp/lockstep-new
-# (copy the two builds there first), alternating, `text compress` (verify included) then
+# Paired A/B of two lockstep binaries on the text codec: $A and $B (default /tmp/lockstep-main
+# and /tmp/lockstep-new), alternating, `text compress $FLAGS` (verify included) then
 # `text decompress`, each output compared with the input. Usage: scripts/ab_text.sh FILE ROUNDS
-# Prints wall and user seconds per run (docs/BENCHMARKS.md, text codec sections).
+# (e.g. FLAGS=--no-mix for version 1). Prints wall and user seconds per run
+# (docs/BENCHMARKS.md, text codec sections).
 f=$1; rounds=$2
+A=${A:-/tmp/lockstep-main}; B=${B:-/tmp/lockstep-new}
 for r in $(seq 1 $rounds); do
   for b in main new; do
-    s=$( { /usr/bin/time -f "%e %U" /tmp/lockstep-$b text compress -q -f -c $f > /tmp/ab.$b.lst; } 2>&1 )
-    d=$( { /usr/bin/time -f "%e %U" /tmp/lockstep-$b text decompress -q -f -c /tmp/ab.$b.lst > /tmp/ab.$b.out; } 2>&1 )
+    bin=$A; [ $b = new ] && bin=$B
+    s=$( { /usr/bin/time -f "%e %U" $bin text compress $FLAGS -q -f -c $f > /tmp/ab.$b.lst; } 2>&1 )
+    d=$( { /usr/bin/time -f "%e %U" $bin text decompress -q -f -c /tmp/ab.$b.lst > /tmp/ab.$b.out; } 2>&1 )
     cmp -s /tmp/ab.$b.out $f || echo "ROUNDTRIP FAIL $b"
     echo "round $r $b size $(stat -c %s /tmp/ab.$b.lst) compress $s decompress $d load $(cut -d' ' -f1 /proc/loadavg)"
   done

@@ -10,39 +10,42 @@ use crate::{Error, Result};
 pub const TOTAL: u64 = 1 << 32;
 
 /// Frequencies of every token; `u64` because a one-sided table can hold up to 2^32 - V + 1.
+///
+/// Two passes over the vocabulary after the maximum: the first counts the tokens at each gap
+/// (so `W` and the sum of the floors come from the counts, one division per distinct gap),
+/// the second looks each token's frequency up by its gap, branch-free (gaps past the table
+/// share one last entry holding 1).
 pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
     let v = logits.len();
     if !(2..=1 << 16).contains(&v) {
         return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
     }
-    let mut top = i32::MIN;
-    let mut arg = 0;
-    for (j, &l) in logits.iter().enumerate() {
-        if l > top {
-            top = l;
-            arg = j;
+    let top = logits.iter().fold(i32::MIN, |a, &l| a.max(l));
+    // The remainder goes to the lowest id of the largest weight.
+    let arg = logits.iter().position(|&l| l == top).unwrap_or(0);
+    let n = exp40.len();
+    let gap = |l: i32| ((top as i64 - l as i64) as u64).min(n as u64) as usize;
+    let mut count = vec![0u32; n + 1];
+    for &l in logits {
+        count[gap(l)] += 1;
+    }
+    // count <= 2^16 and w <= 2^40: W < 2^56.
+    let total_w: u64 = count[..n]
+        .iter()
+        .zip(exp40)
+        .map(|(&c, &w)| c as u64 * w)
+        .sum();
+    let r = TOTAL - v as u64;
+    let mut by_gap = vec![1u64; n + 1];
+    let mut sum = count[n] as u64;
+    for (g, &c) in count[..n].iter().enumerate() {
+        if c > 0 {
+            by_gap[g] = 1 + ((exp40[g] as u128 * r as u128) / total_w as u128) as u64;
+            sum += c as u64 * by_gap[g];
         }
     }
-    let gap = |l: i32| (top as i64 - l as i64) as usize;
-    let w = |g: usize| exp40.get(g).copied().unwrap_or(0);
-    let total_w: u64 = logits.iter().map(|&l| w(gap(l))).sum();
-    let r = TOTAL - v as u64;
-    let mut memo = vec![u64::MAX; exp40.len()];
-    let mut f: Vec<u64> = logits
-        .iter()
-        .map(|&l| {
-            let g = gap(l);
-            if g >= exp40.len() {
-                return 1;
-            }
-            if memo[g] == u64::MAX {
-                memo[g] = 1 + ((exp40[g] as u128 * r as u128) / total_w as u128) as u64;
-            }
-            memo[g]
-        })
-        .collect();
-    let sum: u64 = f.iter().sum();
     debug_assert!(sum <= TOTAL);
+    let mut f: Vec<u64> = logits.iter().map(|&l| by_gap[gap(l)]).collect();
     f[arg] += TOTAL - sum;
     Ok(f)
 }
@@ -114,6 +117,57 @@ pub fn answer(f: &[u64], find: Find) -> Result<Coded> {
 mod tests {
     use super::*;
     use crate::format::lm::fixed::exp_table;
+    const LOGIT_MAX: i32 = crate::format::lm::model_file::LOGIT_MAX as i32;
+
+    /// The definition, one token at a time (the kernel before the counting version).
+    fn frequencies_definition(logits: &[i32], exp40: &[u64]) -> Vec<u64> {
+        let top = *logits.iter().max().unwrap();
+        let arg = logits.iter().position(|&l| l == top).unwrap();
+        let w = |l: i32| {
+            exp40
+                .get((top as i64 - l as i64) as usize)
+                .copied()
+                .unwrap_or(0)
+        };
+        let total_w: u64 = logits.iter().map(|&l| w(l)).sum();
+        let r = (TOTAL - logits.len() as u64) as u128;
+        let mut f: Vec<u64> = logits
+            .iter()
+            .map(|&l| 1 + (w(l) as u128 * r / total_w as u128) as u64)
+            .collect();
+        let sum: u64 = f.iter().sum();
+        f[arg] += TOTAL - sum;
+        f
+    }
+
+    #[test]
+    fn counting_by_gap_equals_the_definition() {
+        let t = exp_table(40);
+        let mut x = 11u64;
+        for (v, spread) in [
+            (2usize, 10i64),
+            (50257, 3000),
+            (50257, 40000),
+            (1000, 1 << 24),
+        ] {
+            let logits: Vec<i32> = (0..v)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    ((x >> 33) as i64 % spread - spread / 2) as i32
+                })
+                .collect();
+            assert_eq!(
+                frequencies(&logits, &t).unwrap(),
+                frequencies_definition(&logits, &t)
+            );
+        }
+        // Ties on the top, and extremes of the logit range.
+        let logits = vec![LOGIT_MAX, -LOGIT_MAX, LOGIT_MAX, 0, LOGIT_MAX - 1];
+        assert_eq!(
+            frequencies(&logits, &t).unwrap(),
+            frequencies_definition(&logits, &t)
+        );
+    }
 
     #[test]
     fn total_floor_and_remainder() {

@@ -22,15 +22,18 @@ pub fn rescale(
     clamp: i64,
     res: &mut [i32],
 ) {
-    let (emin, emax) = (
-        es.iter().min().copied().unwrap_or(0),
-        es.iter().max().copied().unwrap_or(0),
-    );
-    let (tmin, tmax) = (
-        tes.iter().min().copied().unwrap_or(0),
-        tes.iter().max().copied().unwrap_or(0),
-    );
-    let fast = emin + tmin - out_frac >= 1 && emax + tmax - out_frac <= 63;
+    // Folds without early exit, so that they vectorize: with one item these scans cost as
+    // much as the rescale itself.
+    let range = |v: &[i32]| {
+        v.iter()
+            .fold((i32::MAX, i32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+    };
+    if es.is_empty() || tes.is_empty() {
+        return; // no element
+    }
+    let ((emin, emax), (tmin, tmax)) = (range(es), range(tes));
+    let fast = emin as i64 + tmin as i64 - out_frac as i64 >= 1
+        && emax as i64 + tmax as i64 - out_frac as i64 <= 63;
     if !fast {
         return rescale_reference(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res);
     }
@@ -43,8 +46,132 @@ pub fn rescale(
             return;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // AVX2 has no 64-bit multiply, but `m * t_m` fits 32 bits for real scales (both are
+        // below 2^16), and then one 32 x 32 -> 64 multiply per element is the whole product.
+        let small = |v: &[i64]| v.iter().fold(0u64, |a, &x| a | x as u64) < 1 << 16;
+        if isa >= Isa::Avx2 && small(ms) && small(tms) {
+            // SAFETY: levels from `Avx2` up imply AVX2 (`Isa::available`); shifts are in
+            // 1..=63 (`fast`) and the multipliers below 2^16 (checked).
+            unsafe { rescale_avx2(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res) };
+            return;
+        }
+    }
     let _ = isa;
     rescale_fast(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res)
+}
+
+/// One element of [`rescale_fast`]: `clamp(((a * m * t_m + 2^(s-1)) >> s) + b)`.
+#[inline(always)]
+fn rescale_one(a: i32, mt: i64, s: i64, b: i64, clamp: i64) -> i32 {
+    let prod = a as i64 * mt;
+    let v = ((prod + (1i64 << (s - 1))) >> s) + b;
+    v.clamp(-clamp, clamp) as i32
+}
+
+/// [`rescale_fast`] four elements per instruction: the rows of one item (`n == 1`, the
+/// decoder's GEMV) or the items of one row. Each element's `m * t_m` is below 2^32, so
+/// `|a| * (m * t_m)` is one unsigned 32 x 32 -> 64 multiply (below 2^63), negated back where
+/// `a < 0`; the arithmetic shift AVX2 lacks for 64-bit lanes is `((x ^ s) >> n) ^ s` with
+/// `s` the sign mask. Same integers as [`rescale_fast`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rescale_avx2(
+    acc: &[i32],
+    n: usize,
+    ms: &[i64],
+    es: &[i32],
+    bias: &[i32],
+    tms: &[i64],
+    tes: &[i32],
+    out_frac: i32,
+    clamp: i64,
+    res: &mut [i32],
+) {
+    use std::arch::x86_64::*;
+    let rows = ms.len();
+    assert!(acc.len() >= rows * n && res.len() >= rows * n);
+    assert!(es.len() == rows && bias.len() == rows && tms.len() == n && tes.len() == n);
+    let (lo, hi) = (_mm256_set1_epi64x(-clamp), _mm256_set1_epi64x(clamp));
+    let load4 = |p: *const i32| _mm256_cvtepi32_epi64(_mm_loadu_si128(p as *const __m128i));
+    if n == 1 {
+        let (tm, sh) = (_mm256_set1_epi64x(tms[0]), (tes[0] - out_frac) as i64);
+        let mut r = 0;
+        while r + 4 <= rows {
+            let mt = _mm256_mul_epu32(_mm256_loadu_si256(ms.as_ptr().add(r) as *const _), tm);
+            let s = _mm256_add_epi64(load4(es.as_ptr().add(r)), _mm256_set1_epi64x(sh));
+            let a = _mm_loadu_si128(acc.as_ptr().add(r) as *const __m128i);
+            let v = rescale4(a, mt, s, load4(bias.as_ptr().add(r)), lo, hi);
+            _mm_storeu_si128(res.as_mut_ptr().add(r) as *mut __m128i, v);
+            r += 4;
+        }
+        for r in r..rows {
+            let s = (es[r] - out_frac) as i64 + tes[0] as i64;
+            res[r] = rescale_one(acc[r], ms[r] * tms[0], s, bias[r] as i64, clamp);
+        }
+        return;
+    }
+    for r in 0..rows {
+        let (m, b) = (
+            _mm256_set1_epi64x(ms[r]),
+            _mm256_set1_epi64x(bias[r] as i64),
+        );
+        let sh = _mm256_set1_epi64x((es[r] - out_frac) as i64);
+        let (a, o) = (&acc[r * n..(r + 1) * n], &mut res[r * n..(r + 1) * n]);
+        let mut t = 0;
+        while t + 4 <= n {
+            let mt = _mm256_mul_epu32(m, _mm256_loadu_si256(tms.as_ptr().add(t) as *const _));
+            let s = _mm256_add_epi64(load4(tes.as_ptr().add(t)), sh);
+            let v = rescale4(
+                _mm_loadu_si128(a.as_ptr().add(t) as *const _),
+                mt,
+                s,
+                b,
+                lo,
+                hi,
+            );
+            _mm_storeu_si128(o.as_mut_ptr().add(t) as *mut __m128i, v);
+            t += 4;
+        }
+        for t in t..n {
+            let s = (es[r] - out_frac) as i64 + tes[t] as i64;
+            o[t] = rescale_one(a[t], ms[r] * tms[t], s, bias[r] as i64, clamp);
+        }
+    }
+}
+
+/// Four lanes of [`rescale_avx2`]: i32 sums `a`, 64-bit `mt` (< 2^32), shifts `s` (1..=63),
+/// biases `b`; returns the clamped results as four i32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn rescale4(
+    a: std::arch::x86_64::__m128i,
+    mt: std::arch::x86_64::__m256i,
+    s: std::arch::x86_64::__m256i,
+    b: std::arch::x86_64::__m256i,
+    lo: std::arch::x86_64::__m256i,
+    hi: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::*;
+    let zero = _mm256_setzero_si256();
+    let one = _mm256_set1_epi64x(1);
+    let neg = _mm256_cmpgt_epi64(zero, _mm256_cvtepi32_epi64(a));
+    // |i32::MIN| is 2^31 as u32: still exact.
+    let mag = _mm256_cvtepu32_epi64(_mm_abs_epi32(a));
+    let p = _mm256_mul_epu32(mag, mt);
+    let prod = _mm256_sub_epi64(_mm256_xor_si256(p, neg), neg);
+    let x = _mm256_add_epi64(prod, _mm256_sllv_epi64(one, _mm256_sub_epi64(s, one)));
+    let sg = _mm256_cmpgt_epi64(zero, x);
+    let q = _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(x, sg), s), sg);
+    let v = _mm256_add_epi64(q, b);
+    let v = _mm256_blendv_epi8(v, hi, _mm256_cmpgt_epi64(v, hi));
+    let v = _mm256_blendv_epi8(v, lo, _mm256_cmpgt_epi64(lo, v));
+    // The low halves of the four i64 lanes (the clamped values fit i32).
+    let idx = _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0);
+    _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, idx))
 }
 
 /// The definition: every element through `round_shift64`.
@@ -135,7 +262,7 @@ mod tests {
 
     #[test]
     fn every_level_equals_the_definition() {
-        for n in [1, 37] {
+        for n in [1, 3, 4, 37] {
             every_level_equals_the_definition_at(n);
         }
     }
@@ -147,6 +274,10 @@ mod tests {
         let ms = vec![32768i64, 40000, 65535, 50000, 33333];
         let es = vec![20, 30, 25, 41, 33];
         let bias = vec![0, 5, -7, 1 << 20, -3];
+        // Ties of the rounding on both signs: the shift's half, exactly.
+        let mut acc = acc;
+        acc[0] = -(1 << 27);
+        acc[5 * n - 1] = (1 << 27) - 1;
         let tms: Vec<i64> = (0..n as i64).map(|t| 32768 + t * 887).collect();
         let tes: Vec<i32> = (0..n as i32).map(|t| 10 + t % 9).collect();
         let mut want = vec![0; 5 * n];
