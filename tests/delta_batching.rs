@@ -5,10 +5,13 @@ mod common;
 use lockstep::delta::{encode_batched, EncodeOptions, TensorPair, CHUNK_ELEMS};
 use lockstep::dtype::DType;
 
+/// dtype, shape, reference bytes, target bytes.
+type Case = (DType, Vec<u64>, Vec<u8>, Vec<u8>);
+
 #[test]
 fn bytes_do_not_depend_on_batch_budget_or_threads() {
     // Mixed dtypes and sizes, one tensor spanning several chunks.
-    let tensors: Vec<(DType, Vec<u64>, Vec<u8>, Vec<u8>)> = vec![
+    let tensors: Vec<Case> = vec![
         {
             let (r, t) = common::bf16_pair(3 * CHUNK_ELEMS + 77, 1);
             (DType::BF16, vec![(3 * CHUNK_ELEMS + 77) as u64], r, t)

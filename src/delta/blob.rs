@@ -399,15 +399,13 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
         .checked_mul(size)
         .filter(|&b| b <= isize::MAX as u64)
         .ok_or_else(|| Error::format("tensor blob", "tensor size overflows"))?;
-    if h.mode.uses_reference() {
-        if reference.len() as u64 != raw_bytes {
-            return Err(Error::Mismatch(format!(
-                "reference tensor has {} bytes, the blob's {} {:?} tensor needs {raw_bytes}",
-                reference.len(),
-                h.dtype,
-                h.shape
-            )));
-        }
+    if h.mode.uses_reference() && reference.len() as u64 != raw_bytes {
+        return Err(Error::Mismatch(format!(
+            "reference tensor has {} bytes, the blob's {} {:?} tensor needs {raw_bytes}",
+            reference.len(),
+            h.dtype,
+            h.shape
+        )));
     }
     // A wrong reference is named as such, before any other error of the decode (the
     // modeled decode hashes the reference as it goes, so it is checked after that).

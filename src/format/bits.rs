@@ -139,7 +139,7 @@ mod tests {
         let mut at = 0usize;
         for &(v, n) in fields {
             for i in 0..n {
-                if at % 8 == 0 {
+                if at.is_multiple_of(8) {
                     out.push(0);
                 }
                 out[at / 8] |= (((v >> i) & 1) as u8) << (at % 8);

@@ -264,7 +264,7 @@ pub fn compress_unverified(
             );
             payload.extend_from_slice(&c);
         }
-        let blocks = (parts.len() > 1).then(|| Blocks {
+        let blocks = (parts.len() > 1).then_some(Blocks {
             len: block_len,
             coded,
         });
