@@ -12,7 +12,7 @@
 //! the same tokens give the same [`Coded`] answers whatever the batch, the order of items or
 //! the thread count.
 
-use crate::format::lm::model_file::Model;
+use crate::format::lm::model_file::{Config, Model};
 use crate::Result;
 
 /// A device's language-model kernels ([`super::Device::lm`]).
@@ -146,8 +146,86 @@ pub fn query_last(items: &[Item]) -> Result<Vec<Item>> {
         .collect())
 }
 
-/// Fold LayerNorm outputs into a trace's per-channel maxima (as the CPU's trace does): for
-/// devices that read the LayerNorm outputs back.
+/// A GPU step's input, checked before anything runs: the sequences' lengths after the step
+/// (a session keeps them, and so moves its caches, only when the step succeeds), four words
+/// per item (sequence, position, token, 0) and each query's item with its words
+/// ([`query_words`]), as the wgpu and CUDA kernels read them.
+pub struct StepInput {
+    pub next: Vec<usize>,
+    pub words: Vec<u32>,
+    pub queries: Vec<(usize, [u32; 4])>,
+}
+
+/// Check `items` against the sequences' current lengths `lens` and the model, and lay them
+/// out for a GPU step.
+pub fn step_input(items: &[Item], lens: &[usize], cfg: &Config) -> Result<StepInput> {
+    let (ctx, vocab) = (cfg.n_ctx as usize, cfg.vocab as usize);
+    let mut next = lens.to_vec();
+    let mut words = Vec::with_capacity(items.len() * 4);
+    let mut queries = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        let p = next.get_mut(it.seq).ok_or_else(|| {
+            crate::Error::Invalid(format!("no sequence {} in this session", it.seq))
+        })?;
+        if *p >= ctx {
+            return Err(crate::Error::Invalid(format!(
+                "forward: position {} beyond context {ctx}",
+                *p
+            )));
+        }
+        if it.token >= cfg.vocab {
+            return Err(crate::Error::Invalid(format!(
+                "forward: token {} beyond vocab",
+                it.token
+            )));
+        }
+        words.extend([it.seq as u32, *p as u32, it.token, 0]);
+        *p += 1;
+        if let Some(q) = it.query {
+            queries.push((i, query_words(q, vocab)?));
+        }
+    }
+    Ok(StepInput {
+        next,
+        words,
+        queries,
+    })
+}
+
+/// What a traced GPU step reads back besides the answers (a [`Trace`]'s parts of one call).
+#[derive(Default)]
+pub struct Readback {
+    pub ln1: Vec<Vec<i64>>,
+    pub ln2: Vec<Vec<i64>>,
+    pub resid: Vec<Vec<i32>>,
+    pub logits: Vec<i32>,
+    pub freqs: Vec<Vec<u64>>,
+}
+
+impl Trace {
+    /// Take in one traced call of a model with `n_layer` layers of width `d`: the LayerNorm
+    /// outputs fold into the per-channel maxima, the rest is the last call's.
+    pub fn absorb(&mut self, rb: Readback, n_layer: usize, d: usize) {
+        if self.ln1.len() != n_layer || self.ln2.len() != n_layer {
+            *self = Trace {
+                ln1: vec![vec![0; d]; n_layer],
+                ln2: vec![vec![0; d]; n_layer],
+                ..std::mem::take(self)
+            };
+        }
+        for (acc, y) in self.ln1.iter_mut().zip(&rb.ln1) {
+            record(acc, y, d);
+        }
+        for (acc, y) in self.ln2.iter_mut().zip(&rb.ln2) {
+            record(acc, y, d);
+        }
+        self.resid = rb.resid;
+        self.logits = rb.logits;
+        self.freqs = rb.freqs;
+    }
+}
+
+/// Fold LayerNorm outputs (rows of `d`) into a trace's per-channel maxima.
 pub fn record(acc: &mut [i64], y: &[i64], d: usize) {
     for row in y.chunks_exact(d) {
         for (a, &v) in acc.iter_mut().zip(row) {

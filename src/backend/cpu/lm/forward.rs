@@ -8,7 +8,7 @@ use super::attention::attention;
 use super::matmul::matmul;
 use super::norm::{layer_norm, quantize};
 use crate::backend::cpu::Isa;
-use crate::backend::lm::{Item, Trace};
+use crate::backend::lm::{record, Item, Trace};
 use crate::format::lm::fixed::round_shift;
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
@@ -34,15 +34,6 @@ impl KvCache {
         self.k.iter_mut().for_each(Vec::clear);
         self.v.iter_mut().for_each(Vec::clear);
         self.len = 0;
-    }
-}
-
-/// Fold one LayerNorm output into the per-channel maxima of a trace.
-fn record(acc: &mut [i64], y: &[i64], d: usize) {
-    for row in y.chunks_exact(d) {
-        for (a, &v) in acc.iter_mut().zip(row) {
-            *a = (*a).max(v.abs());
-        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::gpu::Gpu;
 use crate::backend::lm::{
-    query_last, query_words, record, Coded, Item, LmKernels, LmSession, Trace,
+    query_last, step_input, Coded, Item, LmKernels, LmSession, Readback, Trace,
 };
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
@@ -150,16 +150,6 @@ struct WgpuSession<'m> {
     lens: Vec<usize>,
 }
 
-/// What a run brings back besides the answers.
-#[derive(Default)]
-struct Readback {
-    ln1: Vec<Vec<i64>>,
-    ln2: Vec<Vec<i64>>,
-    resid: Vec<Vec<i32>>,
-    logits: Vec<i32>,
-    freqs: Vec<Vec<u64>>,
-}
-
 impl<'m> WgpuSession<'m> {
     fn new(
         gpu: Arc<Gpu>,
@@ -224,63 +214,24 @@ impl<'m> WgpuSession<'m> {
         trace: Option<&mut Trace>,
         want_table: bool,
     ) -> Result<(Vec<Coded>, Option<Vec<u64>>)> {
-        let cfg = &self.model.config;
-        let (d, ctx, v) = (cfg.n_embd as usize, cfg.n_ctx as usize, cfg.vocab as usize);
-        // Positions, checked before anything runs (the caches move only on success).
-        let mut next = self.lens.clone();
-        let mut words = Vec::with_capacity(items.len() * 4);
-        let mut queries = Vec::new();
-        for (i, it) in items.iter().enumerate() {
-            let p = next
-                .get_mut(it.seq)
-                .ok_or_else(|| Error::Invalid(format!("no sequence {} in this session", it.seq)))?;
-            if *p >= ctx {
-                return Err(Error::Invalid(format!(
-                    "forward: position {} beyond context {ctx}",
-                    *p
-                )));
-            }
-            if it.token >= cfg.vocab {
-                return Err(Error::Invalid(format!(
-                    "forward: token {} beyond vocab",
-                    it.token
-                )));
-            }
-            words.extend([it.seq as u32, *p as u32, it.token, 0]);
-            *p += 1;
-            if let Some(q) = it.query {
-                queries.push((i, query_words(q, v)?));
-            }
-        }
+        let input = step_input(items, &self.lens, &self.model.config)?;
         if items.is_empty() {
             return Ok((Vec::new(), None));
         }
         let traced = trace.is_some();
         let gpu = self.gpu.clone();
-        let out = gpu.checked("language model step", || {
-            self.forward(&words, &queries, traced, want_table)
+        let (coded, rb, table) = gpu.checked("language model step", || {
+            self.forward(&input.words, &input.queries, traced, want_table)
         })?;
-        self.lens = next;
+        self.lens = input.next;
         if let Some(t) = trace {
-            let nl = self.model.blocks.len();
-            if t.ln1.len() != nl || t.ln2.len() != nl {
-                *t = Trace {
-                    ln1: vec![vec![0; d]; nl],
-                    ln2: vec![vec![0; d]; nl],
-                    ..std::mem::take(t)
-                };
-            }
-            for (acc, y) in t.ln1.iter_mut().zip(&out.1.ln1) {
-                record(acc, y, d);
-            }
-            for (acc, y) in t.ln2.iter_mut().zip(&out.1.ln2) {
-                record(acc, y, d);
-            }
-            t.resid = out.1.resid;
-            t.logits = out.1.logits;
-            t.freqs = out.1.freqs;
+            t.absorb(
+                rb,
+                self.model.blocks.len(),
+                self.model.config.n_embd as usize,
+            );
         }
-        Ok((out.0, out.2))
+        Ok((coded, table))
     }
 
     /// Record and run one step; returns the answers, the traced integers (when `traced`) and
