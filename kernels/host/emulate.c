@@ -63,7 +63,8 @@ static __thread struct {
     u32 **bufs;
     // Ballot bits of the round in progress, and of the round that last ended.
     u32 mask_now, mask_done;
-    // Set while a language-model kernel runs (ls_emu_launch_lm): its signature differs.
+    // The LM kernel of the launch in progress (ls_emu_launch_lm; 0 for a delta kernel, whose
+    // signature differs).
     ls_lm_kernel_fn lm_fn;
     const LmParams *lm_p;
 } ls_emu;
@@ -79,14 +80,19 @@ static void ls_emu_yield(void) {
     __asm__ volatile("" ::: "memory");
 }
 
+// One thread of the launch in progress: its delta or LM kernel (their signatures differ).
+static void ls_emu_thread(void) {
+    u32 **b = ls_emu.bufs;
+    if (ls_emu.lm_fn) {
+        ls_emu.lm_fn(*ls_emu.lm_p, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+    } else {
+        ls_emu.fn(*ls_emu.p, b[0], b[1], b[2], b[3], b[4], b[5]);
+    }
+}
+
 static void ls_fiber_main(void) {
     for (;;) {
-        u32 **b = ls_emu.bufs;
-        if (ls_emu.lm_fn) {
-            ls_emu.lm_fn(*ls_emu.lm_p, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
-        } else {
-            ls_emu.fn(*ls_emu.p, b[0], b[1], b[2], b[3], b[4], b[5]);
-        }
+        ls_emu_thread();
         ls_emu.cur->done = 1;
         ls_emu_yield();
     }
@@ -147,16 +153,11 @@ void ls_emu_init(unsigned chunk, unsigned groups) {
     ls_emu_groups = groups;
 }
 
-// Run blocks [first, end) of a launch of `kernel` (grid x block threads). 0: done; 1: no such
-// kernel; 2: a block size the emulation does not take.
-int ls_emu_launch(unsigned kernel, unsigned grid, unsigned block, unsigned first, unsigned end,
-                  const Params *p, u32 **bufs) {
-    if (kernel >= sizeof(LS_KERNELS) / sizeof(LS_KERNELS[0])) { return 1; }
-    if (block == 0u || block > LS_EMU_MAX_THREADS) { return 2; }
-    ls_emu.fn = LS_KERNELS[kernel].fn;
-    ls_emu.p = p;
-    ls_emu.bufs = bufs;
-    ls_emu.fiber_mode = LS_KERNELS[kernel].syncs;
+// Run blocks [first, end) of the launch set up in `ls_emu` (grid x block threads): a kernel
+// without barriers runs each thread straight through, one with barriers runs its threads as
+// fibers in rounds.
+static void ls_emu_run(unsigned grid, unsigned block, unsigned first, unsigned end, int syncs) {
+    ls_emu.fiber_mode = syncs;
     if (ls_emu.fiber_mode) { ls_emu_fibers(); }
     gridDim.x = grid;
     gridDim.y = gridDim.z = 1u;
@@ -169,7 +170,7 @@ int ls_emu_launch(unsigned kernel, unsigned grid, unsigned block, unsigned first
         if (!ls_emu.fiber_mode) {
             for (unsigned t = 0u; t < block; t++) {
                 threadIdx.x = t;
-                ls_emu.fn(*p, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], bufs[5]);
+                ls_emu_thread();
             }
             continue;
         }
@@ -189,6 +190,19 @@ int ls_emu_launch(unsigned kernel, unsigned grid, unsigned block, unsigned first
             ls_emu.mask_now = 0u;
         }
     }
+}
+
+// Run blocks [first, end) of a launch of `kernel` (grid x block threads). 0: done; 1: no such
+// kernel; 2: a block size the emulation does not take.
+int ls_emu_launch(unsigned kernel, unsigned grid, unsigned block, unsigned first, unsigned end,
+                  const Params *p, u32 **bufs) {
+    if (kernel >= sizeof(LS_KERNELS) / sizeof(LS_KERNELS[0])) { return 1; }
+    if (block == 0u || block > LS_EMU_MAX_THREADS) { return 2; }
+    ls_emu.fn = LS_KERNELS[kernel].fn;
+    ls_emu.lm_fn = 0;
+    ls_emu.p = p;
+    ls_emu.bufs = bufs;
+    ls_emu_run(grid, block, first, end, LS_KERNELS[kernel].syncs);
     return 0;
 }
 
@@ -213,36 +227,6 @@ int ls_emu_launch_lm(unsigned kernel, unsigned grid, unsigned block, unsigned fi
     ls_emu.lm_fn = LS_LM_KERNELS[kernel].fn;
     ls_emu.lm_p = p;
     ls_emu.bufs = bufs;
-    ls_emu.fiber_mode = LS_LM_KERNELS[kernel].syncs;
-    if (ls_emu.fiber_mode) { ls_emu_fibers(); }
-    gridDim.x = grid;
-    gridDim.y = gridDim.z = 1u;
-    blockDim.x = block;
-    blockDim.y = blockDim.z = 1u;
-    threadIdx.y = threadIdx.z = 0u;
-    blockIdx.y = blockIdx.z = 0u;
-    for (unsigned b = first; b < end; b++) {
-        blockIdx.x = b;
-        if (!ls_emu.fiber_mode) {
-            for (unsigned t = 0u; t < block; t++) {
-                threadIdx.x = t;
-                ls_emu.lm_fn(*p, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], bufs[5], bufs[6],
-                             bufs[7]);
-            }
-            continue;
-        }
-        for (unsigned t = 0u; t < block; t++) { ls_emu.fibers[t].done = 0; }
-        unsigned live = block;
-        while (live > 0u) {
-            for (unsigned t = 0u; t < block; t++) {
-                if (ls_emu.fibers[t].done) { continue; }
-                threadIdx.x = t;
-                ls_emu_resume(&ls_emu.fibers[t]);
-                if (ls_emu.fibers[t].done) { live--; }
-            }
-        }
-    }
-    // The delta kernels' launches find no LM kernel set.
-    ls_emu.lm_fn = 0;
+    ls_emu_run(grid, block, first, end, LS_LM_KERNELS[kernel].syncs);
     return 0;
 }

@@ -161,25 +161,9 @@ impl Launcher for CudaDriver {
         p: &Params,
         bufs: [&CudaSlice<u32>; 6],
     ) -> Result<()> {
-        if grid == 0 {
-            return Ok(());
-        }
-        let words = p.words();
         let f = &self.functions[kernel as usize];
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&words);
-        for buf in bufs {
-            b.arg(buf);
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (kernel.block(), 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: every kernel takes (Params, six u32 pointers), sized by the host code.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(driver_err(kernel.symbol()))
+        // SAFETY: every delta kernel takes (Params, six u32 pointers), sized by the host code.
+        unsafe { self.run(f, grid, kernel.block(), &p.words(), &bufs, kernel.symbol()) }
     }
 
     fn launch_lm(
@@ -189,24 +173,43 @@ impl Launcher for CudaDriver {
         p: &LmParams,
         bufs: [&CudaSlice<u32>; 8],
     ) -> Result<()> {
+        let f = &self.lm_functions()?[kernel as usize];
+        // SAFETY: every LM kernel takes (LmParams, eight u32 pointers), sized by the host code.
+        unsafe { self.run(f, grid, kernel.block(), &p.words(), &bufs, kernel.symbol()) }
+    }
+}
+
+impl CudaDriver {
+    /// Launch `f` on `grid` blocks of `block` threads with the parameter words and buffers
+    /// (nothing for an empty grid).
+    ///
+    /// # Safety
+    /// `f` must take exactly a `[u32; 32]` parameter block and `bufs.len()` u32 pointers, and
+    /// index them within the buffers' lengths.
+    unsafe fn run(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        words: &[u32; 32],
+        bufs: &[&CudaSlice<u32>],
+        name: &str,
+    ) -> Result<()> {
         if grid == 0 {
             return Ok(());
         }
-        let words = p.words();
-        let f = &self.lm_functions()?[kernel as usize];
         let mut b = self.stream.launch_builder(f);
-        b.arg(&words);
+        b.arg(words);
         for buf in bufs {
-            b.arg(buf);
+            b.arg(*buf);
         }
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
-            block_dim: (kernel.block(), 1, 1),
+            block_dim: (block, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: every LM kernel takes (LmParams, eight u32 pointers), sized by the host code.
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(driver_err(kernel.symbol()))
+            .map_err(driver_err(name))
     }
 }
