@@ -5,11 +5,11 @@
 // compiler or the hardware (tests/cuda_compile.rs checks that NVRTC and ptxas accept the
 // sources; only a GPU run checks the rest).
 //
-// Model: a launch's blocks are spread over the caller's threads (rayon, in Rust); within a
-// block, threads run one at a time. Kernels that synchronize (the emulation table in
-// emulate.c says which) run each thread as a fiber on its own stack: __syncthreads,
-// __syncwarp and __ballot_sync switch to the next thread, and a full round over the block's
-// threads is a barrier. The others run their threads one after another, without fibers, and
+// Model: a launch's blocks are spread over the emulated device's threads (a rayon pool of
+// its own, in Rust, apart from the caller's); within a block, threads run one at a time.
+// Kernels that synchronize (the emulation table in emulate.c says which) run each thread as
+// a fiber on its own stack: __syncthreads, __syncwarp and __ballot_sync switch to the next
+// thread, and a full round over the block's threads is a barrier. The others run their threads one after another, without fibers, and
 // stop the process if they reach a barrier. Warp intrinsics act on the whole block, so they
 // are used only in 32-thread blocks (checked).
 

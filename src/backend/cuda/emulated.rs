@@ -4,6 +4,7 @@
 //! it), not the CUDA compiler or a GPU. Never chosen by `auto`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
@@ -64,16 +65,46 @@ struct Ptrs<const N: usize>([*mut u32; N]);
 // of the launch touches, exactly as on a GPU.
 unsafe impl<const N: usize> Sync for Ptrs<N> {}
 
-/// Run a launch's blocks in ranges on the rayon pool through `run(first, end)` (the C entry
-/// point's return code, 0 for done): a few ranges per thread, since blocks differ in cost.
+/// The emulated device's own threads (one per core, or `RAYON_NUM_THREADS`). A launch runs
+/// its blocks here, never on the caller's rayon pool: the backend holds its one-operation
+/// lock across a launch, and a rayon worker that waits for its own pool steals that pool's
+/// other jobs, such as another tensor's operation, which then waits for the lock its own
+/// thread holds. (CI hung on that at stop 23, in the batch test's 7-thread pool.)
+fn device_threads() -> Result<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<std::result::Result<rayon::ThreadPool, String>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("cuda-emulation-{i}"))
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::Invalid(format!("CUDA emulation: cannot start its threads: {e}")))
+}
+
+/// Run a launch's blocks in ranges on the device's threads through `run(first, end)` (the C
+/// entry point's return code, 0 for done): a few ranges per thread, since blocks differ in
+/// cost (a short last chunk). The caller waits without running anything else.
 fn run_blocks(grid: u32, symbol: &str, run: impl Fn(u32, u32) -> i32 + Sync) -> Result<()> {
-    let per = grid
-        .div_ceil(rayon::current_num_threads() as u32 * 4)
-        .max(1);
-    let failed = (0..grid.div_ceil(per))
-        .into_par_iter()
-        .map(|r| run(r * per, ((r + 1) * per).min(grid)))
-        .find_any(|&rc| rc != 0);
+    let pool = device_threads()?;
+    let blocks = || {
+        let per = grid.div_ceil(pool.current_num_threads() as u32 * 4).max(1);
+        (0..grid.div_ceil(per))
+            .into_par_iter()
+            .map(|r| run(r * per, ((r + 1) * per).min(grid)))
+            .find_any(|&rc| rc != 0)
+    };
+    let failed = if rayon::current_thread_index().is_some() {
+        // From a worker of another pool, `install` would steal that pool's jobs while it
+        // waits; a plain thread just blocks.
+        std::thread::scope(|s| {
+            s.spawn(|| pool.install(blocks))
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    } else {
+        pool.install(blocks)
+    };
     match failed {
         None => Ok(()),
         Some(rc) => Err(Error::Invalid(format!(
@@ -124,38 +155,23 @@ impl Launcher for HostEmulation {
         let words = p.words();
         let ptrs = Ptrs(bufs.map(|b| b.0.as_ptr() as *mut u32));
         let block = kernel.block();
-        // A few ranges per thread: blocks differ in cost (a short last chunk).
-        let per = grid
-            .div_ceil(rayon::current_num_threads() as u32 * 4)
-            .max(1);
-        let failed = (0..grid.div_ceil(per))
-            .into_par_iter()
-            .map(|r| {
-                let (first, end) = (r * per, ((r + 1) * per).min(grid));
-                let ptrs = &ptrs;
-                // SAFETY: the parameter block is the kernels' Params (32 words); the buffers
-                // live until this call returns and are as large as the host code sized them
-                // for the kernel (the same sizes the GPU gets).
-                unsafe {
-                    ls_emu_launch(
-                        kernel as u32,
-                        grid,
-                        block,
-                        first,
-                        end,
-                        words.as_ptr(),
-                        ptrs.0.as_ptr(),
-                    )
-                }
-            })
-            .find_any(|&rc| rc != 0);
-        match failed {
-            None => Ok(()),
-            Some(rc) => Err(Error::Invalid(format!(
-                "CUDA emulation refused {} (code {rc})",
-                kernel.symbol()
-            ))),
-        }
+        run_blocks(grid, kernel.symbol(), |first, end| {
+            let ptrs = &ptrs;
+            // SAFETY: the parameter block is the kernels' Params (32 words); the buffers
+            // live until this call returns and are as large as the host code sized them for
+            // the kernel (the same sizes the GPU gets).
+            unsafe {
+                ls_emu_launch(
+                    kernel as u32,
+                    grid,
+                    block,
+                    first,
+                    end,
+                    words.as_ptr(),
+                    ptrs.0.as_ptr(),
+                )
+            }
+        })
     }
 
     fn launch_lm(
