@@ -22,7 +22,8 @@
 //!   then N rounds alternating lockstep `--fast` (best CPU level, one thread) and ZipNN,
 //!   with each round's speed ratios and their medians (a shared machine's noise hits
 //!   both sides of a round alike); `--layout default` pairs the default layout instead of
-//!   `--fast`. `bench delta [DIR] --scaling [--rounds N]`: thread scaling instead, N rounds
+//!   `--fast`, `--isa L` (portable, avx2, avx512, neon) runs lockstep's side at that level.
+//!   `bench delta [DIR] --scaling [--rounds N]`: thread scaling instead, N rounds
 //!   (default 3) of both layouts at one thread and at two (best CPU level), with each
 //!   round's two-thread speedups and their medians (needs both cores free to mean much).
 //! - `bench text [--quick]`: bits per byte of the text codec (default and ablations) beside
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default] [--scaling] | bench text [--quick]"
+                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default] [--isa L] [--scaling] | bench text [--quick]"
             );
             return ExitCode::from(2);
         }
@@ -308,12 +309,14 @@ const PAIRS: [(&str, &str); 2] = [
 
 fn bench_delta(args: &[String]) -> Result<(), String> {
     let zipnn = args.iter().any(|a| a == "--zipnn");
-    // The one argument that is neither a flag nor the value after `--rounds` or `--layout`.
+    // The one argument that is neither a flag nor the value after `--rounds`, `--layout` or
+    // `--isa`.
     let dir = args
         .iter()
         .enumerate()
         .find(|&(i, a)| {
-            !a.starts_with("--") && (i == 0 || !["--rounds", "--layout"].contains(&&*args[i - 1]))
+            !a.starts_with("--")
+                && (i == 0 || !["--rounds", "--layout", "--isa"].contains(&&*args[i - 1]))
         })
         .map(|(_, a)| a.clone())
         .unwrap_or_else(|| TRAJECTORY.to_string());
@@ -328,6 +331,11 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
     if args.iter().any(|a| a == "--scaling") {
         return scaling(&dir, rounds.unwrap_or(3));
     }
+    // `--isa L`: the paired rounds run lockstep at that CPU level instead of the best.
+    let isa = match args.iter().position(|a| a == "--isa") {
+        Some(i) => args.get(i + 1).ok_or("--isa needs a level")?.as_str(),
+        None => "",
+    };
     let layout = match args.iter().position(|a| a == "--layout") {
         Some(i) => match args.get(i + 1).map(String::as_str) {
             Some(l @ ("default" | "fast")) => l,
@@ -376,7 +384,7 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
         )?;
     }
     if rounds > 0 {
-        paired_rounds(&dir, py, rounds, layout)?;
+        paired_rounds(&dir, py, rounds, layout, isa)?;
     }
     Ok(())
 }
@@ -448,26 +456,33 @@ fn scaling(dir: &str, rounds: usize) -> Result<(), String> {
 
 /// `rounds` rounds of lockstep in `layout` (best CPU level, one thread) then ZipNN, on every
 /// pair: each round's speeds and lockstep/ZipNN ratios, then the ratios' medians.
-fn paired_rounds(dir: &str, py: &str, rounds: usize, layout: &str) -> Result<(), String> {
+fn paired_rounds(
+    dir: &str,
+    py: &str,
+    rounds: usize,
+    layout: &str,
+    isa: &str,
+) -> Result<(), String> {
     let mut table = Vec::new();
+    let mut measure = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "lockstep-measure",
+        "--",
+        "table",
+        "--dir",
+        dir,
+        "--paired",
+        "--layout",
+        layout,
+    ];
+    if !isa.is_empty() {
+        measure.extend(["--isa", isa]);
+    }
     for round in 1..=rounds {
-        let ours = speeds(&capture(
-            "cargo",
-            &[
-                "run",
-                "--release",
-                "--quiet",
-                "--package",
-                "lockstep-measure",
-                "--",
-                "table",
-                "--dir",
-                dir,
-                "--paired",
-                "--layout",
-                layout,
-            ],
-        )?);
+        let ours = speeds(&capture("cargo", &measure)?);
         for (k, (a, b)) in PAIRS.iter().enumerate() {
             let theirs = speeds(&capture(
                 py,
@@ -484,8 +499,9 @@ fn paired_rounds(dir: &str, py: &str, rounds: usize, layout: &str) -> Result<(),
         }
     }
     println!(
-        "\nPaired rounds: lockstep, {} layout (best CPU level, 1 thread), then ZipNN (1 thread), MB/s:",
-        if layout == "fast" { "--fast" } else { "default" }
+        "\nPaired rounds: lockstep, {} layout ({} CPU level, 1 thread), then ZipNN (1 thread), MB/s:",
+        if layout == "fast" { "--fast" } else { "default" },
+        if isa.is_empty() { "best" } else { isa }
     );
     println!(
         "| round | target | lockstep enc | ZipNN enc | enc × | lockstep dec | ZipNN dec | dec × |"

@@ -176,7 +176,8 @@ pub fn chunk<T: Word>(
     codes.resize(n, 0);
     // Where the joint lanes leave joint symbols for the tail pass to expand.
     #[cfg(target_arch = "x86_64")]
-    let j_codes = joint.is_some() && isa == Isa::Avx512 && super::avx512::joint::stores_j::<T>();
+    let j_codes =
+        joint.is_some() && matches!(isa, Isa::Avx512 | Isa::Avx2) && super::joint::stores_j::<T>();
     #[cfg(not(target_arch = "x86_64"))]
     let j_codes = false;
     if let Some(table) = joint {
@@ -419,7 +420,14 @@ fn finish<T: Word>(
         // SAFETY: as above; `need` was checked.
         let (elems, bits) = unsafe {
             if T::BITS == 16 {
-                super::avx2::decode::finish_u16(codes, reference, out, tail.bytes(), signed)
+                super::avx2::decode::finish_u16(
+                    codes,
+                    j_codes,
+                    reference,
+                    out,
+                    tail.bytes(),
+                    signed,
+                )
             } else {
                 super::avx2::decode::finish_u32(codes, reference, out, tail.bytes(), signed)
             }
@@ -436,8 +444,8 @@ fn finish<T: Word>(
         done = elems;
         tail.consumed = bits;
     }
-    // The other vector passes read per-element codes (`j_codes` is AVX-512, 16-bit only).
-    debug_assert!(!j_codes || done == codes.len() / 32 * 32);
+    // The scalar pass finishes what the vector passes left, joint symbols included
+    // (`j_codes`: x86 vector levels, 16-bit floats only).
     let of_j = super::joint::code_of_joint();
     for ((&code, r), o) in codes[done..]
         .iter()

@@ -329,6 +329,15 @@ pub fn decode_lanes(
     Ok(())
 }
 
+/// Whether the x86 vector joint lanes (AVX2, AVX-512) store joint symbols rather than
+/// per-element codes for `T`: for 16-bit floats, whose vector tail passes turn 16 or 32
+/// symbols into codes in the instructions the lanes would spend on 8 or 16, off the lanes'
+/// state chain (the lanes are bound by instruction count).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub const fn stores_j<T: Word>() -> bool {
+    T::BITS == 16
+}
+
 /// Per-element codes of joint symbols 0..16, for the vector decoders (above 6 the code
 /// follows from `J + 17 = 8·b + 4·q1 + 2·q2 + neg` by shifts).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

@@ -1,8 +1,8 @@
 //! `measure table`: the speed table behind `cargo xtask bench delta` (docs/BENCHMARKS.md):
 //! lockstep's devices and zstd -19 on byte-grouped XOR, on the same checkpoint pairs, in one
-//! run. `--paired`: only lockstep on the best CPU level, one thread, `--fast` (or the default
-//! layout with `--layout default`): the rows `cargo xtask bench delta --rounds` alternates with
-//! ZipNN. `--scaling`: only the best CPU level, `--fast` then the default layout, each at one
+//! run. `--paired`: only lockstep on the best CPU level (or `--isa`'s), one thread, `--fast` (or
+//! the default layout with `--layout default`): the rows `cargo xtask bench delta --rounds`
+//! alternates with ZipNN. `--scaling`: only the best CPU level, `--fast` then the default layout, each at one
 //! thread and at two (the rows of `cargo xtask bench delta --scaling`).
 
 use rayon::prelude::*;
@@ -112,9 +112,10 @@ pub fn run(o: &Opts) -> Result<(), String> {
                 LayoutChoice::Fast => "--fast",
                 _ => "default",
             };
+            let cpu = o.cpu()?;
             layout_row(
-                &format!("lockstep {name} cpu {}, 1 thr", best_isa.name()),
-                &CpuBackend,
+                &format!("lockstep {name} cpu {}, 1 thr", cpu.isa().name()),
+                &cpu,
                 1,
                 &pairs,
                 reps,

@@ -19,6 +19,7 @@ use core::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::super::decode::{no_row, Stream};
+use super::super::joint::code_of_joint;
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -383,74 +384,228 @@ pub unsafe fn full_steps<T: Word>(
     Ok(full)
 }
 
-/// Raw tails and the inverse transform for 16-bit elements, 8 at a time, as
-/// `avx512::decode::finish_u16` does them: each tail's bit offset a prefix sum of the
-/// lengths, its bits the four bytes from the offset's byte (7 + 13 bits fit), shuffled out
-/// of a 16-byte window that holds the whole group's tails, then
-/// the value rebuilt, turned into a displacement and added to the reference's ordered key.
-/// Does every whole group of 8 and returns how many elements and tail bits it used.
+/// Raw tails and the inverse transform for 16-bit elements, 16 at a time in 16-bit lanes,
+/// as `avx512::decode::finish_u16` does them 32 at a time (in 32-bit lanes this pass was
+/// 41% of a bf16 `--fast` decode's samples on a Zen 5 at this level, the lanes 38%): the
+/// codes (or, where `j_codes`, the joint symbols the lanes stored, expanded here off the
+/// lanes' state chain) narrowed to 16 bits; each tail's bit offset a prefix sum of the
+/// lengths; its bits taken from the four bytes around the offset's byte by byte shuffles of
+/// a 32-byte window that holds the whole group's tails; then the value rebuilt, turned into a
+/// displacement and added to the reference's ordered key. AVX2 has no variable 16-bit shifts:
+/// every shift by a lane's own count is a multiply by a power of two that a byte shuffle
+/// looks up (`mullo` shifts left, `mulhi` right). Does every whole group of 16 while the
+/// window fits the tail and returns how many elements and tail bits it used; the caller
+/// finishes the rest.
 ///
 /// # Safety
 /// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
-/// (checked by the caller).
+/// (checked by the caller); the codes must be below 2^16 (every lane writes codes below
+/// 2^10 and joint symbols below 2^8).
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 pub unsafe fn finish_u16(
     codes: &[u32],
+    j_codes: bool,
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
     tail: &[u8],
     signed: bool,
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
-    let full = n / 8 * 8;
-    let one = _mm256_set1_epi32(1);
+    let full = n / 16 * 16;
     let mut bits = 0u64;
-    // Byte 0 of each 32-bit lane copied to all four, then + 0, 1, 2, 3: the shuffle that
-    // takes the four window bytes from a lane's byte offset on.
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
-        12, 12, 12,
+    // Byte tables, looked up by `_mm256_shuffle_epi8` (an index with bit 7 set reads 0):
+    let table = |f: fn(usize) -> u8| {
+        let t: [u8; 16] = std::array::from_fn(f);
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
+    };
+    // the codes of J < 16 (low and high bytes);
+    let (small_lo, small_hi) = (
+        table(|j| code_of_joint()[j] as u8),
+        table(|j| (code_of_joint()[j] >> 8) as u8),
     );
-    let step = _mm256_set1_epi32(0x0302_0100);
-    for j in (0..full).step_by(8) {
-        // The tail is not padded: where the group's 16-byte window could pass its end, the
+    // (1 << i) - 1, at most 0xFF: the low byte of a tail mask of i bits, and at i - 8 its
+    // high byte;
+    let ones_below = table(|i| if i >= 8 { 0xFF } else { (1u8 << i) - 1 });
+    // 2^i below 8, 0 above: the bytes of 2^e as entries e and e - 8;
+    let pow2 = table(|i| if i < 8 { 1 << i } else { 0 });
+    // 2^(8 - s) for s in 1..8 at entry s, and entry 8 + s its high byte (1 for s = 0);
+    let shift_m = table(|i| match i {
+        1..=7 => 1 << (8 - i),
+        8 => 1,
+        _ => 0,
+    });
+    // the high byte of 2^(13 + b) for b < 3 (b = 16 wraps to entry 0: harmless, below).
+    let down_hi = table(|b| match b {
+        0 => 0x20,
+        1 => 0x40,
+        2 => 0x80,
+        _ => 0,
+    });
+    let (fifteen, sixteen) = (_mm256_set1_epi8(15), _mm256_set1_epi8(16));
+    let (ffff, h) = (_mm256_set1_epi16(-1), _mm256_set1_epi16(i16::MIN));
+    for j in (0..full).step_by(16) {
+        // The tail is not padded: where the group's 32-byte window could pass its end, the
         // caller's scalar pass does the rest.
         let at = (bits / 8) as usize;
-        if tail.len().saturating_sub(at) < 16 {
+        if tail.len().saturating_sub(at) < 32 {
             return (j, bits);
         }
-        let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
-        let b = _mm256_and_si256(c, _mm256_set1_epi32(127));
-        let len = _mm256_subs_epu16(b, _mm256_set1_epi32(3)); // b <= 16: max(b - 3, 0)
-        let (off, total) = tail_offsets(len);
-        let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
-        // The 8 tails lie in the 16 bytes from the first one's byte (7 + 8 × 13 bits), and
-        // each lane's 7 + 13 bits in the 4 bytes from its own (byte offset at most 12): one
-        // load in both halves and a byte shuffle, where a gather cost half of this pass.
-        let window = _mm256_broadcastsi128_si256(_mm_loadu_si128(tail.as_ptr().add(at).cast()));
-        let pick = _mm256_add_epi8(
-            _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread),
-            step,
+        // Both halves narrowed (exact: below 2^16), then the 64-bit quarters back in order.
+        let c = _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi32(
+            _mm256_loadu_si256(codes.as_ptr().add(j).cast()),
+            _mm256_loadu_si256(codes.as_ptr().add(j + 8).cast()),
+        ));
+        let c = if j_codes {
+            code_of_j16(c, small_lo, small_hi)
+        } else {
+            c
+        };
+        let b = _mm256_and_si256(c, _mm256_set1_epi16(127));
+        let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3)); // b <= 16: max(b - 3, 0)
+        let (off, total) = tail_offsets16(len);
+        let off = _mm256_add_epi16(off, _mm256_set1_epi16((bits % 8) as i16));
+        // The 16 tails lie in the 32 bytes from the first one's byte (7 + 16 × 13 bits),
+        // each in the bytes k..k + 2 from its own byte k (k at most 25). Bytes k - 1, k
+        // and k + 1, k + 2 as two 16-bit words (byte -1 reads 0), shuffled out of the
+        // window's two halves, each broadcast: the low half takes indices below 16, the
+        // high half (index - 16) the rest.
+        let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
+        let (lo_w, hi_w) = (
+            _mm256_permute2x128_si256::<0x00>(w, w),
+            _mm256_permute2x128_si256::<0x11>(w, w),
         );
-        let raw = _mm256_shuffle_epi8(window, pick);
-        let raw = _mm256_srlv_epi32(raw, _mm256_and_si256(off, _mm256_set1_epi32(7)));
-        let t = _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+        let pick = |i: __m256i| {
+            _mm256_or_si256(
+                _mm256_shuffle_epi8(lo_w, _mm256_or_si256(i, _mm256_cmpgt_epi8(i, fifteen))),
+                _mm256_shuffle_epi8(hi_w, _mm256_sub_epi8(i, sixteen)),
+            )
+        };
+        let k = _mm256_srli_epi16::<3>(off);
+        let kk = _mm256_or_si256(k, _mm256_slli_epi16::<8>(k));
+        let w0 = pick(_mm256_add_epi8(kk, _mm256_set1_epi16(0x00FF)));
+        let w1 = pick(_mm256_add_epi8(kk, _mm256_set1_epi16(0x0201)));
+        // The 32 bits w1:w0 shifted right by 8 + s (s = off & 7, the tail's first bit in
+        // byte k): w0 >> (8 + s) | w1 << (8 - s), both by multiplying with 2^(8 - s).
+        let s = _mm256_and_si256(off, _mm256_set1_epi16(7));
+        let m = _mm256_shuffle_epi8(
+            shift_m,
+            _mm256_add_epi8(
+                _mm256_or_si256(s, _mm256_slli_epi16::<8>(s)),
+                _mm256_set1_epi16(0x0800),
+            ),
+        );
+        let raw = _mm256_or_si256(_mm256_mulhi_epu16(w0, m), _mm256_mullo_epi16(w1, m));
+        // (1 << len) - 1: entries len (low byte) and len - 8 (high byte; below 8: 0).
+        let ll = _mm256_or_si256(len, _mm256_slli_epi16::<8>(len));
+        let mask = _mm256_shuffle_epi8(
+            ones_below,
+            _mm256_add_epi8(ll, _mm256_set1_epi16(0xF800_u16 as i16)),
+        );
+        let t = _mm256_and_si256(raw, mask);
         bits += total as u64;
-        let delta = displacement(c, b, t, signed);
-        let r = _mm256_cvtepu16_epi32(_mm_loadu_si128(reference.as_ptr().add(2 * j).cast()));
+        let delta = displacement16(c, b, t, signed, pow2, down_hi);
+        let r = _mm256_loadu_si256(reference.as_ptr().add(2 * j).cast());
         // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
-        let h = _mm256_set1_epi32(0x8000);
-        let ffff = _mm256_set1_epi32(0xFFFF);
-        let r_neg = _mm256_cmpeq_epi32(_mm256_and_si256(r, h), h);
-        let key = _mm256_xor_si256(r, _mm256_blendv_epi8(h, ffff, r_neg));
-        let k = _mm256_and_si256(_mm256_add_epi32(key, delta), ffff);
-        let k_pos = _mm256_cmpeq_epi32(_mm256_and_si256(k, h), h);
-        let x = _mm256_xor_si256(k, _mm256_blendv_epi8(ffff, h, k_pos));
-        // Every lane is below 2^16, so the saturating pack is a plain narrowing.
-        let x16 = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x));
-        _mm_storeu_si128(out.as_mut_ptr().add(2 * j).cast(), x16);
+        let key = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi16::<15>(r), h));
+        let k = _mm256_add_epi16(key, delta);
+        let x = _mm256_xor_si256(
+            k,
+            _mm256_or_si256(_mm256_andnot_si256(_mm256_srai_epi16::<15>(k), ffff), h),
+        );
+        _mm256_storeu_si256(out.as_mut_ptr().add(2 * j).cast(), x);
     }
     (full, bits)
+}
+
+/// Per-element codes (`b | q1 << 7 | q2 << 8 | neg << 9`) of 16 joint symbols in 16-bit
+/// lanes (as the AVX-512 `code_of_j16`): from `u = J + 17 = 8·b + 4·q1 + 2·q2 + neg` by
+/// shifts from J = 7 on, below that from the byte tables of the codes of J < 16.
+#[inline(always)]
+unsafe fn code_of_j16(j: __m256i, small_lo: __m256i, small_hi: __m256i) -> __m256i {
+    let u = _mm256_add_epi16(j, _mm256_set1_epi16(17));
+    let c = _mm256_or_si256(
+        _mm256_or_si256(
+            _mm256_srli_epi16::<3>(u),
+            _mm256_slli_epi16::<5>(_mm256_and_si256(u, _mm256_set1_epi16(4))),
+        ),
+        _mm256_or_si256(
+            _mm256_slli_epi16::<7>(_mm256_and_si256(u, _mm256_set1_epi16(2))),
+            _mm256_slli_epi16::<9>(_mm256_and_si256(u, _mm256_set1_epi16(1))),
+        ),
+    );
+    // J's low byte indexes both tables (its high byte, 0, reads entry 0: dropped).
+    let small = _mm256_or_si256(
+        _mm256_and_si256(_mm256_shuffle_epi8(small_lo, j), _mm256_set1_epi16(0xFF)),
+        _mm256_slli_epi16::<8>(_mm256_shuffle_epi8(small_hi, j)),
+    );
+    // J < 7 (J is below 256: the signed compare is exact).
+    let lt7 = _mm256_cmpgt_epi16(_mm256_set1_epi16(7), j);
+    _mm256_blendv_epi8(c, small, lt7)
+}
+
+/// Bit offsets of 16 consecutive raw tails of lengths `len` (16-bit lanes), relative to the
+/// first (an exclusive prefix sum), and their total length (at most 16 × 13).
+#[inline(always)]
+unsafe fn tail_offsets16(len: __m256i) -> (__m256i, u32) {
+    // Inclusive sums within each 128-bit half, then the low half's total into the high.
+    let mut p = len;
+    p = _mm256_add_epi16(p, _mm256_slli_si256::<2>(p));
+    p = _mm256_add_epi16(p, _mm256_slli_si256::<4>(p));
+    p = _mm256_add_epi16(p, _mm256_slli_si256::<8>(p));
+    // Word 7 of each half in all its words; the low half's moved up, zeros below.
+    let w7 = _mm256_shuffle_epi8(p, _mm256_set1_epi16(0x0F0E));
+    p = _mm256_add_epi16(p, _mm256_permute2x128_si256::<0x08>(w7, w7));
+    (
+        _mm256_sub_epi16(p, len),
+        _mm256_extract_epi16::<15>(p) as u32 & 0xFFFF,
+    )
+}
+
+/// [`displacement`] of 16 16-bit elements in 16-bit lanes (values and keys of 16-bit
+/// floats wrap the same way there): `top << (b - 3)` as a multiply by 2^(b - 3) (`pow2`'s
+/// entries b - 3 and b - 11 as its bytes; both negative, so 0, for b < 3) and `top >> (3 -
+/// b)` as the high half of a multiply by 2^(13 + b) (`down_hi`; for b = 16 that reads
+/// 2^13, and `top >> 3` is 0 as it should be for b >= 3).
+#[inline(always)]
+unsafe fn displacement16(
+    c: __m256i,
+    b: __m256i,
+    t: __m256i,
+    signed: bool,
+    pow2: __m256i,
+    down_hi: __m256i,
+) -> __m256i {
+    let (zero, one) = (_mm256_setzero_si256(), _mm256_set1_epi16(1));
+    let top = _mm256_or_si256(
+        _mm256_set1_epi16(4),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<6>(c), _mm256_set1_epi16(2)),
+            _mm256_and_si256(_mm256_srli_epi16::<8>(c), one),
+        ),
+    );
+    let bb = _mm256_or_si256(b, _mm256_slli_epi16::<8>(b));
+    let up = _mm256_shuffle_epi8(
+        pow2,
+        _mm256_add_epi8(bb, _mm256_set1_epi16(0xF5FD_u16 as i16)),
+    );
+    let down = _mm256_slli_epi16::<8>(_mm256_shuffle_epi8(down_hi, b));
+    let v = _mm256_or_si256(
+        _mm256_or_si256(_mm256_mullo_epi16(top, up), _mm256_mulhi_epu16(top, down)),
+        t,
+    );
+    if signed {
+        let neg = _mm256_cmpeq_epi16(
+            _mm256_and_si256(c, _mm256_set1_epi16(1 << 9)),
+            _mm256_set1_epi16(1 << 9),
+        );
+        _mm256_sub_epi16(_mm256_xor_si256(v, neg), neg)
+    } else {
+        // ZigZag: (v >> 1) ^ -(v & 1)
+        _mm256_xor_si256(
+            _mm256_srli_epi16::<1>(v),
+            _mm256_sub_epi16(zero, _mm256_and_si256(v, one)),
+        )
+    }
 }
 
 /// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of

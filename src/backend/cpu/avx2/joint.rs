@@ -8,7 +8,7 @@ use core::arch::x86_64::*;
 
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
-use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
+use super::super::joint::{small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, first, gather_flat, load_u16, load_u32, put4, SLACK};
@@ -63,7 +63,7 @@ unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: _
 }
 
 /// Decode whole steps of the chunk from its start, as the AVX-512 `decode` does (same
-/// arguments, same result).
+/// arguments, same result: joint symbols where `stores_j`, else per-element codes).
 ///
 /// # Safety
 /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT; `T` at most 32 bits; unless
@@ -197,7 +197,13 @@ pub unsafe fn decode<T: Word>(
             // words are left (`guarded`) or padded.
             x[v] = refill(xs, words, &mut pos);
             let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
-            _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j, small));
+            // 16-bit floats: J itself (`stores_j`), for the tail pass to expand 16 at a time.
+            let c = if stores_j::<T>() {
+                j
+            } else {
+                code_of(j, small)
+            };
+            _mm256_storeu_si256(cp.add(base + 8 * v).cast(), c);
         }
         if pos > st.len {
             return Err(overrun());

@@ -9,7 +9,7 @@ use core::arch::x86_64::*;
 
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
-use super::super::joint::{small_codes, JointDec, JointFlat, FLAT_STRIDE};
+use super::super::joint::{small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, gather_flat, put2};
@@ -58,13 +58,6 @@ unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: _
     let er = _mm512_and_si512(_mm512_srl_epi32(r, mant), emask);
     let sign = _mm512_srl_epi32(r, _mm_cvtsi32_si128(T::BITS as i32 - 1));
     _mm512_or_si512(_mm512_slli_epi32::<1>(er), sign)
-}
-
-/// Whether [`decode`] stores joint symbols rather than per-element codes for `T`: for
-/// 16-bit floats, whose AVX-512 tail pass turns 32 symbols into codes in the instructions
-/// the lanes would spend on 16 (the lanes are bound by instruction count).
-pub const fn stores_j<T: Word>() -> bool {
-    T::BITS == 16
 }
 
 /// Decode whole steps of the chunk from its start, exactly as
