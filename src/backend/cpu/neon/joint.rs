@@ -8,10 +8,11 @@
 use core::arch::aarch64::*;
 
 use super::super::decode::{no_row, Stream};
-use super::super::encode::{codes, Scratch};
+use super::super::encode::Scratch;
 use super::super::joint::{code_of_joint, context, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::tables::PACKED_IDENTITY;
 use super::super::word::Word;
+use super::encode::codes_and_tails;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{EncodedChunk, LANES};
@@ -176,8 +177,7 @@ pub unsafe fn encode_chunk<T: Word>(
     flat: &JointFlat,
     s: &mut Scratch,
 ) -> EncodedChunk {
-    s.tail.clear();
-    codes(d, true, &mut s.codes, Some(&mut s.tail));
+    codes_and_tails(d, true, s);
     let (states, at) = lanes(&s.codes, info, flat, &mut s.words);
     EncodedChunk {
         words: s.words[at..SLACK + s.codes.len()].to_vec(),
