@@ -14,11 +14,14 @@
 use core::arch::aarch64::*;
 use std::any::TypeId;
 
-use super::super::encode::{codes, lanes, Scratch};
-use super::super::tables::EncStage;
-use super::super::word::Word;
+use super::super::encode::{codes, Scratch};
+use super::super::tables::{EncStage, PACKED_IDENTITY};
+use super::super::word::{b_context, neighbor_b, rs, up, Word};
+use super::joint::{put, NV, RECIP, SLACK};
+use crate::entropy::freq::PROB_TOTAL;
+use crate::entropy::rans::RANS_L;
 use crate::format::bits::BitWriter;
-use crate::format::chunk::EncodedChunk;
+use crate::format::chunk::{EncodedChunk, LANES};
 
 /// A chunk's per-element codes into `s.codes` and raw tails into `s.tail`, as
 /// `super::super::encode::codes(d, signed, &mut s.codes, Some(&mut s.tail))` gives them:
@@ -45,7 +48,7 @@ pub unsafe fn codes_and_tails<T: Word>(d: &[T], signed: bool, s: &mut Scratch) {
 }
 
 /// One chunk of the Paper or Signed layout, as `super::super::encode::chunk` codes it: the
-/// NEON codes and tails, then the portable lanes (`super::super::encode::lanes`).
+/// NEON codes and tails, then the NEON lanes ([`lanes`]).
 ///
 /// # Safety
 /// The CPU must have NEON (`Isa::Neon` available).
@@ -62,13 +65,124 @@ pub unsafe fn chunk<T: Word>(
 ) -> EncodedChunk {
     // SAFETY: the caller guarantees NEON.
     unsafe { codes_and_tails(d, signed, s) };
-    let (states, n_words) = lanes(&s.codes, info, w1, stages, distance, &mut s.words);
+    // SAFETY: the caller guarantees NEON.
+    let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, distance, &mut s.words) };
     EncodedChunk {
-        words: s.words[..n_words].iter().rev().copied().collect(),
+        words: s.words[at..SLACK + s.codes.len() * stages.len()].to_vec(),
         states,
         tail: s.tail.bytes(),
         tail_bits: s.tail.bits(),
     }
+}
+
+/// `super::super::encode::lanes` (the function this must equal, word for word and state
+/// for state) with the state arithmetic, the flush and the division on eight 4-lane
+/// vectors, as the Joint layout's NEON lanes do: per step and stage (reversed, as there)
+/// each lane's context and symbol are computed as the portable loop computes them and its
+/// packed symbol (`freq | start << 16`) looked up (scalar loads: NEON has no gathers), then
+/// the 32 lanes are coded by `super::joint::put`, which stores each stage's flushed words
+/// below the previous ones, so the buffer read forwards is the stream with no reversal
+/// pass. The words are left in `words[at..SLACK + codes.len() · stages]`, `at` returned
+/// with the final states.
+///
+/// # Safety
+/// The CPU must have NEON.
+#[target_feature(enable = "neon")]
+unsafe fn lanes(
+    codes: &[u32],
+    info: &[u16],
+    w1: usize,
+    stages: &[EncStage],
+    distance: Option<usize>,
+    words: &mut Vec<u16>,
+) -> ([u32; LANES], usize) {
+    let n = codes.len();
+    assert!(info.len() >= n);
+    // At most one word per coded symbol, and the slack below. Grown, never cleared: every
+    // slot from the final cursor up is written.
+    let end = SLACK + n * stages.len();
+    if words.len() < end {
+        words.resize(end, 0);
+    }
+    let out = words.as_mut_ptr();
+    let mut pos = end;
+    let d = distance.unwrap_or(usize::MAX);
+    let d_s = match stages.get(3) {
+        Some(t) if t.neighbor => d,
+        _ => usize::MAX,
+    };
+    let b_nb = stages[0].neighbor;
+    let mut x = [vdupq_n_u32(RANS_L); NV];
+    for step in (0..n.div_ceil(LANES)).rev() {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        let (c, inf) = (&codes[base..base + lanes], &info[base..base + lanes]);
+        // Lanes past the chunk's end code the identity (their states stay as they are).
+        let mut p = [PACKED_IDENTITY; LANES];
+        // `pos` never drops below `SLACK`: one word at most per symbol.
+        if let Some(s_t) = stages.get(3) {
+            for lane in 0..lanes {
+                let b = (c[lane] & 127) as usize;
+                let eb = (inf[lane] & 255) as usize * w1 + b;
+                let ctx = (eb * 3 + up(codes, base + lane, d_s) as usize) * 2 + rs(inf[lane]);
+                p[lane] = packed(s_t, b >= 1, ctx, ((c[lane] >> 9) & 1) as usize);
+            }
+            code_step(&mut x, &p, out, &mut pos);
+        }
+        for lane in 0..lanes {
+            let b = (c[lane] & 127) as usize;
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            let ctx = eb * 2 + ((c[lane] >> 7) & 1) as usize;
+            p[lane] = packed(&stages[2], b >= 3, ctx, ((c[lane] >> 8) & 1) as usize);
+        }
+        code_step(&mut x, &p, out, &mut pos);
+        for lane in 0..lanes {
+            let b = (c[lane] & 127) as usize;
+            let eb = (inf[lane] & 255) as usize * w1 + b;
+            p[lane] = packed(&stages[1], b >= 2, eb, ((c[lane] >> 7) & 1) as usize);
+        }
+        code_step(&mut x, &p, out, &mut pos);
+        for lane in 0..lanes {
+            let b = (c[lane] & 127) as usize;
+            let nb = if b_nb {
+                neighbor_b(codes, base + lane, d, w1)
+            } else {
+                0
+            };
+            p[lane] = packed(&stages[0], true, b_context(inf[lane], nb, w1, b_nb), b);
+        }
+        code_step(&mut x, &p, out, &mut pos);
+    }
+    let mut states = [0u32; LANES];
+    for (v, x) in x.iter().enumerate() {
+        vst1q_u32(states.as_mut_ptr().add(4 * v), *x);
+    }
+    (states, pos)
+}
+
+/// `EncStage::get(present, ctx, sym)` as a packed symbol: the identity where the element is
+/// absent from the stage or its context has no row (same indexing, so the same panics on a
+/// context outside the map).
+#[inline(always)]
+fn packed(t: &EncStage, present: bool, ctx: usize, sym: usize) -> u32 {
+    if !present {
+        return PACKED_IDENTITY;
+    }
+    let at = (t.map[ctx] as usize) * t.alphabet + sym;
+    t.packed.get(at).copied().unwrap_or(PACKED_IDENTITY)
+}
+
+/// Code one stage of one step: the 32 lanes' packed symbols `p` through `put`.
+///
+/// # Safety
+/// As `put`'s: room for 32 words and the slack below `*pos`.
+#[inline(always)]
+unsafe fn code_step(x: &mut [uint32x4_t; NV], p: &[u32; LANES], out: *mut u16, pos: &mut usize) {
+    let r: [u32; LANES] =
+        std::array::from_fn(|k| RECIP[((p[k] & 0xFFFF) as usize).min(PROB_TOTAL as usize)]);
+    let pv: [uint32x4_t; NV] = std::array::from_fn(|v| vld1q_u32(p.as_ptr().add(4 * v)));
+    let rv: [uint32x4_t; NV] = std::array::from_fn(|v| vld1q_u32(r.as_ptr().add(4 * v)));
+    put(x, pv, rv, out, pos);
 }
 
 /// Four elements' codes from their magnitudes `v` and sign masks `neg` (all-ones lanes):

@@ -19,11 +19,11 @@ use crate::format::chunk::{EncodedChunk, LANES};
 use crate::{Error, Result};
 
 /// 4-lane vectors per chunk.
-const NV: usize = LANES / 4;
+pub(super) const NV: usize = LANES / 4;
 
 /// Words kept below the stream in the encoder's word buffer: [`put`] stores 4-word blocks
 /// that end at the cursor, so up to 3 words under the lowest stream word are written too.
-const SLACK: usize = 4;
+pub(super) const SLACK: usize = 4;
 
 fn overrun() -> Error {
     Error::format(
@@ -190,7 +190,7 @@ pub unsafe fn encode_chunk<T: Word>(
 /// `min(2^32 / f, 2^32 - 1)` for every frequency `f` (index 0 unused): `(y · r) >> 32` is
 /// `y / f` or one below it for every `y < 2^32` (the error `y·(2^32/f - r) / 2^32` is
 /// below one), which one remainder test corrects.
-static RECIP: [u32; PROB_TOTAL as usize + 1] = {
+pub(super) static RECIP: [u32; PROB_TOTAL as usize + 1] = {
     let mut t = [u32::MAX; PROB_TOTAL as usize + 1];
     let mut f = 2;
     while f <= PROB_TOTAL as usize {
@@ -292,7 +292,7 @@ static COMPRESS: [[u8; 8]; 16] = {
 /// `out[*pos - SLACK..*pos]` must be inside the buffer, with room below `*pos` for every word
 /// this call flushes (at most 32) and the `SLACK` under them.
 #[inline(always)]
-unsafe fn put(
+pub(super) unsafe fn put(
     x: &mut [uint32x4_t; NV],
     p: [uint32x4_t; NV],
     r: [uint32x4_t; NV],
