@@ -88,8 +88,11 @@ impl<'a> BitReader<'a> {
     pub fn new(tail: &'a [u8]) -> Self {
         BitReader { tail, consumed: 0 }
     }
-    /// The whole tail (for the x86 vector tail passes).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// The whole tail (for the vector tail passes).
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub fn bytes(&self) -> &'a [u8] {
         self.tail
     }

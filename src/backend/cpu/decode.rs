@@ -402,9 +402,12 @@ fn finish<T: Word>(
         return Err(bad("raw tail shorter than the bit lengths require"));
     }
     let mut tail = BitReader::new(c.tail);
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_mut)
+    )]
     let mut done = 0;
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = isa;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && T::BITS == 16 {
@@ -440,6 +443,20 @@ fn finish<T: Word>(
         // SAFETY: as above; `need` was checked.
         let (elems, bits) = unsafe {
             super::avx512::decode::finish_u32(codes, reference, out, tail.bytes(), signed)
+        };
+        done = elems;
+        tail.consumed = bits;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon && matches!(T::BITS, 16 | 32) {
+        // SAFETY: `Isa::Neon` is only used where `Isa::available` confirmed it; `need` was
+        // checked.
+        let (elems, bits) = unsafe {
+            if T::BITS == 16 {
+                super::neon::decode::finish_u16(codes, reference, out, tail.bytes(), signed)
+            } else {
+                super::neon::decode::finish_u32(codes, reference, out, tail.bytes(), signed)
+            }
         };
         done = elems;
         tail.consumed = bits;

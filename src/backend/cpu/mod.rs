@@ -54,7 +54,9 @@ pub enum Isa {
     /// Plain Rust, as built for the target.
     Portable,
     /// Explicit aarch64 NEON rANS lanes of the Joint (`--fast`) layout, decoding and
-    /// encoding (4 per vector, no gathers: table lookups stay scalar). Ordered below the x86
+    /// encoding (4 per vector, no gathers: table lookups stay scalar), the Paper and Signed
+    /// layouts' encoding lanes, and every layout's codes-and-tails pass and tail pass for
+    /// 16- and 32-bit floats. Ordered below the x86
     /// levels so that `isa >= Isa::Avx2` stays false for it; NEON is baseline on aarch64,
     /// so [`Isa::detect`] picks it there.
     Neon,
@@ -383,6 +385,14 @@ impl<T: Word> Resident for CpuResident<T> {
                                 d, info, signed, w1, &stages, flat, distance, scratch,
                             )
                         }
+                    };
+                }
+                #[cfg(target_arch = "aarch64")]
+                if self.isa == Isa::Neon {
+                    // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this
+                    // CPU.
+                    return unsafe {
+                        neon::encode::chunk(d, info, signed, self.w1(), &stages, distance, scratch)
                     };
                 }
                 fast(

@@ -8,21 +8,22 @@
 use core::arch::aarch64::*;
 
 use super::super::decode::{no_row, Stream};
-use super::super::encode::{codes, Scratch};
+use super::super::encode::Scratch;
 use super::super::joint::{code_of_joint, context, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::tables::PACKED_IDENTITY;
 use super::super::word::Word;
+use super::encode::codes_and_tails;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{EncodedChunk, LANES};
 use crate::{Error, Result};
 
 /// 4-lane vectors per chunk.
-const NV: usize = LANES / 4;
+pub(super) const NV: usize = LANES / 4;
 
 /// Words kept below the stream in the encoder's word buffer: [`put`] stores 4-word blocks
 /// that end at the cursor, so up to 3 words under the lowest stream word are written too.
-const SLACK: usize = 4;
+pub(super) const SLACK: usize = 4;
 
 fn overrun() -> Error {
     Error::format(
@@ -176,8 +177,7 @@ pub unsafe fn encode_chunk<T: Word>(
     flat: &JointFlat,
     s: &mut Scratch,
 ) -> EncodedChunk {
-    s.tail.clear();
-    codes(d, true, &mut s.codes, Some(&mut s.tail));
+    codes_and_tails(d, true, s);
     let (states, at) = lanes(&s.codes, info, flat, &mut s.words);
     EncodedChunk {
         words: s.words[at..SLACK + s.codes.len()].to_vec(),
@@ -190,7 +190,7 @@ pub unsafe fn encode_chunk<T: Word>(
 /// `min(2^32 / f, 2^32 - 1)` for every frequency `f` (index 0 unused): `(y · r) >> 32` is
 /// `y / f` or one below it for every `y < 2^32` (the error `y·(2^32/f - r) / 2^32` is
 /// below one), which one remainder test corrects.
-static RECIP: [u32; PROB_TOTAL as usize + 1] = {
+pub(super) static RECIP: [u32; PROB_TOTAL as usize + 1] = {
     let mut t = [u32::MAX; PROB_TOTAL as usize + 1];
     let mut f = 2;
     while f <= PROB_TOTAL as usize {
@@ -292,7 +292,7 @@ static COMPRESS: [[u8; 8]; 16] = {
 /// `out[*pos - SLACK..*pos]` must be inside the buffer, with room below `*pos` for every word
 /// this call flushes (at most 32) and the `SLACK` under them.
 #[inline(always)]
-unsafe fn put(
+pub(super) unsafe fn put(
     x: &mut [uint32x4_t; NV],
     p: [uint32x4_t; NV],
     r: [uint32x4_t; NV],

@@ -1,8 +1,16 @@
-//! Explicit aarch64 NEON paths (every Arm laptop and server: NEON is baseline on aarch64).
-//! A chunk's 32 lanes as eight 4-lane `u32` vectors; same operations in the same order as
+//! Explicit aarch64 NEON paths (every Arm laptop and server: NEON is baseline on aarch64):
+//! the Joint layout's lanes (`joint.rs`: a chunk's 32 lanes as eight 4-lane `u32` vectors),
+//! every layout's codes-and-tails pass and the Paper and Signed layouts' encoding lanes
+//! (`encode.rs`), every layout's tail pass (`decode.rs`), each beside the portable function
+//! it must equal. Same operations in the same order as
 //! `format::chunk`, so the same bytes as the portable level (checked under qemu by
-//! `cargo xtask cross` and `tests/backend_parity.rs`'s `neon` module on an aarch64 build).
-//! Only called when [`super::Isa::Neon`] is available.
+//! `cargo xtask cross`, `tests/backend_parity.rs`'s `neon` module on an aarch64 build and
+//! the unit tests here). Only called when [`super::Isa::Neon`] is available.
+//!
+//! Left to the portable code: the histograms' index passes, which compile to NEON at
+//! baseline aarch64 already (vector `clz`, variable shifts; their increments are scattered,
+//! and NEON has no scatter), and the Paper and Signed layouts' lane decode (not written
+//! yet).
 //!
 //! What NEON lacks next to AVX2, and what stands in for it:
 //! - gathers: each lane's table lookup is a scalar load (AVX2's gathers are microcoded into
@@ -15,4 +23,6 @@
 //! Speed on Arm has not been measured (no Arm machine here; qemu is not a CPU):
 //! `cargo run --release -p lockstep-measure -- stages --isa neon` on an Arm machine does.
 
+pub mod decode;
+pub mod encode;
 pub mod joint;
