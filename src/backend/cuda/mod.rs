@@ -22,6 +22,7 @@ pub mod launch;
 pub mod lm;
 pub mod nvrtc;
 pub mod stream;
+pub mod trajectory;
 
 use super::wgpu::check_len;
 use super::wgpu::params::Params;
