@@ -9,8 +9,10 @@
 //!   the parity suite runs the kernels' logic in CI. An emulation: it proves the integer
 //!   logic and indexing, not the CUDA compiler or the hardware. `auto` never picks it.
 //!
-//! Residuals, codes and the reference stay on the device between stages; data comes back
-//! only as histograms, per-chunk totals and the coded output.
+//! Inputs go up in pieces through pinned staging buffers on a copy stream, each piece's
+//! kernels overlapping the next pieces' copies ([`stream`]). Residuals, codes and the
+//! reference stay on the device between stages; data comes back only as histograms,
+//! per-chunk totals and the coded output. [`trajectory`] times all of it for gpu-check.
 
 mod crc;
 mod decode;
