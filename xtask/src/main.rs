@@ -9,7 +9,9 @@
 //!   runs `lockstep parity` with every backend on the trajectory in DIR (default
 //!   ../shared/data/trajectory-gpt2, else the demo), the wgpu parity tests with `CI=true`
 //!   (no adapter is a failure), the CUDA tests with `LOCKSTEP_REQUIRE=cuda,nvrtc` (parity
-//!   on the GPU), a delta encode on CUDA and on the CPU that must write the same file, and
+//!   on the GPU), a delta encode on CUDA and on the CPU that must write the same file, the
+//!   timed trajectory (DIR's bf16 tensors tiled to 3 GB, encode and decode per stage and end
+//!   to end with CUDA events, floors and measured/floor: examples/cuda_trajectory.rs), and
 //!   the bench table whose wgpu rows then time a real GPU; then the language model on CUDA
 //!   (its parity ran with the CUDA tests): tokens/s and KB/s for the shipped tinygpt2 and
 //!   a GPT-2-small-shaped random model, with the int8 floor and measured/floor.
@@ -624,8 +626,7 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
     );
     // CUDA: the parity suite on the GPU (without a driver that is a failure here, not a
     // skip), then the delta codec end to end on CUDA and on the CPU, which must write the
-    // same file. Wall clock only: per-stage CUDA-event timings of a tiled multi-GB trajectory
-    // are still to be written (docs/BACKENDS.md).
+    // same file, then the timed trajectory (below).
     step(
         "cuda-tests",
         "cargo",
@@ -662,6 +663,29 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         );
     }
     step("delta-same-file", "cmp", &[&lsd("cuda"), &lsd("cpu")], &[]);
+    // The timed trajectory (src/backend/cuda/trajectory.rs): DIR's bf16 tensors tiled to
+    // 3 GB, encoded and decoded on the GPU, per stage and end to end with CUDA events, the
+    // host-to-device copy alone and within, the floor of each stage and measured/floor; the
+    // first 4 blobs compared with the CPU's bytes. (Its emulated mode is a CI test.)
+    step(
+        "cuda-trajectory",
+        "cargo",
+        &[
+            "run",
+            "--release",
+            "--quiet",
+            "--example",
+            "cuda_trajectory",
+            "--",
+            "--dir",
+            &dir,
+            "--gb",
+            "3",
+            "--check-cpu",
+            "4",
+        ],
+        &[],
+    );
     step(
         "bench",
         "cargo",

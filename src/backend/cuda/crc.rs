@@ -53,7 +53,8 @@ mod tests {
         let data: Vec<u8> = (0..2 * span + 4 * PIECE as usize + 24)
             .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(13) as u8)
             .collect();
-        let mut words = super::super::words_of(&data);
+        // (a whole number of words)
+        let mut words = crate::backend::wgpu::u32s(&data);
         words.extend([0, 0]);
         let buf = dev.upload(&words).unwrap();
         for width in [8u32, 16, 32, 64] {

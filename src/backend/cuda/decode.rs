@@ -3,7 +3,8 @@
 //! src/backend/wgpu/decode.rs, on a [`Launcher`]).
 
 use super::launch::{Kernel, Launcher};
-use super::{check_len, crc, words_of, CudaBackend};
+use super::stream::{stream_in, Ring};
+use super::{check_len, crc, CudaBackend, Stage};
 use crate::backend::wgpu::params::{decode_error, decode_input};
 use crate::backend::{Checked, DecodeJob};
 use crate::Result;
@@ -17,10 +18,15 @@ struct Decoded<B> {
 impl<L: Launcher> CudaBackend<L> {
     /// Decode `job`; with `checked`, also the CRC-32s of the output and the reference,
     /// computed on the device.
-    pub(super) fn decode_inner(&self, job: &DecodeJob, checked: bool) -> Result<Checked> {
+    pub(super) fn decode_inner(
+        &self,
+        ring: &mut Ring<L>,
+        job: &DecodeJob,
+        checked: bool,
+    ) -> Result<Checked> {
         let size = (job.fl.width / 8) as usize;
         let n = job.reference.len() / size;
-        let d = self.decode_resident(job, n)?;
+        let d = self.decode_resident(ring, job, n)?;
         let (crc, reference_crc) = match (&d.on_device, checked) {
             (Some((out, refs)), true) => (
                 crc::crc32(&self.dev, out, job.fl.width, n)?,
@@ -36,7 +42,13 @@ impl<L: Launcher> CudaBackend<L> {
         })
     }
 
-    fn decode_resident(&self, job: &DecodeJob, n: usize) -> Result<Decoded<L::Buf>> {
+    /// The reference and the coded stream stream in through the staging ring (stream.rs).
+    fn decode_resident(
+        &self,
+        ring: &mut Ring<L>,
+        job: &DecodeJob,
+        n: usize,
+    ) -> Result<Decoded<L::Buf>> {
         let size = (job.fl.width / 8) as usize;
         check_len(n)?;
         let Some(input) = decode_input(job, n)? else {
@@ -48,19 +60,21 @@ impl<L: Launcher> CudaBackend<L> {
         let (p, nc) = (input.p, input.chunks);
         let d = &self.dev;
         let flat = d.upload(&input.tables)?;
-        let mut refs = words_of(job.reference);
-        refs.extend([0, 0]);
-        let mut stream = words_of(&input.stream);
-        stream.extend([0, 0, 0, 0]);
-        let refs = d.upload(&refs)?;
-        let stream = d.upload(&stream)?;
+        // Zero words past each end, as the kernels' wide loads expect.
+        let refs_bytes = &job.reference[..n * size];
+        let mut refs = d.zeroed(refs_bytes.len().div_ceil(4) + 2)?;
+        let mut stream = d.zeroed(input.stream.len().div_ceil(4) + 4)?;
+        stream_in(d, ring, &[refs_bytes], &mut [&mut refs], |_, _| Ok(()))?;
+        stream_in(d, ring, &[&input.stream], &mut [&mut stream], |_, _| Ok(()))?;
         let meta_buf = d.upload(&input.meta)?;
         let codes = d.zeroed(n.div_ceil(2))?;
         let out_words = (n * size).div_ceil(4);
         let out = d.zeroed(out_words + 2)?;
         let bufs = [&refs, &flat, &stream, &meta_buf, &codes, &out];
+        let from = self.inner_mark()?;
         d.launch(Kernel::DecLanes, nc as u32, &p, bufs)?;
         d.launch(Kernel::DecTail, nc as u32, &p, bufs)?;
+        self.inner_stage(Stage::DecodeKernels, from, self.inner_mark()?);
         let err = d.read(&meta_buf, nc * 36 + 1)?[nc * 36];
         decode_error(err)?;
         let w = d.read(&out, out_words)?;

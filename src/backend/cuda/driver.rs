@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtrMut,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 
 use super::launch::{Kernel, Launcher};
@@ -15,8 +17,15 @@ use crate::backend::wgpu::params::Params;
 use crate::{Error, Result};
 
 /// One CUDA device (ordinal 0) with the kernels compiled for its architecture.
+///
+/// Two streams: `stream` runs the kernels and every read and allocation in order; `copies`
+/// runs the staged host-to-device copies of src/backend/cuda/stream.rs, ordered against the
+/// kernels only by the events that code asks for. cudarc's own per-buffer event tracking is
+/// off: it orders whole buffers, so a copy into piece k+1 of a tensor would wait for the
+/// kernel still reading piece k, which is the overlap streaming is for.
 pub struct CudaDriver {
     stream: Arc<CudaStream>,
+    copies: Arc<CudaStream>,
     functions: Vec<CudaFunction>,
     /// The language model's kernels, compiled on first use (a delta-only run never does).
     lm: std::sync::OnceLock<std::result::Result<Vec<CudaFunction>, String>>,
@@ -57,6 +66,14 @@ impl CudaDriver {
     fn open_inner() -> Result<CudaDriver> {
         let ctx = CudaContext::new(0)
             .map_err(|e| Error::Unsupported(format!("no usable CUDA device: {e:?}")))?;
+        // SAFETY: before any buffer exists. From here on this driver orders its streams
+        // itself: buffers are allocated, used by kernels and freed on `stream`; `copies`
+        // writes into them only between a `copies_after_kernels` and a `kernels_after` of
+        // the copy's event (stream.rs), so nothing is freed or read while a copy is pending.
+        unsafe { ctx.disable_event_tracking() };
+        // Non-blocking streams: the legacy default stream would serialize the two.
+        let stream = ctx.new_stream().map_err(driver_err("stream"))?;
+        let copies = ctx.new_stream().map_err(driver_err("stream"))?;
         let name = ctx.name().map_err(driver_err("device name"))?;
         let (major, minor) = ctx
             .compute_capability()
@@ -80,7 +97,8 @@ impl CudaDriver {
             );
         }
         Ok(CudaDriver {
-            stream: ctx.default_stream(),
+            stream,
+            copies,
             functions,
             lm: std::sync::OnceLock::new(),
             arch,
@@ -154,16 +172,28 @@ impl Launcher for CudaDriver {
             .map_err(driver_err("copy from the device"))
     }
 
-    fn launch(
+    fn launch_at(
         &self,
         kernel: Kernel,
         grid: u32,
         p: &Params,
         bufs: [&CudaSlice<u32>; 6],
+        at: [usize; 6],
     ) -> Result<()> {
         let f = &self.functions[kernel as usize];
+        let views = bufs
+            .iter()
+            .zip(at)
+            .map(|(b, at)| b.try_slice(at..))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "CUDA {}: launched past a buffer's end",
+                    kernel.symbol()
+                ))
+            })?;
         // SAFETY: every delta kernel takes (Params, six u32 pointers), sized by the host code.
-        unsafe { self.run(f, grid, kernel.block(), &p.words(), &bufs, kernel.symbol()) }
+        unsafe { self.run(f, grid, kernel.block(), &p.words(), &views, kernel.symbol()) }
     }
 
     fn launch_lm(
@@ -174,8 +204,89 @@ impl Launcher for CudaDriver {
         bufs: [&CudaSlice<u32>; 8],
     ) -> Result<()> {
         let f = &self.lm_functions()?[kernel as usize];
+        let views = bufs.map(|b| b.as_view());
         // SAFETY: every LM kernel takes (LmParams, eight u32 pointers), sized by the host code.
-        unsafe { self.run(f, grid, kernel.block(), &p.words(), &bufs, kernel.symbol()) }
+        unsafe { self.run(f, grid, kernel.block(), &p.words(), &views, kernel.symbol()) }
+    }
+
+    /// Page-locked and write-combined: the host only writes it, the device reads it over
+    /// the bus at full speed (a pageable source goes through the driver's own staging copy).
+    type Staging = PinnedHostSlice<u32>;
+    type Event = CudaEvent;
+
+    fn staging(&self, words: usize) -> Result<PinnedHostSlice<u32>> {
+        // SAFETY: u32 has no invalid bit patterns; the host writes before any copy reads.
+        unsafe { self.stream.context().alloc_pinned::<u32>(words.max(1)) }
+            .map_err(driver_err("page-locked allocation"))
+    }
+
+    fn staging_words<'s>(&self, s: &'s mut PinnedHostSlice<u32>) -> Result<&'s mut [u32]> {
+        s.as_mut_slice().map_err(driver_err("staging buffer"))
+    }
+
+    fn copy_in(
+        &self,
+        src: &PinnedHostSlice<u32>,
+        words: usize,
+        dst: &mut CudaSlice<u32>,
+        at: usize,
+    ) -> Result<CudaEvent> {
+        if words > src.len() || at + words > dst.len() {
+            return Err(Error::Invalid("CUDA: staged copy out of bounds".into()));
+        }
+        let ctx = self.copies.context();
+        ctx.bind_to_thread().map_err(driver_err("context"))?;
+        let host = src.as_ptr().map_err(driver_err("staging buffer"))?;
+        // SAFETY: `words` words of the staging buffer (checked above); the caller does not
+        // touch them again before waiting for the returned event.
+        let host = unsafe { std::slice::from_raw_parts(host, words) };
+        let mut view = dst.slice_mut(at..at + words);
+        let (ptr, _record) = view.device_ptr_mut(&self.copies);
+        // SAFETY: `ptr` is `words` words of `dst`; no kernel reads them before it waits for
+        // the event recorded below (stream.rs).
+        unsafe { cudarc::driver::result::memcpy_htod_async(ptr, host, self.copies.cu_stream()) }
+            .map_err(driver_err("copy to the device"))?;
+        self.copies.record_event(None).map_err(driver_err("event"))
+    }
+
+    fn copies_after_kernels(&self) -> Result<()> {
+        self.copies
+            .join(&self.stream)
+            .map_err(driver_err("stream wait"))
+    }
+
+    fn kernels_after(&self, e: &CudaEvent) -> Result<()> {
+        self.stream.wait(e).map_err(driver_err("stream wait"))
+    }
+
+    fn wait(&self, e: &CudaEvent) -> Result<()> {
+        e.synchronize().map_err(driver_err("event wait"))
+    }
+
+    fn mark(&self) -> Result<CudaEvent> {
+        self.stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver_err("timing event"))
+    }
+
+    fn seconds(&self, from: &CudaEvent, to: &CudaEvent) -> Result<f64> {
+        from.elapsed_ms(to)
+            .map(|ms| ms as f64 / 1e3)
+            .map_err(driver_err("timing event"))
+    }
+
+    fn copy_on_device(
+        &self,
+        src: &CudaSlice<u32>,
+        dst: &mut CudaSlice<u32>,
+        words: usize,
+    ) -> Result<()> {
+        if words > src.len() || words > dst.len() {
+            return Err(Error::Invalid("CUDA: device copy out of bounds".into()));
+        }
+        self.stream
+            .memcpy_dtod(&src.slice(..words), &mut dst.slice_mut(..words))
+            .map_err(driver_err("device copy"))
     }
 }
 
@@ -192,7 +303,7 @@ impl CudaDriver {
         grid: u32,
         block: u32,
         words: &[u32; 32],
-        bufs: &[&CudaSlice<u32>],
+        bufs: &[CudaView<'_, u32>],
         name: &str,
     ) -> Result<()> {
         if grid == 0 {
@@ -201,7 +312,7 @@ impl CudaDriver {
         let mut b = self.stream.launch_builder(f);
         b.arg(words);
         for buf in bufs {
-            b.arg(*buf);
+            b.arg(buf);
         }
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),

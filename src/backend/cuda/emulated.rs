@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use rayon::prelude::*;
 
@@ -151,9 +152,25 @@ impl Launcher for HostEmulation {
         Ok(src.iter().map(|a| a.load(Ordering::Relaxed)).collect())
     }
 
-    fn launch(&self, kernel: Kernel, grid: u32, p: &Params, bufs: [&HostBuf; 6]) -> Result<()> {
+    fn launch_at(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        p: &Params,
+        bufs: [&HostBuf; 6],
+        at: [usize; 6],
+    ) -> Result<()> {
         let words = p.words();
-        let ptrs = Ptrs(bufs.map(|b| b.0.as_ptr() as *mut u32));
+        if bufs.iter().zip(at).any(|(b, at)| at > b.0.len()) {
+            return Err(Error::Invalid(format!(
+                "CUDA emulation: {} launched past a buffer's end",
+                kernel.symbol()
+            )));
+        }
+        // SAFETY: each offset is within its buffer (checked above).
+        let ptrs: Ptrs<6> = Ptrs(std::array::from_fn(|i| unsafe {
+            bufs[i].0.as_ptr().add(at[i]) as *mut u32
+        }));
         let block = kernel.block();
         run_blocks(grid, kernel.symbol(), |first, end| {
             let ptrs = &ptrs;
@@ -172,6 +189,58 @@ impl Launcher for HostEmulation {
                 )
             }
         })
+    }
+
+    // Streaming in call order: a copy is done when `copy_in` returns, so the events are
+    // only the CPU clock's readings (for `mark` and `seconds`).
+    type Staging = Vec<u32>;
+    type Event = Instant;
+
+    fn staging(&self, words: usize) -> Result<Vec<u32>> {
+        Ok(vec![0; words])
+    }
+
+    fn staging_words<'s>(&self, s: &'s mut Vec<u32>) -> Result<&'s mut [u32]> {
+        Ok(s)
+    }
+
+    fn copy_in(
+        &self,
+        src: &Vec<u32>,
+        words: usize,
+        dst: &mut HostBuf,
+        at: usize,
+    ) -> Result<Instant> {
+        let src = src
+            .get(..words)
+            .ok_or_else(|| Error::Invalid("CUDA emulation: copy past a staging buffer".into()))?;
+        self.write(dst, at, src)?;
+        Ok(Instant::now())
+    }
+
+    fn copies_after_kernels(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn kernels_after(&self, _: &Instant) -> Result<()> {
+        Ok(())
+    }
+
+    fn wait(&self, _: &Instant) -> Result<()> {
+        Ok(())
+    }
+
+    fn mark(&self) -> Result<Instant> {
+        Ok(Instant::now())
+    }
+
+    fn seconds(&self, from: &Instant, to: &Instant) -> Result<f64> {
+        Ok(to.saturating_duration_since(*from).as_secs_f64())
+    }
+
+    fn copy_on_device(&self, src: &HostBuf, dst: &mut HostBuf, words: usize) -> Result<()> {
+        let words = self.read(src, words)?;
+        self.write(dst, 0, &words)
     }
 
     fn launch_lm(

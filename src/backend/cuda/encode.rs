@@ -3,7 +3,7 @@
 //! src/backend/wgpu/encode.rs, on a [`Launcher`]).
 
 use super::launch::{Kernel, Launcher};
-use super::{blocks, CudaBackend};
+use super::{blocks, CudaBackend, Stage};
 use crate::backend::wgpu::params::{encode_input, hist_layout, EncodeLedger, Params};
 use crate::backend::{HistRequest, Resident};
 use crate::format::chunk::EncodedChunk;
@@ -50,11 +50,13 @@ impl<L: Launcher> Resident for CudaResident<'_, L> {
     }
 
     fn histograms_for(&self, requests: &[HistRequest]) -> Result<Vec<Vec<Hist>>> {
-        let _one = self.b.one_at_a_time();
-        requests
-            .iter()
-            .map(|r| self.histograms(r.layout, r.distance))
-            .collect()
+        self.b.timed(Stage::Histograms, || {
+            let _one = self.b.one_at_a_time();
+            requests
+                .iter()
+                .map(|r| self.histograms(r.layout, r.distance))
+                .collect()
+        })
     }
 
     fn encode(
@@ -63,8 +65,10 @@ impl<L: Launcher> Resident for CudaResident<'_, L> {
         tables: &Tables,
         distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
-        let _one = self.b.one_at_a_time();
-        self.encode_inner(layout, tables, distance)
+        self.b.timed(Stage::Encode, || {
+            let _one = self.b.one_at_a_time();
+            self.encode_inner(layout, tables, distance)
+        })
     }
 }
 

@@ -86,7 +86,57 @@ pub trait Launcher: Send + Sync + 'static {
     /// The first `words` words, after every launch before it has finished.
     fn read(&self, buf: &Self::Buf, words: usize) -> Result<Vec<u32>>;
     /// Launch `kernel` on `grid` blocks of `kernel.block()` threads.
-    fn launch(&self, kernel: Kernel, grid: u32, p: &Params, bufs: [&Self::Buf; 6]) -> Result<()>;
+    fn launch(&self, kernel: Kernel, grid: u32, p: &Params, bufs: [&Self::Buf; 6]) -> Result<()> {
+        self.launch_at(kernel, grid, p, bufs, [0; 6])
+    }
+    /// [`Launcher::launch`] with each buffer seen from word `at[i]` on (a piece of a tensor
+    /// whose other pieces are still copying in).
+    fn launch_at(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        p: &Params,
+        bufs: [&Self::Buf; 6],
+        at: [usize; 6],
+    ) -> Result<()>;
+
+    // Streaming (src/backend/cuda/stream.rs decides what goes where and when; these are its
+    // operations). The GPU has two streams: kernels, and reads, run in order on one; the
+    // copies that `copy_in` starts run on the other, ordered against the kernels only by
+    // the waits below. The emulation does everything at once, in call order.
+
+    /// Host memory the device copies from asynchronously (page-locked on a GPU).
+    type Staging: Send;
+    /// A point in a stream's work: to wait for, or (from [`Launcher::mark`]) to time.
+    type Event: Send;
+    /// A staging buffer of `words` words.
+    fn staging(&self, words: usize) -> Result<Self::Staging>;
+    /// Its words, for the host to fill (the caller has waited for copies out of it).
+    fn staging_words<'s>(&self, s: &'s mut Self::Staging) -> Result<&'s mut [u32]>;
+    /// Start copying the first `words` words of `src` into `dst` from word `at` on the copy
+    /// stream; the event is the copy's end.
+    fn copy_in(
+        &self,
+        src: &Self::Staging,
+        words: usize,
+        dst: &mut Self::Buf,
+        at: usize,
+    ) -> Result<Self::Event>;
+    /// Copies started from now on wait for every kernel launched so far (buffers are
+    /// allocated and cleared in kernel order).
+    fn copies_after_kernels(&self) -> Result<()>;
+    /// Kernels and reads started from now on wait for `e`.
+    fn kernels_after(&self, e: &Self::Event) -> Result<()>;
+    /// The host waits for `e`.
+    fn wait(&self, e: &Self::Event) -> Result<()>;
+    /// A timing mark after the kernels launched so far (CUDA events on a GPU, the CPU clock
+    /// in the emulation, whose launches return when done).
+    fn mark(&self) -> Result<Self::Event>;
+    /// Seconds from mark `from` to mark `to` (waits for `to`).
+    fn seconds(&self, from: &Self::Event, to: &Self::Event) -> Result<f64>;
+    /// Copy `words` words from `src` to `dst` on the device, in kernel order (to measure the
+    /// device's copy bandwidth, the floor of every stage).
+    fn copy_on_device(&self, src: &Self::Buf, dst: &mut Self::Buf, words: usize) -> Result<()>;
     /// Launch language-model kernel `kernel` (kernels/lm/) on `grid` blocks of
     /// `kernel.block()` threads.
     fn launch_lm(
@@ -116,8 +166,50 @@ impl<L: Launcher> Launcher for std::sync::Arc<L> {
     fn read(&self, buf: &Self::Buf, words: usize) -> Result<Vec<u32>> {
         (**self).read(buf, words)
     }
-    fn launch(&self, kernel: Kernel, grid: u32, p: &Params, bufs: [&Self::Buf; 6]) -> Result<()> {
-        (**self).launch(kernel, grid, p, bufs)
+    fn launch_at(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        p: &Params,
+        bufs: [&Self::Buf; 6],
+        at: [usize; 6],
+    ) -> Result<()> {
+        (**self).launch_at(kernel, grid, p, bufs, at)
+    }
+    type Staging = L::Staging;
+    type Event = L::Event;
+    fn staging(&self, words: usize) -> Result<Self::Staging> {
+        (**self).staging(words)
+    }
+    fn staging_words<'s>(&self, s: &'s mut Self::Staging) -> Result<&'s mut [u32]> {
+        (**self).staging_words(s)
+    }
+    fn copy_in(
+        &self,
+        src: &Self::Staging,
+        words: usize,
+        dst: &mut Self::Buf,
+        at: usize,
+    ) -> Result<Self::Event> {
+        (**self).copy_in(src, words, dst, at)
+    }
+    fn copies_after_kernels(&self) -> Result<()> {
+        (**self).copies_after_kernels()
+    }
+    fn kernels_after(&self, e: &Self::Event) -> Result<()> {
+        (**self).kernels_after(e)
+    }
+    fn wait(&self, e: &Self::Event) -> Result<()> {
+        (**self).wait(e)
+    }
+    fn mark(&self) -> Result<Self::Event> {
+        (**self).mark()
+    }
+    fn seconds(&self, from: &Self::Event, to: &Self::Event) -> Result<f64> {
+        (**self).seconds(from, to)
+    }
+    fn copy_on_device(&self, src: &Self::Buf, dst: &mut Self::Buf, words: usize) -> Result<()> {
+        (**self).copy_on_device(src, dst, words)
     }
     fn launch_lm(
         &self,

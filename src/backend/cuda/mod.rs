@@ -9,8 +9,10 @@
 //!   the parity suite runs the kernels' logic in CI. An emulation: it proves the integer
 //!   logic and indexing, not the CUDA compiler or the hardware. `auto` never picks it.
 //!
-//! Residuals, codes and the reference stay on the device between stages; data comes back
-//! only as histograms, per-chunk totals and the coded output.
+//! Inputs go up in pieces through pinned staging buffers on a copy stream, each piece's
+//! kernels overlapping the next pieces' copies ([`stream`]). Residuals, codes and the
+//! reference stay on the device between stages; data comes back only as histograms,
+//! per-chunk totals and the coded output. [`trajectory`] times all of it for gpu-check.
 
 mod crc;
 mod decode;
@@ -21,9 +23,11 @@ mod encode;
 pub mod launch;
 pub mod lm;
 pub mod nvrtc;
+pub mod stream;
+pub mod trajectory;
 
+use super::wgpu::check_len;
 use super::wgpu::params::Params;
-use super::wgpu::{check_len, u32s};
 use super::{Backend, Checked, DecodeJob, EncodeJob, Resident};
 use crate::format::chunk::{CHUNK_ELEMS, LANES};
 use crate::Result;
@@ -66,8 +70,34 @@ pub fn kernel_sources() -> Vec<(&'static str, String, Vec<&'static str>)> {
 pub struct CudaBackend<L: Launcher> {
     dev: L,
     name: &'static str,
-    /// One operation at a time: a device is the parallel part.
-    lock: std::sync::Mutex<()>,
+    /// One operation at a time (a device is the parallel part), and the staging ring that
+    /// operation streams its inputs through.
+    lock: std::sync::Mutex<stream::Ring<L>>,
+    /// Each operation's start and end marks, while gpu-check's timed trajectory asks for
+    /// them (trajectory.rs); `None` otherwise.
+    marks: std::sync::Mutex<Option<Vec<StageMarks<L>>>>,
+}
+
+/// One operation of the codec on the device, between two timing marks.
+pub struct StageMarks<L: Launcher> {
+    pub stage: Stage,
+    pub from: L::Event,
+    pub to: L::Event,
+}
+
+/// The device operations the codec calls, as timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Reference and target streamed in, residuals computed piece by piece.
+    Residuals,
+    /// Symbol codes and histograms of every requested layout, counts read back.
+    Histograms,
+    /// Lanes (both passes), prefix sums, tails, coded chunks read back.
+    Encode,
+    /// Reference and stream streamed in, lanes, tails, CRCs, the tensor read back.
+    Decode,
+    /// Within [`Stage::Decode`]: the lane and tail kernels alone, on resident data.
+    DecodeKernels,
 }
 
 impl<L: Launcher> CudaBackend<L> {
@@ -75,11 +105,100 @@ impl<L: Launcher> CudaBackend<L> {
         CudaBackend {
             dev,
             name,
-            lock: std::sync::Mutex::new(()),
+            lock: std::sync::Mutex::new(stream::Ring::default()),
+            marks: std::sync::Mutex::new(None),
         }
     }
 
-    fn one_at_a_time(&self) -> std::sync::MutexGuard<'_, ()> {
+    /// The same with pieces of `piece_bytes` (tests: many pieces from small tensors).
+    pub fn with_piece_bytes(dev: L, name: &'static str, piece_bytes: usize) -> Self {
+        CudaBackend {
+            dev,
+            name,
+            lock: std::sync::Mutex::new(stream::Ring::new(piece_bytes)),
+            marks: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Start (or stop) recording each operation's marks.
+    pub fn record_stages(&self, on: bool) {
+        *self.marks.lock().unwrap_or_else(|e| e.into_inner()) = on.then(Vec::new);
+    }
+
+    /// The marks recorded since the last call.
+    pub fn take_stages(&self) -> Vec<StageMarks<L>> {
+        let mut m = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        m.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// `op`, between two marks when recording. The marks lock is never held across `op`.
+    fn timed<T>(&self, stage: Stage, op: impl FnOnce() -> Result<T>) -> Result<T> {
+        let on = self
+            .marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !on {
+            return op();
+        }
+        let from = self.dev.mark()?;
+        let v = op()?;
+        let to = self.dev.mark()?;
+        if let Some(m) = self
+            .marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            m.push(StageMarks { stage, from, to });
+        }
+        Ok(v)
+    }
+
+    /// A mark, when recording (for a stage within an operation).
+    fn inner_mark(&self) -> Result<Option<L::Event>> {
+        let on = self
+            .marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        on.then(|| self.dev.mark()).transpose()
+    }
+
+    /// Record `stage` between two [`CudaBackend::inner_mark`]s.
+    fn inner_stage(&self, stage: Stage, from: Option<L::Event>, to: Option<L::Event>) {
+        if let (Some(from), Some(to)) = (from, to) {
+            if let Some(m) = self
+                .marks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+            {
+                m.push(StageMarks { stage, from, to });
+            }
+        }
+    }
+
+    /// Copy `sources` into fresh device buffers through the staging ring and nothing else:
+    /// the host-to-device copy alone, for the timed trajectory.
+    pub fn copy_in_only(&self, sources: &[&[u8]]) -> Result<()> {
+        let mut ring = self.one_at_a_time();
+        let d = &self.dev;
+        let len = sources.first().map_or(0, |s| s.len());
+        let mut bufs = sources
+            .iter()
+            .map(|_| d.zeroed(len.div_ceil(4)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut dsts: Vec<&mut L::Buf> = bufs.iter_mut().collect();
+        stream::stream_in(d, &mut ring, sources, &mut dsts, |_, _| Ok(()))
+    }
+
+    /// The device.
+    pub fn launcher(&self) -> &L {
+        &self.dev
+    }
+
+    fn one_at_a_time(&self) -> std::sync::MutexGuard<'_, stream::Ring<L>> {
         self.lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -87,18 +206,6 @@ impl<L: Launcher> CudaBackend<L> {
 /// Blocks for one thread per element (or per `per` elements).
 fn blocks(n: usize) -> u32 {
     n.div_ceil(launch::BLOCK as usize) as u32
-}
-
-/// A byte buffer as u32 words, zero-padded.
-fn words_of(bytes: &[u8]) -> Vec<u32> {
-    let mut w = u32s(bytes);
-    let rest = &bytes[w.len() * 4..];
-    if !rest.is_empty() {
-        let mut last = [0u8; 4];
-        last[..rest.len()].copy_from_slice(rest);
-        w.push(u32::from_le_bytes(last));
-    }
-    w
 }
 
 impl<L: Launcher> Backend for CudaBackend<L> {
@@ -110,44 +217,70 @@ impl<L: Launcher> Backend for CudaBackend<L> {
         self.dev.describe()
     }
 
+    /// The reference and target stream in piece by piece (stream.rs); each piece's
+    /// residuals are computed while the next pieces copy.
     fn residuals<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
-        let _one = self.one_at_a_time();
-        let size = (job.fl.width / 8) as usize;
-        let n = job.reference.len() / size;
-        check_len(n)?;
-        let d = &self.dev;
-        let mut refs = words_of(job.reference);
-        refs.extend([0, 0]);
-        let mut tgts = words_of(job.target);
-        tgts.extend([0, 0]);
-        let r = CudaResident {
-            b: self,
-            base: Params::new(job.fl, n, job.condition),
-            n,
-            size,
-            refs: d.upload(&refs)?,
-            tgts: d.upload(&tgts)?,
-            resid: d.zeroed((n * size).div_ceil(4) + 2)?,
-            codes: d.zeroed(n.div_ceil(2))?,
-        };
-        d.launch(
-            Kernel::Residuals,
-            blocks(n),
-            &r.base,
-            [&r.refs, &r.tgts, &r.resid, &r.codes, &r.codes, &r.codes],
-        )?;
-        Ok(Box::new(r))
+        self.timed(Stage::Residuals, || self.residuals_inner(job))
     }
 
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
-        let _one = self.one_at_a_time();
-        Ok(self.decode_inner(job, false)?.out)
+        self.timed(Stage::Decode, || {
+            let mut ring = self.one_at_a_time();
+            Ok(self.decode_inner(&mut ring, job, false)?.out)
+        })
     }
 
     /// The CRCs of the output and the reference are computed on the device
     /// (kernels/crc32.cu), where both tensors are.
     fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
-        let _one = self.one_at_a_time();
-        self.decode_inner(job, true)
+        self.timed(Stage::Decode, || {
+            let mut ring = self.one_at_a_time();
+            self.decode_inner(&mut ring, job, true)
+        })
+    }
+}
+
+impl<L: Launcher> CudaBackend<L> {
+    fn residuals_inner<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
+        let mut ring = self.one_at_a_time();
+        let size = (job.fl.width / 8) as usize;
+        let n = job.reference.len() / size;
+        check_len(n)?;
+        let d = &self.dev;
+        let bytes = n * size;
+        // Two zero words past the end, as the kernels' wide loads expect.
+        let mut refs = d.zeroed(bytes.div_ceil(4) + 2)?;
+        let mut tgts = d.zeroed(bytes.div_ceil(4) + 2)?;
+        let resid = d.zeroed(bytes.div_ceil(4) + 2)?;
+        let codes = d.zeroed(n.div_ceil(2))?;
+        stream::stream_in(
+            d,
+            &mut ring,
+            &[&job.reference[..bytes], &job.target[..bytes]],
+            &mut [&mut refs, &mut tgts],
+            |piece, up| {
+                // Pieces start on word and element boundaries; the displacements are packed
+                // like the input, so every buffer is seen from the same word.
+                let count = piece.len() / size;
+                let at = piece.start / 4;
+                d.launch_at(
+                    Kernel::Residuals,
+                    blocks(count),
+                    &Params::new(job.fl, count, job.condition),
+                    [up[0], up[1], &resid, &codes, &codes, &codes],
+                    [at, at, at, 0, 0, 0],
+                )
+            },
+        )?;
+        Ok(Box::new(CudaResident {
+            b: self,
+            base: Params::new(job.fl, n, job.condition),
+            n,
+            size,
+            refs,
+            tgts,
+            resid,
+            codes,
+        }))
     }
 }

@@ -1,0 +1,58 @@
+//! gpu-check's timed trajectory in its emulated mode: the code path the GPU run takes
+//! (tiling, the staged copies, the per-stage marks, the floors, the report), on the CUDA
+//! kernels' host emulation with the CPU clock. An emulation: it proves the path and the
+//! bytes, not a GPU's speed, and no speed is asserted.
+
+mod devices;
+
+use std::path::Path;
+
+use lockstep::backend::cuda::trajectory::run_on;
+
+const DATA: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/data/trajectory-gpt2"
+);
+
+#[test]
+fn cuda_emulated_timed_trajectory_reports_every_stage_and_the_cpu_bytes() {
+    if devices::device("cuda_emulated").is_none() {
+        return;
+    }
+    if !Path::new(DATA)
+        .join("gpt2_step000400_bf16.safetensors")
+        .exists()
+    {
+        eprintln!("SKIP: {DATA} is absent (the shared trajectory is not checked out here)");
+        return;
+    }
+    let t = run_on("cuda-emulated", Path::new(DATA), 3_000_000, usize::MAX).unwrap();
+    let table = t.table();
+    println!("{table}");
+    assert!(t.emulated && t.tensors > 0 && t.copies >= 2, "{t:?}");
+    // Every blob was the CPU's bytes (run_on fails otherwise) and every decode the target.
+    assert_eq!(t.cpu_checked, t.tensors);
+    assert!(t.target_bytes <= 3_000_000 && t.coded_bytes < t.target_bytes);
+    // Every stage was timed (the marks were recorded and read), and so were the floors'
+    // bandwidths.
+    for (what, s) in [
+        ("h2d", t.h2d_s),
+        ("residuals", t.residuals_s),
+        ("histograms", t.histograms_s),
+        ("encode", t.encode_s),
+        ("decode", t.decode_s),
+        ("decode kernels", t.decode_kernels_s),
+        ("encode end to end", t.encode_e2e_s),
+        ("decode end to end", t.decode_e2e_s),
+        ("device bandwidth", t.device_bw),
+        ("h2d bandwidth", t.h2d_bw),
+    ] {
+        assert!(s > 0.0, "{what} not measured: {t:?}");
+    }
+    // Stages nest in their end-to-end spans.
+    assert!(t.decode_kernels_s <= t.decode_s && t.decode_s <= t.decode_e2e_s);
+    assert!(t.residuals_s + t.histograms_s + t.encode_s <= t.encode_e2e_s);
+    // Labelled as what it is, on the lines with speeds, and no target judged.
+    assert!(table.lines().next().unwrap().contains("EMULATED"));
+    assert!(table.contains("no target is judged") && !table.contains("targets:"));
+}
