@@ -146,4 +146,23 @@ impl LmSession for CpuSession<'_> {
             .map(|l| freq::frequencies(l, exp40))
             .collect()
     }
+
+    fn step_prefix_sums(&mut self, items: &[Item], order: &[u32]) -> Result<Vec<Vec<u32>>> {
+        let logits = forward::forward(
+            self.isa,
+            self.model,
+            &self.weights,
+            &mut self.caches,
+            items,
+            None,
+        )?;
+        let v = self.model.config.vocab as usize;
+        let exp40 = &self.model.tables.exp40;
+        // Tables in parallel when there are several (the encoder's batches), and each one's
+        // sums on every thread when there is one (a one-block decode).
+        logits
+            .par_chunks(v)
+            .map(|l| freq::prefix_sums(l, exp40, order))
+            .collect()
+    }
 }
