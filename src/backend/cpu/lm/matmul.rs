@@ -221,8 +221,9 @@ impl VnniRows {
         xu
     }
 
-    /// `acc[(r - r0) * n + t] = dot(row r, item t)` for rows `r0..r1` (`r0` a multiple of 16)
-    /// and the `n` items of `xu` (from [`VnniRows::activations`]).
+    /// `acc[t * (r1 - r0) + r - r0] = dot(row r, item t)` for rows `r0..r1` (`r0` a multiple
+    /// of 16) and the `n` items of `xu` (from [`VnniRows::activations`]): item-major, the
+    /// layout of the matmul's output, so a lane group is stored whole, not transposed.
     pub fn dots(&self, r0: usize, r1: usize, xu: &[u8], n: usize, acc: &mut [i32]) {
         assert!(r0 % 16 == 0 && r0 <= r1 && r1 <= self.bias.len());
         assert!(xu.len() >= n * self.kp && acc.len() >= (r1 - r0) * n && vnni());
@@ -241,11 +242,11 @@ impl VnniRows {
         while t + 4 <= n {
             let mut g = g0;
             while g + 4 <= g1 {
-                self.block::<4, 4>(g, t, r0, r1, xu, n, acc);
+                self.block::<4, 4>(g, t, r0, r1, xu, acc);
                 g += 4;
             }
             while g < g1 {
-                self.block::<1, 4>(g, t, r0, r1, xu, n, acc);
+                self.block::<1, 4>(g, t, r0, r1, xu, acc);
                 g += 1;
             }
             t += 4;
@@ -255,11 +256,11 @@ impl VnniRows {
         while t < n {
             let mut g = g0;
             while g + 8 <= g1 {
-                self.block::<8, 1>(g, t, r0, r1, xu, n, acc);
+                self.block::<8, 1>(g, t, r0, r1, xu, acc);
                 g += 8;
             }
             while g < g1 {
-                self.block::<1, 1>(g, t, r0, r1, xu, n, acc);
+                self.block::<1, 1>(g, t, r0, r1, xu, acc);
                 g += 1;
             }
             t += 1;
@@ -278,7 +279,6 @@ impl VnniRows {
         r0: usize,
         r1: usize,
         xu: &[u8],
-        n: usize,
         acc: &mut [i32],
     ) {
         use std::arch::x86_64::*;
@@ -303,18 +303,15 @@ impl VnniRows {
         for (g, ag) in a.iter().enumerate() {
             let row = (g0 + g) * 16;
             let bias = _mm512_loadu_si512(self.bias.as_ptr().add(row) as *const _);
-            let live = (r1 - row).min(16);
+            // The rows of the last group that exist (the rest is padding).
+            let live: __mmask16 = if r1 - row >= 16 {
+                !0
+            } else {
+                (1 << (r1 - row)) - 1
+            };
             for (t, &v) in ag.iter().enumerate() {
-                let s = _mm512_sub_epi32(v, bias);
-                if n == 1 && live == 16 {
-                    _mm512_storeu_si512(acc.as_mut_ptr().add(row - r0) as *mut _, s);
-                } else {
-                    let mut lanes = [0i32; 16];
-                    _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, s);
-                    for (r, &x) in lanes[..live].iter().enumerate() {
-                        acc[(row + r - r0) * n + t0 + t] = x;
-                    }
-                }
+                let dst = acc.as_mut_ptr().add((t0 + t) * (r1 - r0) + row - r0);
+                _mm512_mask_storeu_epi32(dst, live, _mm512_sub_epi32(v, bias));
             }
         }
     }
@@ -459,13 +456,20 @@ pub fn matmul(
         let j1 = (j0 + tile).min(rows);
         // acc[r * n + t]: the dots of rows j0.. against every item.
         let mut acc = vec![0i32; (j1 - j0) * n];
-        if cl.kernel == Dot::Vnni {
-            cl.vnni.dots(j0, j1, &xu, n, &mut acc);
-        } else {
-            cl.kernel.dots(&lin.w[j0 * k..j1 * k], xq, k, n, &mut acc);
-        }
         let (ms, es) = (&cl.ms[j0..j1], &cl.es[j0..j1]);
         let bias = &lin.bias[j0..j1];
+        if cl.kernel == Dot::Vnni {
+            // Item-major sums: each item's row of the output is rescaled as in the one-item
+            // case (a transpose of row-major sums cost a fifth of a batched encode).
+            cl.vnni.dots(j0, j1, &xu, n, &mut acc);
+            let w = j1 - j0;
+            for (t, (a, d)) in acc.chunks_exact(w).zip(dst.chunks_exact_mut(w)).enumerate() {
+                let (tm, te) = (&tms[t..t + 1], &tes[t..t + 1]);
+                rescale(isa, a, 1, ms, es, bias, tm, te, out_frac, clamp, d);
+            }
+            return;
+        }
+        cl.kernel.dots(&lin.w[j0 * k..j1 * k], xq, k, n, &mut acc);
         if n == 1 {
             // One item: row-major and item-major are the same layout.
             rescale(isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, dst);
@@ -559,11 +563,13 @@ mod tests {
                         for r1 in r0..=rows {
                             let mut got = vec![0; (r1 - r0) * n];
                             v.dots(r0, r1, &xu, n, &mut got);
-                            assert_eq!(
-                                got,
-                                want[r0 * n..r1 * n],
-                                "vnni k={k} rows {r0}..{r1} n={n}"
-                            );
+                            for (r, t) in (r0..r1).flat_map(|r| (0..n).map(move |t| (r, t))) {
+                                assert_eq!(
+                                    got[t * (r1 - r0) + r - r0],
+                                    want[r * n + t],
+                                    "vnni k={k} rows {r0}..{r1} n={n} row {r} item {t}"
+                                );
+                            }
                         }
                     }
                 }
