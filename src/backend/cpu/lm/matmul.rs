@@ -225,7 +225,7 @@ impl VnniRows {
     /// of 16) and the `n` items of `xu` (from [`VnniRows::activations`]): item-major, the
     /// layout of the matmul's output, so a lane group is stored whole, not transposed.
     pub fn dots(&self, r0: usize, r1: usize, xu: &[u8], n: usize, acc: &mut [i32]) {
-        assert!(r0 % 16 == 0 && r0 <= r1 && r1 <= self.bias.len());
+        assert!(r0.is_multiple_of(16) && r0 <= r1 && r1 <= self.bias.len());
         assert!(xu.len() >= n * self.kp && acc.len() >= (r1 - r0) * n && vnni());
         // SAFETY: AVX-512 F/BW/VNNI are present (asserted); every access lies inside the
         // groups of rows r0..r1 (padded), the n items of `xu` and `acc` (asserted).
