@@ -62,6 +62,41 @@ pub trait LmSession: Send {
         }
         Ok(tables)
     }
+    /// [`LmSession::step_tables`], each table handed back as its [`prefix_sums`] in the order
+    /// `order`: what the context-mixing coder reads (tokens in byte order, docs/INTEGER_GPT2.md
+    /// §13.3). A device may compute the sums from its logits without the table in between;
+    /// the default lays out the tables of [`LmSession::step_tables`].
+    fn step_prefix_sums(&mut self, items: &[Item], order: &[u32]) -> Result<Vec<Vec<u32>>> {
+        use rayon::prelude::*;
+        self.step_tables(items)?
+            .par_iter()
+            .map(|f| prefix_sums(f, order))
+            .collect()
+    }
+}
+
+/// Prefix sums (`order.len() + 1` entries, the first 0) of the frequency table `f` taken in
+/// the order `order` (token ids, each at most once). Every sum must stay below 2^32, which
+/// holds when a token is left out (each has at least 1 and the table sums to 2^32); checked
+/// once, on the last, since the sums only grow.
+pub fn prefix_sums(f: &[u64], order: &[u32]) -> Result<Vec<u32>> {
+    let mut cum = Vec::with_capacity(order.len() + 1);
+    let mut s = 0u64;
+    cum.push(0);
+    for &id in order {
+        let v = *f.get(id as usize).ok_or_else(|| {
+            crate::Error::Invalid(format!(
+                "prefix sums: token {id} beyond the table of {}",
+                f.len()
+            ))
+        })?;
+        s = s.saturating_add(v);
+        cum.push(s as u32);
+    }
+    if s >> 32 != 0 {
+        return Err(crate::Error::Invalid("LM table sums past 2^32".into()));
+    }
+    Ok(cum)
 }
 
 /// One token to run: appended to sequence `seq` at its next position.

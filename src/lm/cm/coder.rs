@@ -212,8 +212,8 @@ pub fn decode_blocks(blocks: &[(&[u8], u64)], setup: Setup, progress: Progress) 
             if items.is_empty() {
                 break;
             }
-            let mut tables = session.step_tables(&items)?.into_iter();
-            let answers: Vec<Option<Vec<u64>>> = waiting
+            let mut tables = session.step_prefix_sums(&items, Lm::order())?.into_iter();
+            let answers: Vec<Option<Vec<u32>>> = waiting
                 .iter()
                 .map(|&w| w.then(|| tables.next()).flatten())
                 .collect();
@@ -222,7 +222,7 @@ pub fn decode_blocks(blocks: &[(&[u8], u64)], setup: Setup, progress: Progress) 
                 .zip(&waiting)
                 .try_for_each(|((d, f), &w)| match (w, f, d.m.lm.as_mut()) {
                     (false, _, _) => Ok(()),
-                    (true, Some(f), Some(lm)) => lm.supply(&f),
+                    (true, Some(cum), Some(lm)) => lm.supply(cum),
                     _ => Err(Error::Invalid("LM: fewer tables than calls".into())),
                 })?;
             let done = base + decs.iter().map(|d| d.done).sum::<u64>();

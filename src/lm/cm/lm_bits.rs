@@ -23,8 +23,6 @@
 use std::collections::VecDeque;
 use std::sync::LazyLock;
 
-use rayon::prelude::*;
-
 use super::super::tokenizer::{self, EOT, VOCAB};
 use super::logistic::stretch;
 use crate::backend::lm::{Find, Item, LmKernels, LmSession, Query};
@@ -52,7 +50,7 @@ static SORTED: LazyLock<Result<Vec<Entry>>> = LazyLock::new(|| {
     Ok(v)
 });
 
-/// The token ids of [`SORTED`] alone: the table's gather reads 4 bytes per token, not 24.
+/// The token ids of [`SORTED`] alone: the prefix sums' gather reads 4 bytes per token, not 24.
 static SORTED_IDS: LazyLock<Vec<u32>> = LazyLock::new(|| match SORTED.as_ref() {
     Ok(v) => v.iter().map(|e| e.1).collect(),
     Err(_) => Vec::new(),
@@ -138,28 +136,16 @@ impl Context {
     }
 }
 
-/// Prefix sums (`len + 1` entries) of a frequency table in sorted order. Every token has at
-/// least 1 and `<|endoftext|>` is left out, so every sum is below 2^32 (checked once, on the
-/// last: the sums only grow).
-fn sorted_cum(f: &[u64]) -> Result<Vec<u32>> {
-    let ids: &[u32] = &SORTED_IDS;
-    if f.len() != VOCAB as usize {
+/// The coder reads the LM's table as prefix sums in sorted order, which cover the whole
+/// table (but `<|endoftext|>`) only for the tokenizer's own vocabulary.
+fn check_vocab(model: &Model) -> Result<()> {
+    if model.config.vocab != VOCAB {
         return Err(Error::Invalid(format!(
             "LM table of {} tokens, the tokenizer has {VOCAB}",
-            f.len()
+            model.config.vocab
         )));
     }
-    let mut cum = Vec::with_capacity(ids.len() + 1);
-    let mut s = 0u64;
-    cum.push(0);
-    cum.extend(ids.iter().map(|&id| {
-        s = s.saturating_add(f[id as usize]);
-        s as u32
-    }));
-    if s >> 32 != 0 {
-        return Err(Error::Invalid("LM table sums past 2^32".into()));
-    }
-    Ok(cum)
+    Ok(())
 }
 
 /// Tables asked for per batched call: enough items to share each weight load across many
@@ -181,6 +167,7 @@ pub struct Plan<'m> {
 impl<'m> Plan<'m> {
     /// The calls for coding `data`: the first token, then each finished chunk.
     fn new(model: &'m Model, kernels: &dyn LmKernels, data: &[u8]) -> Result<Self> {
+        check_vocab(model)?;
         let mut ctx = Context {
             n_ctx: model.config.n_ctx as usize,
             tokens: Vec::new(),
@@ -235,11 +222,7 @@ impl<'m> Plan<'m> {
             asked += 1;
             self.next += 1;
         }
-        let tables = self.session.step_tables(&items)?;
-        let cums: Vec<Vec<u32>> = tables
-            .par_iter()
-            .map(|f| sorted_cum(f))
-            .collect::<Result<_>>()?;
+        let cums = self.session.step_prefix_sums(&items, &SORTED_IDS)?;
         self.ready.extend(cums);
         Ok(())
     }
@@ -278,6 +261,7 @@ impl<'m> Lm<'m> {
     /// The decoder's LM: each finished chunk leaves a call ([`Lm::take_call`]) that must be
     /// run and answered ([`Lm::supply`]) before the next bit's prediction.
     pub fn for_decoder(model: &Model) -> Result<Self> {
+        check_vocab(model)?;
         Self::start(Source::Caller {
             ctx: Context {
                 n_ctx: model.config.n_ctx as usize,
@@ -340,10 +324,24 @@ impl<'m> Lm<'m> {
         matches!(self.source, Source::Caller { call: Some(_), .. })
     }
 
-    /// The frequency table (total 2^32) that answers the last call taken.
-    pub fn supply(&mut self, f: &[u64]) -> Result<()> {
-        self.cum = sorted_cum(f)?;
+    /// The answer to the last call taken: its frequency table's prefix sums in the order
+    /// [`Lm::order`] (`LmSession::step_prefix_sums`).
+    pub fn supply(&mut self, cum: Vec<u32>) -> Result<()> {
+        if cum.len() != self.sorted.len() + 1 {
+            return Err(Error::Invalid(format!(
+                "LM: {} prefix sums for {} tokens",
+                cum.len(),
+                self.sorted.len()
+            )));
+        }
+        self.cum = cum;
         Ok(())
+    }
+
+    /// The order of the tokens in the prefix sums the LM reads: ids sorted by their bytes,
+    /// `<|endoftext|>` left out.
+    pub fn order() -> &'static [u32] {
+        &SORTED_IDS
     }
 
     /// After a byte was appended to `hist`: close the chunk if this byte starts a new one,

@@ -1,5 +1,6 @@
 //! Causal attention of one item over its cached keys and values (docs/INTEGER_GPT2.md §4):
-//! integer scores, the exp table, an exact reciprocal. One body, compiled plain and for AVX2.
+//! integer scores, the exp table, an exact reciprocal. One body, compiled plain, for AVX2 and
+//! for AVX-512 (whose 64-bit lanes and multiplies the i64 score and value sums use).
 
 use crate::backend::cpu::Isa;
 use crate::format::lm::fixed::{div_recip, recip, round_shift};
@@ -20,6 +21,12 @@ pub fn attention(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        if isa == Isa::Avx512 && std::is_x86_feature_detected!("avx512dq") {
+            // SAFETY: the `Avx512` level implies F and VL (`Isa::available`), DQ is checked;
+            // the body is safe code compiled with them.
+            unsafe { attention_avx512(q, kc, vc, len, d, hd, tables, out) };
+            return;
+        }
         if isa >= Isa::Avx2 {
             // SAFETY: levels from `Avx2` up imply AVX2 (`Isa::available`, checked when the
             // `CpuLm` was made); the body is safe code compiled with AVX2 enabled.
@@ -35,6 +42,22 @@ pub fn attention(
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attention_avx2(
+    q: &[i32],
+    kc: &[i32],
+    vc: &[i32],
+    len: usize,
+    d: usize,
+    hd: usize,
+    tables: &Tables,
+    out: &mut [i64],
+) {
+    attention_body(q, kc, vc, len, d, hd, tables, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_avx512(
     q: &[i32],
     kc: &[i32],
     vc: &[i32],

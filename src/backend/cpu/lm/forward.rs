@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use super::attention::attention;
-use super::matmul::matmul;
+use super::matmul::{matmul, CpuLinear};
 use super::norm::{layer_norm, quantize};
 use crate::backend::cpu::Isa;
 use crate::backend::lm::{record, Item, Trace};
@@ -37,11 +37,34 @@ impl KvCache {
     }
 }
 
+/// The model's linear layers prepared for one level's kernels ([`CpuLinear`]), once per
+/// session.
+pub(super) struct CpuWeights<'m> {
+    /// Per block: qkv, attention projection, MLP up (fc), MLP down (proj).
+    blocks: Vec<[CpuLinear<'m>; 4]>,
+    head: CpuLinear<'m>,
+}
+
+impl<'m> CpuWeights<'m> {
+    pub fn new(isa: Isa, model: &'m Model) -> CpuWeights<'m> {
+        let l = |lin| CpuLinear::new(isa, lin);
+        CpuWeights {
+            blocks: model
+                .blocks
+                .iter()
+                .map(|b| [l(&b.qkv), l(&b.attn_proj), l(&b.fc), l(&b.proj)])
+                .collect(),
+            head: l(&model.wte),
+        }
+    }
+}
+
 /// Run `items` through the model; returns the logits (Q8, `vocab` per item) of the items that
 /// have a query, in item order.
 pub fn forward(
     isa: Isa,
     model: &Model,
+    weights: &CpuWeights,
     caches: &mut [KvCache],
     items: &[Item],
     mut stats: Option<&mut Trace>,
@@ -94,14 +117,16 @@ pub fn forward(
         }
     });
     let hd = model.head_dim();
-    for (l, blk) in model.blocks.iter().enumerate() {
+    for (l, (blk, [qkv_w, attn_w, fc_w, proj_w])) in
+        model.blocks.iter().zip(&weights.blocks).enumerate()
+    {
         // Attention.
         let y = layer_norm(&h, d, &blk.ln1, model.config.eps_q);
         if let Some(s) = stats.as_deref_mut() {
             record(&mut s.ln1[l], &y, d);
         }
         let (xq, sc) = quantize(&y, d, FLN);
-        let qkv = matmul(isa, &blk.qkv, &xq, &sc, FQKV, QKV_MAX);
+        let qkv = matmul(isa, qkv_w, &xq, &sc, FQKV, QKV_MAX);
         for (i, it) in items.iter().enumerate() {
             let c = &mut caches[it.seq];
             let p = pos[i];
@@ -129,7 +154,7 @@ pub fn forward(
             );
         });
         let (xq, sc) = quantize(&o, d, FQKV);
-        let a = matmul(isa, &blk.attn_proj, &xq, &sc, FR, RES_MAX);
+        let a = matmul(isa, attn_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &a);
         // MLP.
         let y = layer_norm(&h, d, &blk.ln2, model.config.eps_q);
@@ -137,13 +162,13 @@ pub fn forward(
             record(&mut s.ln2[l], &y, d);
         }
         let (xq, sc) = quantize(&y, d, FLN);
-        let f = matmul(isa, &blk.fc, &xq, &sc, FGELU, 1 << 15);
+        let f = matmul(isa, fc_w, &xq, &sc, FGELU, 1 << 15);
         let g: Vec<i64> = f
             .iter()
             .map(|&x| model.tables.gelu[(x.clamp(-32768, 32767) + 32768) as usize] as i64)
             .collect();
         let (xq, sc) = quantize(&g, 4 * d, FGELU);
-        let p = matmul(isa, &blk.proj, &xq, &sc, FR, RES_MAX);
+        let p = matmul(isa, proj_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &p);
         if let Some(s) = stats.as_deref_mut() {
             if l == 0 {
@@ -167,7 +192,7 @@ pub fn forward(
     }
     let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q);
     let (xq, sc) = quantize(&y, d, FLN);
-    Ok(matmul(isa, &model.wte, &xq, &sc, FLOGIT, LOGIT_MAX))
+    Ok(matmul(isa, &weights.head, &xq, &sc, FLOGIT, LOGIT_MAX))
 }
 
 fn add_residual(h: &mut [i32], a: &[i32]) {

@@ -4,50 +4,137 @@
 //! remainder to the largest weight (lowest id on ties). Since `f_j` depends only on the gap
 //! `L - l_j`, each distinct gap is divided once.
 
+use rayon::prelude::*;
+
 use crate::backend::lm::{Coded, Find};
 use crate::{Error, Result};
 
 pub const TOTAL: u64 = 1 << 32;
 
-/// Frequencies of every token; `u64` because a one-sided table can hold up to 2^32 - V + 1.
+/// A frequency table before it is laid out: every token's frequency depends only on its gap
+/// below the top logit, plus the remainder that goes to one token.
 ///
-/// Two passes over the vocabulary after the maximum: the first counts the tokens at each gap
-/// (so `W` and the sum of the floors come from the counts, one division per distinct gap),
-/// the second looks each token's frequency up by its gap, branch-free (gaps past the table
-/// share one last entry holding 1).
-pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
-    let v = logits.len();
-    if !(2..=1 << 16).contains(&v) {
-        return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
-    }
-    let top = logits.iter().fold(i32::MIN, |a, &l| a.max(l));
-    // The remainder goes to the lowest id of the largest weight.
-    let arg = logits.iter().position(|&l| l == top).unwrap_or(0);
-    let n = exp40.len();
-    let gap = |l: i32| ((top as i64 - l as i64) as u64).min(n as u64) as usize;
-    let mut count = vec![0u32; n + 1];
-    for &l in logits {
-        count[gap(l)] += 1;
-    }
-    // count <= 2^16 and w <= 2^40: W < 2^56.
-    let total_w: u64 = count[..n]
-        .iter()
-        .zip(exp40)
-        .map(|(&c, &w)| c as u64 * w)
-        .sum();
-    let r = TOTAL - v as u64;
-    let mut by_gap = vec![1u64; n + 1];
-    let mut sum = count[n] as u64;
-    for (g, &c) in count[..n].iter().enumerate() {
-        if c > 0 {
-            by_gap[g] = 1 + ((exp40[g] as u128 * r as u128) / total_w as u128) as u64;
-            sum += c as u64 * by_gap[g];
+/// One pass over the vocabulary after the maximum counts the tokens at each gap (so `W` and
+/// the sum of the floors come from the counts, one division per distinct gap); the table is
+/// then a branch-free lookup by gap per token (gaps past the table share one last entry
+/// holding 1), in whatever order the caller lays it out.
+struct ByGap {
+    top: i32,
+    /// `1 + floor(w * (2^32 - V) / W)` per gap, then 1 for every gap past the table.
+    by_gap: Vec<u64>,
+    /// The lowest id of the largest weight, and what it gets on top of its floor.
+    arg: usize,
+    rem: u64,
+}
+
+impl ByGap {
+    fn new(logits: &[i32], exp40: &[u64]) -> Result<ByGap> {
+        let v = logits.len();
+        if !(2..=1 << 16).contains(&v) {
+            return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
         }
+        let top = logits.iter().fold(i32::MIN, |a, &l| a.max(l));
+        // The remainder goes to the lowest id of the largest weight.
+        let arg = logits.iter().position(|&l| l == top).unwrap_or(0);
+        let n = exp40.len();
+        let mut g = ByGap {
+            top,
+            by_gap: Vec::new(),
+            arg,
+            rem: 0,
+        };
+        let mut count = vec![0u32; n + 1];
+        for &l in logits {
+            count[g.gap(l, n)] += 1;
+        }
+        // count <= 2^16 and w <= 2^40: W < 2^56.
+        let total_w: u64 = count[..n]
+            .iter()
+            .zip(exp40)
+            .map(|(&c, &w)| c as u64 * w)
+            .sum();
+        let r = TOTAL - v as u64;
+        let mut by_gap = vec![1u64; n + 1];
+        let mut sum = count[n] as u64;
+        for (i, &c) in count[..n].iter().enumerate() {
+            if c > 0 {
+                by_gap[i] = 1 + ((exp40[i] as u128 * r as u128) / total_w as u128) as u64;
+                sum += c as u64 * by_gap[i];
+            }
+        }
+        debug_assert!(sum <= TOTAL);
+        g.by_gap = by_gap;
+        g.rem = TOTAL - sum;
+        Ok(g)
     }
-    debug_assert!(sum <= TOTAL);
-    let mut f: Vec<u64> = logits.iter().map(|&l| by_gap[gap(l)]).collect();
-    f[arg] += TOTAL - sum;
+
+    /// The gap of logit `l` below the top, capped at `n` (the table's length).
+    #[inline(always)]
+    fn gap(&self, l: i32, n: usize) -> usize {
+        ((self.top as i64 - l as i64) as u64).min(n as u64) as usize
+    }
+
+    /// The frequency of a token with logit `l`, without the remainder.
+    #[inline(always)]
+    fn floor(&self, l: i32) -> u64 {
+        self.by_gap[self.gap(l, self.by_gap.len() - 1)]
+    }
+}
+
+/// Frequencies of every token; `u64` because a one-sided table can hold up to 2^32 - V + 1.
+pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
+    let g = ByGap::new(logits, exp40)?;
+    let mut f: Vec<u64> = logits.iter().map(|&l| g.floor(l)).collect();
+    f[g.arg] += g.rem;
     Ok(f)
+}
+
+/// Prefix sums of the frequency table of `logits` in the order `order`, as
+/// [`crate::backend::lm::prefix_sums`] of [`frequencies`] gives them, without the table in
+/// between: each token's frequency is looked up from its logit where the sum reaches it.
+/// The sums run on every thread: each sums its share of `order`, then the shares are offset
+/// by the totals before them (u32 sums wrap; the last is checked exactly, as the sums only
+/// grow).
+pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32]) -> Result<Vec<u32>> {
+    let g = ByGap::new(logits, exp40)?;
+    if order.iter().fold(0, |a, &id| a.max(id)) as usize >= logits.len() {
+        return Err(Error::Invalid(format!(
+            "prefix sums: a token beyond the table of {}",
+            logits.len()
+        )));
+    }
+    let mut cum = vec![0u32; order.len() + 1];
+    let share = order
+        .len()
+        .div_ceil(rayon::current_num_threads().max(1))
+        .max(4096);
+    let totals: Vec<u64> = cum[1..]
+        .par_chunks_mut(share)
+        .zip(order.par_chunks(share))
+        .map(|(dst, ids)| {
+            let mut s = 0u64;
+            for (c, &id) in dst.iter_mut().zip(ids) {
+                s += g.floor(logits[id as usize]);
+                if id as usize == g.arg {
+                    s += g.rem;
+                }
+                *c = s as u32;
+            }
+            s
+        })
+        .collect();
+    let mut before = 0u64;
+    for (dst, t) in cum[1..].chunks_mut(share).zip(totals) {
+        if before > 0 {
+            let b = before as u32;
+            dst.iter_mut().for_each(|c| *c = c.wrapping_add(b));
+        }
+        before += t;
+    }
+    if before >> 32 != 0 {
+        return Err(Error::Invalid("LM table sums past 2^32".into()));
+    }
+    Ok(cum)
 }
 
 /// Move `lambda / 2^16` of every other token's frequency to `x` (each keeps at least 1), so the
@@ -167,6 +254,30 @@ mod tests {
             frequencies(&logits, &t).unwrap(),
             frequencies_definition(&logits, &t)
         );
+    }
+
+    #[test]
+    fn prefix_sums_equal_those_of_the_table() {
+        let t = exp_table(40);
+        let mut x = 5u64;
+        let mut rnd = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            x >> 33
+        };
+        for (v, spread) in [(2usize, 10i64), (50257, 3000), (50257, 40000), (9000, 600)] {
+            let logits: Vec<i32> = (0..v)
+                .map(|_| (rnd() as i64 % spread - spread / 2) as i32)
+                .collect();
+            // A shuffled order that leaves a token out (as lm_bits leaves out the EOT).
+            let mut order: Vec<u32> = (0..v as u32).collect();
+            for i in (1..v).rev() {
+                order.swap(i, rnd() as usize % (i + 1));
+            }
+            order.pop();
+            let want = crate::backend::lm::prefix_sums(&frequencies(&logits, &t).unwrap(), &order);
+            assert_eq!(prefix_sums(&logits, &t, &order).unwrap(), want.unwrap());
+        }
+        assert!(prefix_sums(&[1, 2, 3], &t, &[0, 3]).is_err());
     }
 
     #[test]

@@ -171,73 +171,154 @@ unsafe fn rows8_avx2(
     }
 }
 
-/// AVX-512 VNNI: `dpbusd` multiplies unsigned by signed bytes, so the activations go in as
-/// `x + 128` (`xu`, u8) and `128 * sum(w)` is subtracted afterwards: exact, and no saturation
-/// (`dpbusd` without `s` wraps, and |sum| stays far below 2^31).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn dot_rows_vnni(w: &[i8], row_sum: i32, xu: &[u8], k: usize, out: &mut [i32]) {
-    use std::arch::x86_64::*;
-    let body = k / 64 * 64;
-    // sum(w * x) = sum(w * (x + 128)) - 128 * sum(w), over the whole row.
-    let bias = 128 * row_sum;
-    let tail = |t: usize| -> i32 {
-        w[body..k]
-            .iter()
-            .zip(&xu[t * k + body..(t + 1) * k])
-            .map(|(&a, &b)| a as i32 * b as i32)
-            .sum()
-    };
-    let n = out.len();
-    let mut t = 0;
-    while t + 4 <= n {
-        let x0 = xu.as_ptr().add(t * k);
-        let (x1, x2, x3) = (x0.add(k), x0.add(2 * k), x0.add(3 * k));
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm512_setzero_si512(),
-            _mm512_setzero_si512(),
-            _mm512_setzero_si512(),
-            _mm512_setzero_si512(),
-        );
-        let mut c = 0;
-        while c < body {
-            let wv = _mm512_loadu_si512(w.as_ptr().add(c) as *const _);
-            a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(x0.add(c) as *const _), wv);
-            a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(x1.add(c) as *const _), wv);
-            a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(x2.add(c) as *const _), wv);
-            a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(x3.add(c) as *const _), wv);
-            c += 64;
-        }
-        out[t] = _mm512_reduce_add_epi32(a0) - bias + tail(t);
-        out[t + 1] = _mm512_reduce_add_epi32(a1) - bias + tail(t + 1);
-        out[t + 2] = _mm512_reduce_add_epi32(a2) - bias + tail(t + 2);
-        out[t + 3] = _mm512_reduce_add_epi32(a3) - bias + tail(t + 3);
-        t += 4;
-    }
-    while t < n {
-        // One item: four independent accumulators hide the dpbusd latency.
-        let x0 = xu.as_ptr().add(t * k);
-        let mut acc = [_mm512_setzero_si512(); 4];
-        let mut c = 0;
-        while c + 256 <= body {
-            for (u, a) in acc.iter_mut().enumerate() {
-                let off = c + 64 * u;
-                let wv = _mm512_loadu_si512(w.as_ptr().add(off) as *const _);
-                *a = _mm512_dpbusd_epi32(*a, _mm512_loadu_si512(x0.add(off) as *const _), wv);
+/// A layer's weights laid out for the AVX-512 VNNI kernel, built once per session.
+///
+/// `dpbusd` sums four u8 x i8 products into each of sixteen i32 lanes. With the rows in
+/// groups of 16 and, inside a group, block `q` holding bytes `4q..4q + 4` of each of its 16
+/// rows (64 bytes), one `dpbusd` of a block against an item's four activations broadcast to
+/// every lane advances sixteen rows at once: lane `r` accumulates row `16g + r` and no
+/// horizontal sum is needed (with k = 128 the per-row reductions of a row-major layout cost
+/// as much as the products). `k` is padded to a multiple of 4 and the rows to a multiple of
+/// 16 with zero weights, which add nothing.
+///
+/// The activations go in as `x + 128` (u8, `dpbusd` wants them unsigned) and `128 * sum(w)`
+/// is subtracted per row afterwards: exact, and no saturation (`dpbusd` without `s` wraps,
+/// and |sum| stays far below 2^31).
+#[derive(Clone, Debug, Default)]
+pub struct VnniRows {
+    w: Vec<i8>,
+    /// `k` rounded up to a multiple of 4: the activations' stride in `xu`.
+    pub kp: usize,
+    /// `128 * row_sum` per row, padded with zeros to whole groups.
+    bias: Vec<i32>,
+}
+
+impl VnniRows {
+    pub fn new(w: &[i8], row_sum: &[i32], k: usize) -> VnniRows {
+        let rows = row_sum.len();
+        let kp = k.next_multiple_of(4);
+        let (groups, quads) = (rows.div_ceil(16), kp / 4);
+        let mut p = vec![0i8; groups * quads * 64];
+        for (r, row) in w.chunks_exact(k).enumerate() {
+            let (g, lane) = (r / 16, r % 16);
+            for (c, &v) in row.iter().enumerate() {
+                p[(g * quads + c / 4) * 64 + lane * 4 + c % 4] = v;
             }
-            c += 256;
         }
-        while c < body {
-            let wv = _mm512_loadu_si512(w.as_ptr().add(c) as *const _);
-            acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_loadu_si512(x0.add(c) as *const _), wv);
-            c += 64;
+        let mut bias: Vec<i32> = row_sum.iter().map(|&s| 128 * s).collect();
+        bias.resize(groups * 16, 0);
+        VnniRows { w: p, kp, bias }
+    }
+
+    /// `xu[t * kp + c] = xs[t * k + c] + 128` as u8, padded with 128 (x = 0).
+    pub fn activations(&self, xs: &[i8], k: usize) -> Vec<u8> {
+        let mut xu = vec![0x80u8; xs.len() / k.max(1) * self.kp];
+        for (d, s) in xu.chunks_exact_mut(self.kp).zip(xs.chunks_exact(k)) {
+            for (o, &v) in d.iter_mut().zip(s) {
+                *o = v as u8 ^ 0x80;
+            }
         }
-        let sum = _mm512_add_epi32(
-            _mm512_add_epi32(acc[0], acc[1]),
-            _mm512_add_epi32(acc[2], acc[3]),
-        );
-        out[t] = _mm512_reduce_add_epi32(sum) - bias + tail(t);
-        t += 1;
+        xu
+    }
+
+    /// `acc[t * (r1 - r0) + r - r0] = dot(row r, item t)` for rows `r0..r1` (`r0` a multiple
+    /// of 16) and the `n` items of `xu` (from [`VnniRows::activations`]): item-major, the
+    /// layout of the matmul's output, so a lane group is stored whole, not transposed.
+    pub fn dots(&self, r0: usize, r1: usize, xu: &[u8], n: usize, acc: &mut [i32]) {
+        assert!(r0.is_multiple_of(16) && r0 <= r1 && r1 <= self.bias.len());
+        assert!(xu.len() >= n * self.kp && acc.len() >= (r1 - r0) * n && vnni());
+        // SAFETY: AVX-512 F/BW/VNNI are present (asserted); every access lies inside the
+        // groups of rows r0..r1 (padded), the n items of `xu` and `acc` (asserted).
+        unsafe { self.dots_vnni(r0, r1, xu, n, acc) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn dots_vnni(&self, r0: usize, r1: usize, xu: &[u8], n: usize, acc: &mut [i32]) {
+        let (g0, g1) = (r0 / 16, r1.div_ceil(16));
+        let mut t = 0;
+        // Four items at a time, four groups (64 rows) per pass: 16 accumulators, each weight
+        // load serving four items.
+        while t + 4 <= n {
+            let mut g = g0;
+            while g + 4 <= g1 {
+                self.block::<4, 4>(g, t, r0, r1, xu, acc);
+                g += 4;
+            }
+            while g < g1 {
+                self.block::<1, 4>(g, t, r0, r1, xu, acc);
+                g += 1;
+            }
+            t += 4;
+        }
+        // One item at a time (the decoder's one-item steps, the LM head's GEMV): eight
+        // independent accumulators hide the latency of `dpbusd`.
+        while t < n {
+            let mut g = g0;
+            while g + 8 <= g1 {
+                self.block::<8, 1>(g, t, r0, r1, xu, acc);
+                g += 8;
+            }
+            while g < g1 {
+                self.block::<1, 1>(g, t, r0, r1, xu, acc);
+                g += 1;
+            }
+            t += 1;
+        }
+    }
+
+    /// Groups `g0..g0 + G` against items `t0..t0 + T` (see [`VnniRows::dots`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block<const G: usize, const T: usize>(
+        &self,
+        g0: usize,
+        t0: usize,
+        r0: usize,
+        r1: usize,
+        xu: &[u8],
+        acc: &mut [i32],
+    ) {
+        use std::arch::x86_64::*;
+        let quads = self.kp / 4;
+        let wp = self.w.as_ptr().add(g0 * quads * 64);
+        let xp = xu.as_ptr().add(t0 * self.kp);
+        let mut a = [[_mm512_setzero_si512(); T]; G];
+        for q in 0..quads {
+            let mut xb = [_mm512_setzero_si512(); T];
+            for (t, x) in xb.iter_mut().enumerate() {
+                *x = _mm512_set1_epi32(std::ptr::read_unaligned(
+                    xp.add(t * self.kp + 4 * q) as *const i32
+                ));
+            }
+            for (g, ag) in a.iter_mut().enumerate() {
+                let wv = _mm512_loadu_si512(wp.add((g * quads + q) * 64) as *const _);
+                for (at, &x) in ag.iter_mut().zip(&xb) {
+                    *at = _mm512_dpbusd_epi32(*at, x, wv);
+                }
+            }
+        }
+        for (g, ag) in a.iter().enumerate() {
+            let row = (g0 + g) * 16;
+            let bias = _mm512_loadu_si512(self.bias.as_ptr().add(row) as *const _);
+            // The rows of the last group that exist (the rest is padding).
+            let live: __mmask16 = if r1 - row >= 16 {
+                !0
+            } else {
+                (1 << (r1 - row)) - 1
+            };
+            for (t, &v) in ag.iter().enumerate() {
+                let dst = acc.as_mut_ptr().add((t0 + t) * (r1 - r0) + row - r0);
+                _mm512_mask_storeu_epi32(dst, live, _mm512_sub_epi32(v, bias));
+            }
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn dots_vnni(&self, _: usize, _: usize, _: &[u8], _: usize, _: &mut [i32]) {
+        unreachable!("vnni() is false off x86_64")
     }
 }
 
@@ -262,35 +343,15 @@ impl Dot {
     }
 
     /// `acc[r * n + t] = dot(w row r, item t)` for the whole rows in `w` (`k` each) and `n`
-    /// items; `xu` is `xs` with the sign bit flipped (x + 128 as u8) and `row_sums` the rows'
-    /// weight sums, both used by the VNNI kernel only. Activations must lie in [-127, 127], as
-    /// `quantize_row` makes them (the AVX2 sign trick cannot negate -128).
-    #[allow(clippy::too_many_arguments)]
-    pub fn dots(
-        self,
-        w: &[i8],
-        row_sums: &[i32],
-        xs: &[i8],
-        xu: &[u8],
-        k: usize,
-        n: usize,
-        acc: &mut [i32],
-    ) {
+    /// items. Activations must lie in [-127, 127], as `quantize_row` makes them (the AVX2
+    /// sign trick cannot negate -128). The VNNI kernel reads its own layout ([`VnniRows`]);
+    /// here it stands in with the AVX2 one.
+    pub fn dots(self, w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
         let rows = w.len() / k.max(1);
         assert!(k > 0 && w.len() == rows * k && xs.len() >= n * k && acc.len() >= rows * n);
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (row_sums, xu);
         match self {
             #[cfg(target_arch = "x86_64")]
-            Dot::Vnni => {
-                assert!(xu.len() >= n * k && row_sums.len() >= rows && vnni());
-                for (r, a) in acc.chunks_mut(n).take(rows).enumerate() {
-                    // SAFETY: AVX-512 VNNI/BW are present (asserted); slices are in bounds.
-                    unsafe { dot_rows_vnni(&w[r * k..(r + 1) * k], row_sums[r], xu, k, a) }
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Dot::Avx2 => {
+            Dot::Avx2 | Dot::Vnni => {
                 assert!(Isa::Avx2.available());
                 // SAFETY: AVX2 is present (asserted); slices are in bounds (asserted above).
                 unsafe { dots_avx2(w, xs, k, n, acc) }
@@ -300,6 +361,36 @@ impl Dot {
                     dot_rows_generic(&w[r * k..(r + 1) * k], xs, k, a);
                 }
             }
+        }
+    }
+}
+
+/// A linear layer prepared once per session for the kernel of one level: the VNNI layout
+/// where that kernel runs, and the rows' 16-bit rescale multipliers ([`Linear::m16`]) as
+/// the rescale reads them (mapped per call, they cost as much as a one-item GEMV's dots).
+pub struct CpuLinear<'m> {
+    lin: &'m Linear,
+    kernel: Dot,
+    vnni: VnniRows,
+    ms: Vec<i64>,
+    es: Vec<i32>,
+}
+
+impl<'m> CpuLinear<'m> {
+    pub fn new(isa: Isa, lin: &'m Linear) -> CpuLinear<'m> {
+        let kernel = Dot::at(isa);
+        let vnni = if kernel == Dot::Vnni {
+            VnniRows::new(&lin.w, &lin.row_sum, lin.k)
+        } else {
+            VnniRows::default()
+        };
+        let (ms, es) = (0..lin.rows).map(|j| lin.m16(j)).unzip();
+        CpuLinear {
+            lin,
+            kernel,
+            vnni,
+            ms,
+            es,
         }
     }
 }
@@ -326,12 +417,13 @@ const SERIAL_MACS: usize = 1 << 18;
 /// weights for the LM head) stay in cache while every item passes over them.
 pub fn matmul(
     isa: Isa,
-    lin: &Linear,
+    cl: &CpuLinear,
     xq: &[i8],
     sc: &[(i64, i32)],
     out_frac: i32,
     clamp: i64,
 ) -> Vec<i32> {
+    let lin = cl.lin;
     let k = lin.k;
     let n = sc.len();
     let rows = lin.rows;
@@ -340,15 +432,15 @@ pub fn matmul(
     if n == 0 || rows == 0 {
         return out;
     }
-    let kernel = Dot::at(isa);
-    let xu: Vec<u8> = if kernel == Dot::Vnni {
-        xq.iter().map(|&v| v as u8 ^ 0x80).collect()
+    let xu: Vec<u8> = if cl.kernel == Dot::Vnni {
+        cl.vnni.activations(xq, k)
     } else {
         Vec::new()
     };
     let tms: Vec<i64> = sc.iter().map(|s| s.0).collect();
     let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
-    // Tiles: at most 64 KiB of weights, at least 4 per thread when there is enough work.
+    // Tiles: at most 64 KiB of weights, at least 4 per thread when there is enough work;
+    // whole groups of 16 rows, as the VNNI layout holds them.
     let threads = rayon::current_num_threads().max(1);
     let tile = if rows * k * n <= SERIAL_MACS {
         rows
@@ -356,39 +448,36 @@ pub fn matmul(
         rows.div_ceil(4 * threads)
             .min((1 << 16) / k)
             .max(SERIAL_MACS.div_ceil(n * k))
-            .clamp(4, rows)
-            .next_multiple_of(4)
+            .clamp(16, rows.max(16))
+            .next_multiple_of(16)
     };
     let run_tile = |ti: usize, dst: &mut [i32]| {
         let j0 = ti * tile;
         let j1 = (j0 + tile).min(rows);
         // acc[r * n + t]: the dots of rows j0.. against every item.
         let mut acc = vec![0i32; (j1 - j0) * n];
-        kernel.dots(
-            &lin.w[j0 * k..j1 * k],
-            &lin.row_sum[j0..j1],
-            xq,
-            &xu,
-            k,
-            n,
-            &mut acc,
-        );
-        // The rows' `Linear::m16`, mapped over slices: per index (bounds checks, `unzip`)
-        // these cost 7% of a one-item decode, as much as the dots of the tile.
-        let ms: Vec<i64> = lin.m[j0..j1].iter().map(|&m| m >> 15).collect();
-        let es: Vec<i32> = lin.e[j0..j1].iter().map(|&e| e - 15).collect();
-        debug_assert!((j0..j1).all(|j| lin.m16(j) == (ms[j - j0], es[j - j0])));
+        let (ms, es) = (&cl.ms[j0..j1], &cl.es[j0..j1]);
         let bias = &lin.bias[j0..j1];
+        if cl.kernel == Dot::Vnni {
+            // Item-major sums: each item's row of the output is rescaled as in the one-item
+            // case (a transpose of row-major sums cost a fifth of a batched encode).
+            cl.vnni.dots(j0, j1, &xu, n, &mut acc);
+            let w = j1 - j0;
+            for (t, (a, d)) in acc.chunks_exact(w).zip(dst.chunks_exact_mut(w)).enumerate() {
+                let (tm, te) = (&tms[t..t + 1], &tes[t..t + 1]);
+                rescale(isa, a, 1, ms, es, bias, tm, te, out_frac, clamp, d);
+            }
+            return;
+        }
+        cl.kernel.dots(&lin.w[j0 * k..j1 * k], xq, k, n, &mut acc);
         if n == 1 {
             // One item: row-major and item-major are the same layout.
-            rescale(
-                isa, &acc, n, &ms, &es, bias, &tms, &tes, out_frac, clamp, dst,
-            );
+            rescale(isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, dst);
             return;
         }
         let mut res = vec![0i32; (j1 - j0) * n];
         rescale(
-            isa, &acc, n, &ms, &es, bias, &tms, &tes, out_frac, clamp, &mut res,
+            isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, &mut res,
         );
         // dst[t * (j1 - j0) + r]: item-major, as the caller lays the output out.
         for (r, row) in res.chunks_exact(n).enumerate() {
@@ -448,6 +537,9 @@ mod tests {
                 (5, 13),
                 (21, 1),
                 (17, 6),
+                (64, 4),
+                (70, 5),
+                (130, 1),
             ] {
                 let w: Vec<i8> = (0..rows * k).map(|_| (rnd() % 256) as i32 as i8).collect();
                 let xs: Vec<i8> = (0..n * k)
@@ -457,12 +549,29 @@ mod tests {
                 for (r, a) in want.chunks_mut(n).enumerate() {
                     dot_rows_generic(&w[r * k..(r + 1) * k], &xs, k, a);
                 }
-                let xu: Vec<u8> = xs.iter().map(|&v| v as u8 ^ 0x80).collect();
                 let rs = Linear::row_sums(&w, k);
                 for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                     let mut got = vec![0; rows * n];
-                    Dot::at(isa).dots(&w, &rs, &xs, &xu, k, n, &mut got);
+                    Dot::at(isa).dots(&w, &xs, k, n, &mut got);
                     assert_eq!(got, want, "k={k} rows={rows} n={n} {isa:?}");
+                }
+                if vnni() {
+                    // Every range of whole groups the tiles can ask for.
+                    let v = VnniRows::new(&w, &rs, k);
+                    let xu = v.activations(&xs, k);
+                    for r0 in (0..rows).step_by(16) {
+                        for r1 in r0..=rows {
+                            let mut got = vec![0; (r1 - r0) * n];
+                            v.dots(r0, r1, &xu, n, &mut got);
+                            for (r, t) in (r0..r1).flat_map(|r| (0..n).map(move |t| (r, t))) {
+                                assert_eq!(
+                                    got[t * (r1 - r0) + r - r0],
+                                    want[r * n + t],
+                                    "vnni k={k} rows {r0}..{r1} n={n} row {r} item {t}"
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -16,7 +16,7 @@ use super::Isa;
 use crate::backend::lm::{query_last, Coded, Item, LmKernels, LmSession, Trace};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
-use forward::KvCache;
+use forward::{CpuWeights, KvCache};
 
 /// The integer GPT-2 on the CPU at one instruction-set level.
 #[derive(Clone, Copy, Debug)]
@@ -46,15 +46,18 @@ impl LmKernels for CpuLm {
         Ok(Box::new(CpuSession {
             isa: self.0,
             model,
+            weights: CpuWeights::new(self.0, model),
             caches: vec![KvCache::new(nl); sequences],
         }))
     }
 }
 
-/// On the CPU the "resident" weights are the model in memory, borrowed.
+/// On the CPU the "resident" weights are the model in memory, borrowed, with what the
+/// kernels of the session's level read in their own layout.
 struct CpuSession<'m> {
     isa: Isa,
     model: &'m Model,
+    weights: CpuWeights<'m>,
     caches: Vec<KvCache>,
 }
 
@@ -63,6 +66,7 @@ impl CpuSession<'_> {
         let logits = forward::forward(
             self.isa,
             self.model,
+            &self.weights,
             &mut self.caches,
             items,
             trace.as_deref_mut(),
@@ -115,17 +119,50 @@ impl LmSession for CpuSession<'_> {
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
-        let logits = forward::forward(self.isa, self.model, &mut self.caches, &run, None)?;
+        let logits = forward::forward(
+            self.isa,
+            self.model,
+            &self.weights,
+            &mut self.caches,
+            &run,
+            None,
+        )?;
         freq::frequencies(&logits, &self.model.tables.exp40)
     }
 
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
-        let logits = forward::forward(self.isa, self.model, &mut self.caches, items, None)?;
+        let logits = forward::forward(
+            self.isa,
+            self.model,
+            &self.weights,
+            &mut self.caches,
+            items,
+            None,
+        )?;
         let v = self.model.config.vocab as usize;
         let exp40 = &self.model.tables.exp40;
         logits
             .par_chunks(v)
             .map(|l| freq::frequencies(l, exp40))
+            .collect()
+    }
+
+    fn step_prefix_sums(&mut self, items: &[Item], order: &[u32]) -> Result<Vec<Vec<u32>>> {
+        let logits = forward::forward(
+            self.isa,
+            self.model,
+            &self.weights,
+            &mut self.caches,
+            items,
+            None,
+        )?;
+        let v = self.model.config.vocab as usize;
+        let exp40 = &self.model.tables.exp40;
+        // Tables in parallel when there are several (the encoder's batches), and each one's
+        // sums on every thread when there is one (a one-block decode).
+        logits
+            .par_chunks(v)
+            .map(|l| freq::prefix_sums(l, exp40, order))
             .collect()
     }
 }
