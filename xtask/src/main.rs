@@ -76,6 +76,20 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
 }
 
 /// Run a command, its stderr shown, and return its stdout.
+/// `cargo` arguments that run the profiling tool (xtask/measure/) with `args`.
+fn measure<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "lockstep-measure",
+        "--",
+    ];
+    all.extend_from_slice(args);
+    all
+}
+
 fn capture(cmd: &str, args: &[&str]) -> Result<String, String> {
     eprintln!("+ {cmd} {}", args.join(" "));
     let out = Command::new(cmd)
@@ -345,20 +359,7 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
         },
         None => "fast",
     };
-    run(
-        "cargo",
-        &[
-            "run",
-            "--release",
-            "--quiet",
-            "--package",
-            "lockstep-measure",
-            "--",
-            "table",
-            "--dir",
-            &dir,
-        ],
-    )?;
+    run("cargo", &measure(&["table", "--dir", &dir]))?;
     if !zipnn {
         eprintln!("(ZipNN not run: add --zipnn to install it into target/zipnn-venv and compare)");
         return Ok(());
@@ -398,18 +399,7 @@ fn scaling(dir: &str, rounds: usize) -> Result<(), String> {
     for round in 1..=rounds {
         let rows = speeds(&capture(
             "cargo",
-            &[
-                "run",
-                "--release",
-                "--quiet",
-                "--package",
-                "lockstep-measure",
-                "--",
-                "table",
-                "--dir",
-                dir,
-                "--scaling",
-            ],
+            &measure(&["table", "--dir", dir, "--scaling"]),
         )?);
         // Per pair: --fast 1 thread, --fast 2, default 1, default 2.
         for (k, (_, b)) in PAIRS.iter().enumerate() {
@@ -466,25 +456,12 @@ fn paired_rounds(
     isa: &str,
 ) -> Result<(), String> {
     let mut table = Vec::new();
-    let mut measure = vec![
-        "run",
-        "--release",
-        "--quiet",
-        "--package",
-        "lockstep-measure",
-        "--",
-        "table",
-        "--dir",
-        dir,
-        "--paired",
-        "--layout",
-        layout,
-    ];
+    let mut table_args = measure(&["table", "--dir", dir, "--paired", "--layout", layout]);
     if !isa.is_empty() {
-        measure.extend(["--isa", isa]);
+        table_args.extend(["--isa", isa]);
     }
     for round in 1..=rounds {
-        let ours = speeds(&capture("cargo", &measure)?);
+        let ours = speeds(&capture("cargo", &table_args)?);
         for (k, (a, b)) in PAIRS.iter().enumerate() {
             let theirs = speeds(&capture(
                 py,
@@ -686,22 +663,7 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         ],
         &[],
     );
-    step(
-        "bench",
-        "cargo",
-        &[
-            "run",
-            "--release",
-            "--quiet",
-            "--package",
-            "lockstep-measure",
-            "--",
-            "table",
-            "--dir",
-            &dir,
-        ],
-        &[],
-    );
+    step("bench", "cargo", &measure(&["table", "--dir", &dir]), &[]);
     // The language model on CUDA: its parity (lm_codec's cuda tests) ran in cuda-tests;
     // here its throughput, the shipped model beside the CPU, GPT-2-small's shape alone (the
     // CPU would take minutes). The floor assumes the H200's dense int8 tensor-core rate,

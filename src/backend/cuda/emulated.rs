@@ -114,6 +114,30 @@ fn run_blocks(grid: u32, symbol: &str, run: impl Fn(u32, u32) -> i32 + Sync) -> 
     }
 }
 
+/// The C entry points' shared signature (`ls_emu_launch`, `ls_emu_launch_lm`): kernel,
+/// grid, block, blocks [first, end), parameter words, buffer pointers.
+type Entry = unsafe extern "C" fn(u32, u32, u32, u32, u32, *const u32, *const *mut u32) -> i32;
+
+/// Launch kernel `id` of `entry` (its Params or LmParams as `words`) on `grid` blocks of
+/// `block` threads, over the buffers `ptrs`.
+fn run_launch<const N: usize>(
+    entry: Entry,
+    id: u32,
+    symbol: &str,
+    block: u32,
+    grid: u32,
+    words: &[u32],
+    ptrs: Ptrs<N>,
+) -> Result<()> {
+    run_blocks(grid, symbol, |first, end| {
+        let ptrs = &ptrs;
+        // SAFETY: the parameter block is the kernels' (32 words); the buffers live until
+        // this call returns and are as large as the host code sized them for the kernel
+        // (the same sizes the GPU gets).
+        unsafe { entry(id, grid, block, first, end, words.as_ptr(), ptrs.0.as_ptr()) }
+    })
+}
+
 impl Launcher for HostEmulation {
     type Buf = HostBuf;
 
@@ -171,24 +195,15 @@ impl Launcher for HostEmulation {
         let ptrs: Ptrs<6> = Ptrs(std::array::from_fn(|i| unsafe {
             bufs[i].0.as_ptr().add(at[i]) as *mut u32
         }));
-        let block = kernel.block();
-        run_blocks(grid, kernel.symbol(), |first, end| {
-            let ptrs = &ptrs;
-            // SAFETY: the parameter block is the kernels' Params (32 words); the buffers
-            // live until this call returns and are as large as the host code sized them for
-            // the kernel (the same sizes the GPU gets).
-            unsafe {
-                ls_emu_launch(
-                    kernel as u32,
-                    grid,
-                    block,
-                    first,
-                    end,
-                    words.as_ptr(),
-                    ptrs.0.as_ptr(),
-                )
-            }
-        })
+        run_launch(
+            ls_emu_launch,
+            kernel as u32,
+            kernel.symbol(),
+            kernel.block(),
+            grid,
+            &words,
+            ptrs,
+        )
     }
 
     // Streaming in call order: a copy is done when `copy_in` returns, so the events are
@@ -252,23 +267,14 @@ impl Launcher for HostEmulation {
     ) -> Result<()> {
         let words = p.words();
         let ptrs = Ptrs(bufs.map(|b| b.0.as_ptr() as *mut u32));
-        let block = kernel.block();
-        run_blocks(grid, kernel.symbol(), |first, end| {
-            let ptrs = &ptrs;
-            // SAFETY: the parameter block is the kernels' LmParams (32 words); the buffers
-            // live until this call returns and are as large as the host code sized them for
-            // the kernel (the same sizes the GPU gets).
-            unsafe {
-                ls_emu_launch_lm(
-                    kernel as u32,
-                    grid,
-                    block,
-                    first,
-                    end,
-                    words.as_ptr(),
-                    ptrs.0.as_ptr(),
-                )
-            }
-        })
+        run_launch(
+            ls_emu_launch_lm,
+            kernel as u32,
+            kernel.symbol(),
+            kernel.block(),
+            grid,
+            &words,
+            ptrs,
+        )
     }
 }

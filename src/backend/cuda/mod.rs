@@ -133,29 +133,14 @@ impl<L: Launcher> CudaBackend<L> {
 
     /// `op`, between two marks when recording. The marks lock is never held across `op`.
     fn timed<T>(&self, stage: Stage, op: impl FnOnce() -> Result<T>) -> Result<T> {
-        let on = self
-            .marks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if !on {
-            return op();
-        }
-        let from = self.dev.mark()?;
+        let from = self.inner_mark()?;
         let v = op()?;
-        let to = self.dev.mark()?;
-        if let Some(m) = self
-            .marks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
-            m.push(StageMarks { stage, from, to });
-        }
+        let to = from.is_some().then(|| self.dev.mark()).transpose()?;
+        self.inner_stage(stage, from, to);
         Ok(v)
     }
 
-    /// A mark, when recording (for a stage within an operation).
+    /// A mark, when recording (an operation's, or a stage's within one).
     fn inner_mark(&self) -> Result<Option<L::Event>> {
         let on = self
             .marks

@@ -62,6 +62,18 @@ struct CpuSession<'m> {
 }
 
 impl CpuSession<'_> {
+    /// The forward pass of `items`: `vocab` logits per item that carries a query.
+    fn logits(&mut self, items: &[Item]) -> Result<Vec<i32>> {
+        forward::forward(
+            self.isa,
+            self.model,
+            &self.weights,
+            &mut self.caches,
+            items,
+            None,
+        )
+    }
+
     fn run(&mut self, items: &[Item], mut trace: Option<&mut Trace>) -> Result<Vec<Coded>> {
         let logits = forward::forward(
             self.isa,
@@ -119,26 +131,12 @@ impl LmSession for CpuSession<'_> {
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
-        let logits = forward::forward(
-            self.isa,
-            self.model,
-            &self.weights,
-            &mut self.caches,
-            &run,
-            None,
-        )?;
+        let logits = self.logits(&run)?;
         freq::frequencies(&logits, &self.model.tables.exp40)
     }
 
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
-        let logits = forward::forward(
-            self.isa,
-            self.model,
-            &self.weights,
-            &mut self.caches,
-            items,
-            None,
-        )?;
+        let logits = self.logits(items)?;
         let v = self.model.config.vocab as usize;
         let exp40 = &self.model.tables.exp40;
         logits
@@ -148,14 +146,7 @@ impl LmSession for CpuSession<'_> {
     }
 
     fn step_prefix_sums(&mut self, items: &[Item], order: &[u32]) -> Result<Vec<Vec<u32>>> {
-        let logits = forward::forward(
-            self.isa,
-            self.model,
-            &self.weights,
-            &mut self.caches,
-            items,
-            None,
-        )?;
+        let logits = self.logits(items)?;
         let v = self.model.config.vocab as usize;
         let exp40 = &self.model.tables.exp40;
         // Tables in parallel when there are several (the encoder's batches), and each one's
