@@ -218,8 +218,12 @@ impl MatchModel {
             if cand > 0 {
                 // The candidate's context lies in one strand's coded bytes: compare back to
                 // that strand's start at most, and to this strand's start.
+                // (A position past 2^32 wraps in the table: such a candidate may point at
+                // bytes not coded yet, and then it is no candidate.)
                 let j = text.strand_of(cand - 1);
-                let there = &text.hists[j][..cand - text.starts[j]];
+                let there = text.hists[j]
+                    .get(..cand - text.starts[j])
+                    .unwrap_or_default();
                 let mut l = 0;
                 while l < 32
                     && l < there.len()

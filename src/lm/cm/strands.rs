@@ -23,7 +23,7 @@ pub const MAX_STRANDS: usize = 64;
 const STRANDS_CACHE_BYTES: usize = 512 << 20;
 
 /// Most strands for `model`: [`MAX_STRANDS`], fewer where their KV caches would pass 512 MiB
-/// (a GPT-2-small shape: 6). Encoder and decoder apply the same rule.
+/// (a GPT-2-small shape: 7). Encoder and decoder apply the same rule.
 pub fn max_strands(model: &Model) -> usize {
     let c = &model.config;
     let kv = (c.n_layer as usize * c.n_ctx as usize * c.n_embd as usize * 8).max(1);
@@ -118,11 +118,7 @@ fn code<B: Bits>(
         ));
     }
     let starts = starts(len, count);
-    let ends: Vec<usize> = starts[1..]
-        .iter()
-        .copied()
-        .chain([len as usize])
-        .collect();
+    let ends: Vec<usize> = starts[1..].iter().copied().chain([len as usize]).collect();
     let lens: Vec<usize> = starts.iter().zip(&ends).map(|(s, e)| e - s).collect();
     let parts = Parts {
         match_model: setup.match_model,
