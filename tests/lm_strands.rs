@@ -144,9 +144,10 @@ fn the_compressor_writes_strands_and_one_thread_decodes_them_alike() {
 fn the_default_strand_count_follows_the_length() {
     let tiny = shipped();
     assert_eq!(strand_count(0, None, tiny), 1);
-    assert_eq!(strand_count(8191, None, tiny), 1);
-    assert_eq!(strand_count(8192, None, tiny), 2);
-    assert_eq!(strand_count(1 << 30, None, tiny), 16);
+    assert_eq!(strand_count(2047, None, tiny), 1);
+    assert_eq!(strand_count(2048, None, tiny), 2);
+    assert_eq!(strand_count(21872, None, tiny), 21);
+    assert_eq!(strand_count(1 << 30, None, tiny), 32);
     assert_eq!(strand_count(100, Some(9), tiny), 9);
     // A GPT-2-small shape: its KV caches allow 7 strands within 512 MiB.
     let big = random_model(12, 768, 12, 1024, 50257, 1);

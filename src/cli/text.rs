@@ -50,7 +50,7 @@ pub enum TextCmd {
         block_size: Option<u32>,
         /// With the language model, code the input as this many strands (1 to 64, fewer for
         /// large models) that share the adaptive models, so that decompression batches the
-        /// model's calls; default: one per 4 KiB of input, at most 16; 1 codes in order.
+        /// model's calls; default: one per 1 KiB of input, at most 32; 1 codes in order.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64), conflicts_with_all = ["no_mix", "no_lm"])]
         strands: Option<u16>,
         /// Print a JSON report on standard output (the data must go to a file).
