@@ -42,8 +42,8 @@ pub const FLAG_STRANDS: u8 = 8;
 
 /// Bytes per strand the compressor aims at by default: an input shorter than twice this is
 /// one strand. Measured on the held-out prose (docs/BENCHMARKS.md, "strands"): 5 strands
-/// decoded at 0.73 of version 1's speed (user time), 16 at 0.94, 32 at 1.07, for +0.6%,
-/// +1.0% and +1.5% in size.
+/// decoded at 0.73 of version 1's speed (user time), 16 at 0.87-0.94, 32 at 1.07, for
+/// +0.6%, +1.0% and +1.5% in size.
 pub const STRAND_BYTES: u64 = 1 << 10;
 /// Most strands the compressor chooses by default.
 pub const AUTO_STRANDS: usize = 32;
