@@ -2,8 +2,9 @@
 //! verifying decode, no file I/O): `cargo run --release --example text_speed -- FILE [BYTES]`
 //! codes the first BYTES (default 16384) of FILE with the shipped tinygpt2 and with a random
 //! GPT-2-small-shaped model (12 x 768, vocab 50257), and prints, per model: the adaptive
-//! models alone (encode), with the LM (encode, batched), the decode of one block, and the
-//! decode of the same bytes cut into 4 blocks (lockstep).
+//! models alone (encode), with the LM (encode, batched), the decode of one block, the
+//! decode of the same bytes cut into 4 blocks (lockstep), and the encode and decode of 4
+//! strands (shared models, one range coder).
 
 #[path = "../tests/lm_common/random_model.rs"]
 mod random_model;
@@ -13,6 +14,7 @@ use std::time::Instant;
 use lockstep::backend::Device;
 use lockstep::format::lm::model_file::Model;
 use lockstep::lm::cm::coder::{decode, decode_blocks, encode, Setup};
+use lockstep::lm::cm::strands::{decode_strands, encode_strands};
 
 fn main() -> lockstep::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -58,10 +60,17 @@ fn main() -> lockstep::Result<()> {
         let dec4_s = t.elapsed().as_secs_f64();
         assert_eq!(back, data);
         let size4: usize = coded4.iter().map(Vec::len).sum();
+        let t = Instant::now();
+        let (strands4, _) = encode_strands(data, 4, with, &|_, _| {})?;
+        let enc_s4_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let back = decode_strands(&strands4, data.len() as u64, 4, with, &|_, _| {})?;
+        let dec_s4_s = t.elapsed().as_secs_f64();
+        assert_eq!(back, data);
         println!(
             "{name}: {} B, {tokens} LM tokens | alone {:.1} KB/s | LM encode {:.2} KB/s \
              ({:.0} tokens/s), {} B | decode 1 block {:.2} KB/s | decode 4 blocks {:.2} KB/s, \
-             {size4} B",
+             {size4} B | 4 strands encode {:.2} KB/s, decode {:.2} KB/s, {} B",
             data.len(),
             kb(alone_s),
             kb(enc_s),
@@ -69,6 +78,9 @@ fn main() -> lockstep::Result<()> {
             coded.len(),
             kb(dec_s),
             kb(dec4_s),
+            kb(enc_s4_s),
+            kb(dec_s4_s),
+            strands4.len(),
         );
     }
     Ok(())

@@ -94,21 +94,25 @@ const ALL: [Options; 4] = [
         lm: true,
         match_model: true,
         block_len: BLOCK_LEN,
+        strands: None,
     },
     Options {
         lm: true,
         match_model: false,
         block_len: BLOCK_LEN,
+        strands: None,
     },
     Options {
         lm: false,
         match_model: true,
         block_len: BLOCK_LEN,
+        strands: None,
     },
     Options {
         lm: false,
         match_model: false,
         block_len: BLOCK_LEN,
+        strands: None,
     },
 ];
 
@@ -205,6 +209,7 @@ fn golden_streams_of_both_versions() {
             lm: false,
             match_model: true,
             block_len: BLOCK_LEN,
+            strands: None,
         },
         &cpu(),
         &quiet,
@@ -334,6 +339,7 @@ fn block_stream(m: &Model, data: &[u8], len: u32) -> Vec<u8> {
         original_hash: *blake3::hash(data).as_bytes(),
         model_hash: Some(m.hash),
         blocks: Some(Blocks { len, coded }),
+        strands: None,
     };
     [write_header(&h), payload].concat()
 }
@@ -438,6 +444,7 @@ fn long_prose_is_coded_in_blocks_golden() {
     let data = &text[..12000];
     let opts = Options {
         block_len: 6000,
+        strands: Some(1),
         ..Options::default()
     };
     let c = roundtrip(m, data, opts);

@@ -43,11 +43,16 @@ pub enum TextCmd {
         #[arg(long, conflicts_with = "no_mix")]
         no_lm: bool,
         /// With the language model, code the input in independent blocks of this size (e.g.
-        /// 256K; default 64K), which decompress together in lockstep: smaller blocks decode
-        /// faster on large inputs and cost size (each relearns the file); `--block-size 4G`
-        /// keeps any input one block.
-        #[arg(long, value_parser = parse_block_size, conflicts_with_all = ["no_mix", "no_lm"])]
+        /// 256K) instead of strands, which decompress together in lockstep: smaller blocks
+        /// decode faster on large inputs and cost size (each relearns the file); `--block-size
+        /// 4G` keeps any input one block.
+        #[arg(long, value_parser = parse_block_size, conflicts_with_all = ["no_mix", "no_lm", "strands"])]
         block_size: Option<u32>,
+        /// With the language model, code the input as this many strands (1 to 64, fewer for
+        /// large models) that share the adaptive models, so that decompression batches the
+        /// model's calls; default: one per 1 KiB of input, at most 32; 1 codes in order.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64), conflicts_with_all = ["no_mix", "no_lm"])]
+        strands: Option<u16>,
         /// Print a JSON report on standard output (the data must go to a file).
         #[arg(long)]
         json: bool,
@@ -155,6 +160,7 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
             no_mix,
             no_lm,
             block_size,
+            strands,
             json,
         } => {
             let dest = files::destination(&input, &out, |p| Ok(files::add_suffix(p, TEXT_SUFFIX)))?;
@@ -183,6 +189,12 @@ pub fn run_text(cmd: TextCmd, device: &Device) -> lockstep::Result<()> {
                         lm: !no_lm,
                         match_model: !no_match,
                         block_len: block_size.unwrap_or(cm::stream::BLOCK_LEN),
+                        // Blocks asked for: one strand, cut into blocks.
+                        strands: if block_size.is_some() {
+                            Some(1)
+                        } else {
+                            strands.map(usize::from)
+                        },
                     },
                     device,
                     &progress,

@@ -1,6 +1,9 @@
 //! Bytes <-> bits <-> range coder under the predictor (docs/INTEGER_GPT2.md §13.2). Bits are
 //! coded most significant first; a bit with probability `p / 4096` of being 1 takes the
 //! interval `[0, p * 2^20)` of the coder's 2^32 total for a 1 and the rest for a 0.
+//!
+//! The input is coded in order ([`encode`]), in independent blocks ([`decode_blocks`]) or in
+//! strands that share the models and the range coder (`strands.rs`).
 
 use super::super::range_coder::{Decoder, Encoder};
 use rayon::prelude::*;
@@ -55,7 +58,7 @@ impl<'m> Models<'m> {
 pub type Progress<'a> = &'a dyn Fn(u64, u64);
 
 /// How often progress is reported, in bytes.
-const REPORT_EVERY: usize = 4096;
+pub(super) const REPORT_EVERY: usize = 4096;
 
 /// Code `data`; returns the coded bytes and the tokens the LM ran.
 pub fn encode(data: &[u8], setup: Setup, progress: Progress) -> Result<(Vec<u8>, u64)> {
@@ -155,7 +158,7 @@ impl<'a> Block<'a> {
                 ),
             ));
         }
-        Ok(self.m.p.history().to_vec())
+        Ok(self.m.p.into_text())
     }
 }
 

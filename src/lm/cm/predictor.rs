@@ -135,29 +135,49 @@ fn hash(a: u32, b: u32) -> u32 {
     h ^ (h >> 15)
 }
 
+/// The coded text: one history per strand, each the bytes coded so far of a contiguous part of
+/// the input that starts at `starts[j]` (docs/INTEGER_GPT2.md §13.5). A position is global (in
+/// the input); the byte there is readable once its strand has coded it.
+struct Text {
+    starts: Vec<usize>,
+    hists: Vec<Vec<u8>>,
+}
+
+impl Text {
+    /// The strand that holds position `p` (the last one starting at or before it: an empty
+    /// strand owns nothing).
+    fn strand_of(&self, p: usize) -> usize {
+        if self.starts.len() == 1 {
+            return 0;
+        }
+        self.starts.partition_point(|&s| s <= p) - 1
+    }
+    /// The byte at position `p`, if its strand has coded it.
+    fn at(&self, p: usize) -> Option<u8> {
+        let j = self.strand_of(p);
+        self.hists[j].get(p - self.starts[j]).copied()
+    }
+}
+
 /// Byte match model: follows the most recent earlier occurrence of the last MIN_MATCH bytes and
-/// predicts the bits of the byte that came next there.
+/// predicts the bits of the byte that came next there. Its table holds global positions, so
+/// with strands it also follows text that another strand has coded.
 struct MatchModel {
     table: Vec<u32>,
     shift: u32,
-    ptr: usize,
-    len: u32,
     /// Expected bit this step, when a match is live.
     expect: Option<u32>,
     sm: Vec<u32>,
 }
 
-impl MatchModel {
-    fn new(bits: u32) -> Self {
-        MatchModel {
-            table: vec![0; 1 << bits],
-            shift: 32 - bits,
-            ptr: 0,
-            len: 0,
-            expect: None,
-            sm: vec![NEW_SLOT; 64 * 2],
-        }
-    }
+/// A strand's match: the global position of the predicted byte and the length matched.
+#[derive(Clone, Copy, Default)]
+struct Follow {
+    ptr: usize,
+    len: u32,
+}
+
+impl Follow {
     fn bucket(&self) -> usize {
         let l = self.len as usize;
         if l < 16 {
@@ -166,12 +186,25 @@ impl MatchModel {
             (16 + (l - 16) / 16).min(63)
         }
     }
-    /// After a whole byte: extend the match or look for a new one, remember this context.
-    fn byte(&mut self, hist: &[u8]) {
+}
+
+impl MatchModel {
+    fn new(bits: u32) -> Self {
+        MatchModel {
+            table: vec![0; 1 << bits],
+            shift: 32 - bits,
+            expect: None,
+            sm: vec![NEW_SLOT; 64 * 2],
+        }
+    }
+    /// After a whole byte of strand `s` (whose next byte is at global position `pos`): extend
+    /// the match or look for a new one, remember this context.
+    fn byte(&mut self, text: &Text, s: usize, pos: usize, f: &mut Follow) {
+        let hist = &text.hists[s];
         let n = hist.len();
-        if self.len > 0 {
-            self.len = (self.len + 1).min(MAX_MATCH);
-            self.ptr += 1;
+        if f.len > 0 {
+            f.len = (f.len + 1).min(MAX_MATCH);
+            f.ptr += 1;
         }
         if n < MIN_MATCH {
             return;
@@ -180,38 +213,51 @@ impl MatchModel {
             .iter()
             .fold(0u32, |h, &b| hash(h, b as u32 + 1));
         let slot = (h >> self.shift) as usize;
-        if self.len == 0 {
+        if f.len == 0 {
             let cand = self.table[slot] as usize;
             if cand > 0 {
+                // The candidate's context lies in one strand's coded bytes: compare back to
+                // that strand's start at most, and to this strand's start.
+                // (A position past 2^32 wraps in the table: such a candidate may point at
+                // bytes not coded yet, and then it is no candidate.)
+                let j = text.strand_of(cand - 1);
+                let there = text.hists[j]
+                    .get(..cand - text.starts[j])
+                    .unwrap_or_default();
                 let mut l = 0;
-                while l < 32 && l < cand && hist[cand - 1 - l] == hist[n - 1 - l] {
+                while l < 32
+                    && l < there.len()
+                    && l < n
+                    && there[there.len() - 1 - l] == hist[n - 1 - l]
+                {
                     l += 1;
                 }
                 if l >= MIN_MATCH {
-                    self.ptr = cand;
-                    self.len = l as u32;
+                    f.ptr = cand;
+                    f.len = l as u32;
                 }
             }
         }
-        self.table[slot] = n as u32;
+        self.table[slot] = pos as u32;
     }
     /// Inputs for the next bit (`c0`: the byte so far with a leading 1, `bit`: its bit index).
-    fn inputs(&mut self, hist: &[u8], c0: u32, bit: u32, out: &mut [i32]) {
+    /// A match whose next byte is not coded yet (another strand's frontier) dies.
+    fn inputs(&mut self, text: &Text, f: &mut Follow, c0: u32, bit: u32, out: &mut [i32]) {
         self.expect = None;
-        if self.len > 0 {
-            let b = hist[self.ptr] as u32 | 256;
-            if b >> (8 - bit) == c0 {
-                self.expect = Some((b >> (7 - bit)) & 1);
-            } else {
-                self.len = 0;
+        if f.len > 0 {
+            match text.at(f.ptr) {
+                Some(b) if (b as u32 | 256) >> (8 - bit) == c0 => {
+                    self.expect = Some(((b as u32 | 256) >> (7 - bit)) & 1);
+                }
+                _ => f.len = 0,
             }
         }
         match self.expect {
             Some(e) => {
-                let s = self.sm[self.bucket() * 2 + e as usize];
+                let s = self.sm[f.bucket() * 2 + e as usize];
                 let st = stretch(Counter::p12(s));
                 out[0] = st;
-                let conf = (self.len.min(32) as i32) * 32;
+                let conf = (f.len.min(32) as i32) * 32;
                 out[1] = if e == 1 { conf } else { -conf };
             }
             None => {
@@ -220,18 +266,18 @@ impl MatchModel {
             }
         }
     }
-    fn update(&mut self, y: u32, rates: &[i64]) {
+    fn update(&mut self, f: &mut Follow, y: u32, rates: &[i64]) {
         if let Some(e) = self.expect {
-            let i = self.bucket() * 2 + e as usize;
+            let i = f.bucket() * 2 + e as usize;
             Counter::update(&mut self.sm[i], y, 1023, rates);
             if y != e {
-                self.len = 0;
+                f.len = 0;
             }
         }
     }
     /// 0: no match, 1: short, 2: long.
-    fn state(&self) -> usize {
-        match (self.expect, self.len) {
+    fn state(&self, f: &Follow) -> usize {
+        match (self.expect, f.len) {
             (None, _) => 0,
             (Some(_), l) if l < 16 => 1,
             _ => 2,
@@ -245,19 +291,32 @@ pub struct Parts {
     pub match_model: bool,
 }
 
+/// Where one strand stands between its turns: its index, its byte contexts, its word hashes
+/// and its match. The statistics (tables, mixers, APMs, match table) are shared by all.
+#[derive(Clone)]
+struct Cursor {
+    strand: usize,
+    base: [u32; N_CTX],
+    word: u32,
+    prev_word: u32,
+    follow: Follow,
+}
+
 /// The predictor: call [`Predictor::p`] for the next bit, then [`Predictor::update`] with it.
+/// With strands, [`Predictor::select`] picks the strand whose next byte is coded.
 pub struct Predictor {
     parts: Parts,
     shift: u32,
     tables: Vec<Vec<u32>>,
-    base: [u32; N_CTX],
     slot: [usize; N_CTX],
     rates: Vec<i64>,
-    hist: Vec<u8>,
+    text: Text,
+    /// The strand being coded, and the others where they stopped (`parked[cur.strand]` is a
+    /// stale copy).
+    cur: Cursor,
+    parked: Vec<Cursor>,
     c0: u32,
     bit: u32,
-    word: u32,
-    prev_word: u32,
     mm: MatchModel,
     x: [i32; N_IN],
     m1: Mixer,
@@ -274,21 +333,42 @@ pub fn table_bits(len: u64) -> u32 {
     (64 - (need - 1).leading_zeros()).clamp(16, 22)
 }
 
+/// Bytes reserved up front per strand history (it grows as needed): a forged length must not
+/// reserve memory before any byte decodes.
+const HIST_RESERVE: u64 = 1 << 24;
+
 impl Predictor {
+    /// The predictor for coding `len` bytes in order (one strand).
     pub fn new(len: u64, parts: Parts) -> Self {
+        Self::with_strands(len, parts, &[0])
+    }
+
+    /// The predictor for coding `len` bytes as strands starting at `starts` (non-decreasing,
+    /// the first 0); strand 0 is selected.
+    pub fn with_strands(len: u64, parts: Parts, starts: &[usize]) -> Self {
         let bits = table_bits(len);
-        Predictor {
+        let reserve = (len / starts.len() as u64).min(HIST_RESERVE) as usize;
+        let cursor = |strand| Cursor {
+            strand,
+            base: [0; N_CTX],
+            word: 0,
+            prev_word: 0,
+            follow: Follow::default(),
+        };
+        let mut p = Predictor {
             parts,
             shift: 32 - bits,
             tables: vec![vec![NEW_SLOT; 1 << bits]; N_CTX],
-            base: [0; N_CTX],
             slot: [0; N_CTX],
             rates: (0..1024).map(recip).collect(),
-            hist: Vec::with_capacity(len.min(1 << 30) as usize),
+            text: Text {
+                starts: starts.to_vec(),
+                hists: starts.iter().map(|_| Vec::with_capacity(reserve)).collect(),
+            },
+            cur: cursor(0),
+            parked: (0..starts.len()).map(cursor).collect(),
             c0: 1,
             bit: 0,
-            word: 0,
-            prev_word: 0,
             mm: MatchModel::new(bits - 2),
             x: [0; N_IN],
             m1: Mixer::new(&INIT, 256),
@@ -296,33 +376,53 @@ impl Predictor {
             a1: Apm::new(256),
             a2: Apm::new(1 << 16),
             pr_mix: 2048,
+        };
+        p.byte_contexts();
+        for c in &mut p.parked {
+            c.base = p.cur.base;
         }
-        .with_hashes()
+        p
     }
 
-    /// The bytes coded so far.
+    /// Continue with strand `s` (at a byte boundary).
+    pub fn select(&mut self, s: usize) {
+        debug_assert_eq!(self.bit, 0, "strands switch between bytes");
+        if s != self.cur.strand {
+            let from = self.cur.strand;
+            std::mem::swap(&mut self.cur, &mut self.parked[from]);
+            std::mem::swap(&mut self.cur, &mut self.parked[s]);
+        }
+    }
+
+    /// The bytes the selected strand has coded.
     pub fn history(&self) -> &[u8] {
-        &self.hist
+        &self.text.hists[self.cur.strand]
     }
 
-    fn with_hashes(mut self) -> Self {
-        self.byte_contexts();
-        self
+    /// Bytes coded by strand `s`.
+    pub fn done(&self, s: usize) -> usize {
+        self.text.hists[s].len()
+    }
+
+    /// Every strand's bytes, in order: the input.
+    pub fn into_text(self) -> Vec<u8> {
+        self.text.hists.concat()
     }
 
     fn byte_contexts(&mut self) {
-        let h = &self.hist;
+        let h = &self.text.hists[self.cur.strand];
         let n = h.len();
-        self.base[0] = 0;
+        let base = &mut self.cur.base;
+        base[0] = 0;
         for (i, &k) in ORDERS.iter().enumerate() {
             let mut v = k as u32;
             for j in 0..k.min(n) {
                 v = hash(v, h[n - 1 - j] as u32 + 1);
             }
-            self.base[1 + i] = hash(v, 0x100 + i as u32);
+            base[1 + i] = hash(v, 0x100 + i as u32);
         }
-        self.base[N_CTX - 2] = hash(self.word, 0x200);
-        self.base[N_CTX - 1] = hash(hash(self.word, self.prev_word), 0x300);
+        base[N_CTX - 2] = hash(self.cur.word, 0x200);
+        base[N_CTX - 1] = hash(hash(self.cur.word, self.cur.prev_word), 0x300);
     }
 
     /// Probability (1/4096) that the next bit is 1. `outside`: an extra input in the stretch
@@ -331,7 +431,7 @@ impl Predictor {
         let c0 = self.c0;
         let mut top = 0; // highest context seen before (0: none), for the mixer's weight set
         for k in 0..N_CTX {
-            let s = ((hash(self.base[k], c0) ^ c0) >> self.shift) as usize;
+            let s = ((hash(self.cur.base[k], c0) ^ c0) >> self.shift) as usize;
             self.slot[k] = s;
             let v = self.tables[k][s];
             self.x[k] = if Counter::count(v) == 0 {
@@ -344,8 +444,13 @@ impl Predictor {
             };
         }
         if self.parts.match_model {
-            self.mm
-                .inputs(&self.hist, c0, self.bit, &mut self.x[N_CTX..N_CTX + 2]);
+            self.mm.inputs(
+                &self.text,
+                &mut self.cur.follow,
+                c0,
+                self.bit,
+                &mut self.x[N_CTX..N_CTX + 2],
+            );
         }
         let lm = match outside {
             Some(st) => {
@@ -359,10 +464,10 @@ impl Predictor {
         };
         self.x[N_IN - 1] = 256;
         let d1 = self.m1.mix(&self.x, c0 as usize);
-        let set2 = (top * 3 + self.mm.state()) * 3 + lm;
+        let set2 = (top * 3 + self.mm.state(&self.cur.follow)) * 3 + lm;
         let d2 = self.m2.mix(&self.x, set2);
         self.pr_mix = squash((d1 + d2) >> 1);
-        let last = self.hist.last().copied().unwrap_or(0) as usize;
+        let last = self.history().last().copied().unwrap_or(0) as usize;
         let p1 = self.a1.refine(self.pr_mix, c0 as usize);
         let p2 = self.a2.refine(self.pr_mix, (c0 as usize) | (last << 8));
         ((self.pr_mix + p1 + 2 * p2 + 2) >> 2).clamp(1, 4095)
@@ -375,7 +480,7 @@ impl Predictor {
             Counter::update(&mut self.tables[k][self.slot[k]], y, limit, &self.rates);
         }
         if self.parts.match_model {
-            self.mm.update(y, &self.rates);
+            self.mm.update(&mut self.cur.follow, y, &self.rates);
         }
         self.m1.update(&self.x, y);
         self.m2.update(&self.x, y);
@@ -385,17 +490,20 @@ impl Predictor {
         self.bit += 1;
         if self.bit == 8 {
             let b = (self.c0 & 255) as u8;
-            self.hist.push(b);
+            let s = self.cur.strand;
+            self.text.hists[s].push(b);
             self.c0 = 1;
             self.bit = 0;
+            let cur = &mut self.cur;
             if b.is_ascii_alphabetic() || b >= 128 {
-                self.word = hash(self.word, b.to_ascii_lowercase() as u32);
-            } else if self.word != 0 {
-                self.prev_word = self.word;
-                self.word = 0;
+                cur.word = hash(cur.word, b.to_ascii_lowercase() as u32);
+            } else if cur.word != 0 {
+                cur.prev_word = cur.word;
+                cur.word = 0;
             }
             if self.parts.match_model {
-                self.mm.byte(&self.hist);
+                let pos = self.text.starts[s] + self.text.hists[s].len();
+                self.mm.byte(&self.text, s, pos, &mut cur.follow);
             }
             self.byte_contexts();
         }

@@ -5,15 +5,18 @@
 //! "LSTPTXT1" | version u32 = 2 | mode u8 | flags u8 | original_len u64 | blake3 [32]
 //!            | model hash [32] (only with FLAG_LM)
 //!            | block length u32, coded length u32 per block (only with FLAG_BLOCKS)
+//!            | strand count u32 (only with FLAG_STRANDS)
 //!            | CRC-32 of all the above | payload
 //! ```
 //! Mode 0 (stored): the payload is the input. Mode 1 (mixed): the payload is the range coder's
 //! output; with FLAG_BLOCKS, the input cut into blocks of the block length (the last one
-//! shorter), each coded on its own, one after the other. Integers are little-endian. A stored
+//! shorter), each coded on its own, one after the other; with FLAG_STRANDS, the input coded
+//! as that many strands interleaved (`strands.rs`). Integers are little-endian. A stored
 //! stream is 58 bytes longer than its input.
 
 use super::super::text_codec::{Pass, Progress, MAGIC};
 use super::coder::{decode, decode_blocks, encode, Setup};
+use super::strands::{self, decode_strands, encode_strands, MAX_STRANDS};
 use crate::backend::Device;
 use crate::format::lm::model_file::{hex, Model};
 use crate::{Error, Result};
@@ -32,6 +35,18 @@ pub const FLAG_MATCH: u8 = 2;
 /// Mode 1 flag: the input is coded in independent blocks (their lengths follow), so the
 /// decoder can run them in lockstep, the LM's calls of every block batched.
 pub const FLAG_BLOCKS: u8 = 4;
+/// Mode 1 flag (with FLAG_LM, without FLAG_BLOCKS): the input is coded as strands that share
+/// the models and the range coder (their count follows), so the decoder batches their LM
+/// calls.
+pub const FLAG_STRANDS: u8 = 8;
+
+/// Bytes per strand the compressor aims at by default: an input shorter than twice this is
+/// one strand. Measured on the held-out prose (docs/BENCHMARKS.md, "strands"): 5 strands
+/// decoded at 0.73 of version 1's speed (user time), 16 at 0.87-0.94, 32 at 1.07, for
+/// +0.6%, +1.0% and +1.5% in size.
+pub const STRAND_BYTES: u64 = 1 << 10;
+/// Most strands the compressor chooses by default.
+pub const AUTO_STRANDS: usize = 32;
 
 /// Block length the compressor uses with the LM by default: inputs up to this length are one
 /// block. Each block relearns the file from nothing: a block boundary cost about 350 bytes on
@@ -44,9 +59,12 @@ pub struct Options {
     pub lm: bool,
     /// Mix the byte match model in.
     pub match_model: bool,
-    /// With the LM, code the input in independent blocks of this many bytes (at least 1), so
-    /// that decoding batches them; an input up to this length is one block.
+    /// With the LM and one strand, code the input in independent blocks of this many bytes
+    /// (at least 1), so that decoding batches them; an input up to this length is one block.
     pub block_len: u32,
+    /// With the LM, the number of strands: `None` chooses from the length (one per
+    /// [`STRAND_BYTES`], at most [`AUTO_STRANDS`]); 1 codes in order (or in blocks).
+    pub strands: Option<usize>,
 }
 
 impl Default for Options {
@@ -55,8 +73,16 @@ impl Default for Options {
             lm: true,
             match_model: true,
             block_len: BLOCK_LEN,
+            strands: None,
         }
     }
+}
+
+/// The strands the compressor uses for `len` bytes: `asked`, or one per [`STRAND_BYTES`] up
+/// to [`AUTO_STRANDS`]; never more than the model allows, at least 1.
+pub fn strand_count(len: u64, asked: Option<usize>, model: &Model) -> usize {
+    let auto = (len / STRAND_BYTES).min(AUTO_STRANDS as u64) as usize;
+    asked.unwrap_or(auto).clamp(1, strands::max_strands(model))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +95,8 @@ pub struct Header {
     pub model_hash: Option<[u8; 32]>,
     /// Present exactly when `flags` has FLAG_BLOCKS.
     pub blocks: Option<Blocks>,
+    /// The strand count, present exactly when `flags` has FLAG_STRANDS.
+    pub strands: Option<u32>,
 }
 
 /// How the input is cut: blocks of `len` bytes (the last one shorter), and the coded length
@@ -95,6 +123,9 @@ pub fn write_header(h: &Header) -> Vec<u8> {
         for c in &b.coded {
             o.extend_from_slice(&c.to_le_bytes());
         }
+    }
+    if let Some(s) = h.strands {
+        o.extend_from_slice(&s.to_le_bytes());
     }
     let crc = crc32fast::hash(&o);
     o.extend_from_slice(&crc.to_le_bytes());
@@ -148,6 +179,13 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
     } else {
         None
     };
+    let strands = if flags & FLAG_STRANDS != 0 {
+        let count = u32::from_le_bytes(get(p, 4)?.try_into().unwrap());
+        p += 4;
+        Some(count)
+    } else {
+        None
+    };
     let stored = u32::from_le_bytes(get(p, 4)?.try_into().unwrap());
     let computed = crc32fast::hash(&d[..p]);
     if stored != computed {
@@ -177,8 +215,22 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
             }
         }
         MODE_MIXED => {
-            if flags & !(FLAG_LM | FLAG_MATCH | FLAG_BLOCKS) != 0 {
+            if flags & !(FLAG_LM | FLAG_MATCH | FLAG_BLOCKS | FLAG_STRANDS) != 0 {
                 return Err(Error::Unsupported(format!("text stream flags {flags:#x}")));
+            }
+            if let Some(count) = strands {
+                if flags & FLAG_LM == 0 || flags & FLAG_BLOCKS != 0 {
+                    return Err(Error::format(
+                        WHAT,
+                        format!("strands with flags {flags:#x} (they need the LM, not blocks)"),
+                    ));
+                }
+                if !(2..=MAX_STRANDS as u32).contains(&count) {
+                    return Err(Error::format(
+                        WHAT,
+                        format!("{count} strands (a stream has 2 to {MAX_STRANDS})"),
+                    ));
+                }
             }
             if let Some(b) = &blocks {
                 let coded: u64 = b.coded.iter().map(|&c| c as u64).sum();
@@ -203,6 +255,7 @@ pub fn read_header(d: &[u8]) -> Result<(Header, usize)> {
             original_hash,
             model_hash,
             blocks,
+            strands,
         },
         start,
     ))
@@ -219,13 +272,14 @@ pub fn compress_unverified(
     progress: Progress,
 ) -> Result<Vec<u8>> {
     super::super::text_codec::check_model(model)?;
-    let header = |mode, flags: u8, blocks| Header {
+    let header = |mode, flags: u8, blocks, strands| Header {
         mode,
         flags,
         original_len: data.len() as u64,
         original_hash: *blake3::hash(data).as_bytes(),
         model_hash: (flags & FLAG_LM != 0).then_some(model.hash),
         blocks,
+        strands,
     };
     let match_flag = if opts.match_model { FLAG_MATCH } else { 0 };
     // The adaptive models alone first: they cost little, and where they cannot shrink the
@@ -236,48 +290,70 @@ pub fn compress_unverified(
     };
     let (alone, _) = encode(data, alone, &|_, _| {})?;
     if alone.len() >= data.len() {
-        let mut out = write_header(&header(MODE_STORED, 0, None));
+        let mut out = write_header(&header(MODE_STORED, 0, None, None));
         out.extend_from_slice(data);
         return Ok(out);
     }
-    let mut best = write_header(&header(MODE_MIXED, match_flag, None));
+    let mut best = write_header(&header(MODE_MIXED, match_flag, None, None));
     best.extend_from_slice(&alone);
     if opts.lm {
         let with = Setup {
             lm: Some((model, device.lm()?)),
             match_model: opts.match_model,
         };
-        // Blocks, each coded on its own, so that the decoder can batch them.
-        let block_len = opts.block_len.max(1);
-        let parts: Vec<&[u8]> = data.chunks(block_len as usize).collect();
-        let mut payload = Vec::new();
-        let mut coded = Vec::with_capacity(parts.len());
-        for (i, part) in parts.iter().enumerate() {
-            let base = i as u64 * block_len as u64;
-            let (c, _) = encode(part, with, &|d, _| {
-                progress(Pass::Compress, base + d, data.len() as u64)
-            })?;
-            coded.push(
-                u32::try_from(c.len()).map_err(|_| {
-                    Error::Limit("a block's coded length does not fit 32 bits".into())
-                })?,
-            );
-            payload.extend_from_slice(&c);
-        }
-        let blocks = (parts.len() > 1).then_some(Blocks {
-            len: block_len,
-            coded,
-        });
-        let flags = match_flag | FLAG_LM | if blocks.is_some() { FLAG_BLOCKS } else { 0 };
-        let mut out = write_header(&header(MODE_MIXED, flags, blocks));
-        out.extend_from_slice(&payload);
-        // The LM costs a 32-byte hash (and a block table) in the header; keep it only where
-        // it pays for that.
+        let count = strand_count(data.len() as u64, opts.strands, model);
+        let report = |d, _| progress(Pass::Compress, d, data.len() as u64);
+        let out = if count > 1 {
+            let (payload, _) = encode_strands(data, count, with, &report)?;
+            let flags = match_flag | FLAG_LM | FLAG_STRANDS;
+            let mut out = write_header(&header(MODE_MIXED, flags, None, Some(count as u32)));
+            out.extend_from_slice(&payload);
+            out
+        } else {
+            blocks_stream(data, opts.block_len, with, match_flag, &header, progress)?
+        };
+        // The LM costs a 32-byte hash (and a block table or strand count) in the header; keep
+        // it only where it pays for that.
         if out.len() < best.len() {
             best = out;
         }
     }
     Ok(best)
+}
+
+/// The input coded with the LM in one block or in independent blocks of `block_len` bytes.
+fn blocks_stream(
+    data: &[u8],
+    block_len: u32,
+    with: Setup,
+    match_flag: u8,
+    header: &dyn Fn(u8, u8, Option<Blocks>, Option<u32>) -> Header,
+    progress: Progress,
+) -> Result<Vec<u8>> {
+    // Blocks, each coded on its own, so that the decoder can batch them.
+    let block_len = block_len.max(1);
+    let parts: Vec<&[u8]> = data.chunks(block_len as usize).collect();
+    let mut payload = Vec::new();
+    let mut coded = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let base = i as u64 * block_len as u64;
+        let (c, _) = encode(part, with, &|d, _| {
+            progress(Pass::Compress, base + d, data.len() as u64)
+        })?;
+        coded.push(
+            u32::try_from(c.len())
+                .map_err(|_| Error::Limit("a block's coded length does not fit 32 bits".into()))?,
+        );
+        payload.extend_from_slice(&c);
+    }
+    let blocks = (parts.len() > 1).then_some(Blocks {
+        len: block_len,
+        coded,
+    });
+    let flags = match_flag | FLAG_LM | if blocks.is_some() { FLAG_BLOCKS } else { 0 };
+    let mut out = write_header(&header(MODE_MIXED, flags, blocks, None));
+    out.extend_from_slice(&payload);
+    Ok(out)
 }
 
 /// Compress `data`, then decompress the result and compare bytes before returning it.
@@ -341,9 +417,12 @@ pub fn decompress(
                 match_model: h.flags & FLAG_MATCH != 0,
             };
             let report = |d, t| progress(pass, d, t);
-            match &h.blocks {
-                None => decode(payload, h.original_len, setup, &report)?,
-                Some(b) => {
+            match (&h.blocks, h.strands) {
+                (None, Some(count)) => {
+                    decode_strands(payload, h.original_len, count as usize, setup, &report)?
+                }
+                (None, None) => decode(payload, h.original_len, setup, &report)?,
+                (Some(b), _) => {
                     let mut parts = Vec::with_capacity(b.coded.len());
                     let (mut at, mut left) = (0usize, h.original_len);
                     for &c in &b.coded {

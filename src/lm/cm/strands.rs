@@ -1,0 +1,247 @@
+//! Strands (docs/INTEGER_GPT2.md §13.5): the input cut into S contiguous parts that are coded
+//! interleaved, so that the decoder's LM calls carry S words at once.
+//!
+//! Each strand has its own LM context (its own sequence of the LM session, from
+//! `<|endoftext|>`) and its own byte contexts, word hashes and match; all strands share the
+//! learned statistics (context tables, mixers, APMs, the match model's counters and table, so
+//! a strand follows text another strand has already coded) and one range coder. The schedule
+//! needs nothing the decoder does not know: every unfinished strand's LM waits for a table;
+//! one batched LM call answers them all; then strand 0, 1, ..., S-1 in turn codes bytes until
+//! its LM waits again (it finished a word) or it ends; and round again. Encoder and decoder
+//! run this same loop ([`code`]), one with the input's bits, the other with the coded ones.
+
+use super::super::range_coder::{Decoder, Encoder};
+use super::coder::{Progress, Setup, REPORT_EVERY};
+use super::lm_bits::Lm;
+use super::predictor::{Parts, Predictor};
+use crate::format::lm::model_file::Model;
+use crate::{Error, Result};
+
+/// Most strands a stream may declare.
+pub const MAX_STRANDS: usize = 64;
+/// Cap on the strands' KV caches together (as the lockstep blocks' groups).
+const STRANDS_CACHE_BYTES: usize = 512 << 20;
+
+/// Most strands for `model`: [`MAX_STRANDS`], fewer where their KV caches would pass 512 MiB
+/// (a GPT-2-small shape: 7). Encoder and decoder apply the same rule.
+pub fn max_strands(model: &Model) -> usize {
+    let c = &model.config;
+    let kv = (c.n_layer as usize * c.n_ctx as usize * c.n_embd as usize * 8).max(1);
+    (STRANDS_CACHE_BYTES / kv).clamp(1, MAX_STRANDS)
+}
+
+/// Where each of `count` strands starts in an input of `len` bytes: strand i holds
+/// `[⌊i·len/count⌋, ⌊(i+1)·len/count⌋)` (empty when count > len).
+pub fn starts(len: u64, count: usize) -> Vec<usize> {
+    (0..count)
+        .map(|i| (i as u128 * len as u128 / count as u128) as usize)
+        .collect()
+}
+
+/// The range coder's side of the loop.
+trait Bits {
+    /// Code bit `k` (7: the most significant) of byte `at` of the input, a 1 having
+    /// probability `p / 4096`; returns the bit.
+    fn bit(&mut self, p: u64, at: usize, k: u32) -> u32;
+    /// After a byte (`done` of `len` coded): an error if the coded bytes ran out.
+    fn check(&self, done: u64, len: u64) -> Result<()>;
+}
+
+struct Enc<'a> {
+    data: &'a [u8],
+    enc: Encoder,
+}
+
+impl Bits for Enc<'_> {
+    fn bit(&mut self, p: u64, at: usize, k: u32) -> u32 {
+        let y = ((self.data[at] >> k) & 1) as u32;
+        if y == 1 {
+            self.enc.encode(0, p << 20);
+        } else {
+            self.enc.encode(p << 20, (4096 - p) << 20);
+        }
+        y
+    }
+    fn check(&self, _: u64, _: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct Dec<'a> {
+    dec: Decoder<'a>,
+}
+
+impl Bits for Dec<'_> {
+    fn bit(&mut self, p: u64, _: usize, _: u32) -> u32 {
+        let y = (self.dec.target() < p << 20) as u32;
+        if y == 1 {
+            self.dec.consume(0, p << 20);
+        } else {
+            self.dec.consume(p << 20, (4096 - p) << 20);
+        }
+        y
+    }
+    fn check(&self, done: u64, len: u64) -> Result<()> {
+        // The encoder's last bytes flush its state: needing more means the payload is cut.
+        if self.dec.overrun() > 0 {
+            return Err(Error::format(
+                "text stream",
+                format!(
+                    "the coded bytes end after {done} of {len} bytes (corrupt or truncated \
+                     stream)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Run the strand schedule over `len` bytes in `count` strands, the strands taking their
+/// turns in `order` (0..count for a stream); returns the predictor (holding the text) and
+/// the tokens the LM ran.
+fn code<B: Bits>(
+    len: u64,
+    count: usize,
+    order: &[usize],
+    setup: Setup,
+    io: &mut B,
+    progress: Progress,
+) -> Result<(Predictor, u64)> {
+    let (model, kernels) = setup
+        .lm
+        .ok_or_else(|| Error::Invalid("strands need the language model".into()))?;
+    let most = max_strands(model);
+    if count == 0 || count > most {
+        return Err(Error::format(
+            "text stream",
+            format!("{count} strands, this model allows 1 to {most}"),
+        ));
+    }
+    let starts = starts(len, count);
+    let ends: Vec<usize> = starts[1..].iter().copied().chain([len as usize]).collect();
+    let lens: Vec<usize> = starts.iter().zip(&ends).map(|(s, e)| e - s).collect();
+    let parts = Parts {
+        match_model: setup.match_model,
+    };
+    let mut p = Predictor::with_strands(len, parts, &starts);
+    let mut lms: Vec<Lm> = (0..count)
+        .map(|_| Lm::for_decoder(model))
+        .collect::<Result<_>>()?;
+    let mut session = kernels.load(model, count)?;
+    let (mut total, mut last_report) = (0u64, 0u64);
+    loop {
+        // Every unfinished strand's LM waits for a table: one device call answers them all,
+        // one sequence per strand.
+        let mut items = Vec::new();
+        let mut asked = Vec::new();
+        for (s, lm) in lms.iter_mut().enumerate() {
+            let call = lm.take_call();
+            if p.done(s) == lens[s] {
+                continue;
+            }
+            if let Some(call) = call {
+                if call.restart {
+                    session.clear(s)?;
+                }
+                items.extend(call.items(s));
+                asked.push(s);
+            }
+        }
+        if asked.is_empty() {
+            break;
+        }
+        let tables = session.step_prefix_sums(&items, Lm::order())?;
+        if tables.len() != asked.len() {
+            return Err(Error::Invalid("LM: fewer tables than calls".into()));
+        }
+        for (&s, cum) in asked.iter().zip(tables) {
+            lms[s].supply(cum)?;
+        }
+        // Each strand in turn codes until its LM waits for the next word's table or it ends.
+        for &s in order {
+            let lm = &mut lms[s];
+            if p.done(s) == lens[s] {
+                continue;
+            }
+            p.select(s);
+            while p.done(s) < lens[s] && !lm.waits() {
+                let at = starts[s] + p.done(s);
+                for k in (0..8).rev() {
+                    let (c0, bit) = p.partial();
+                    let pr = p.p(lm.p_bit(c0, bit)) as u64;
+                    let y = io.bit(pr, at, k);
+                    p.update(y);
+                }
+                io.check(total, len)?;
+                total += 1;
+                lm.byte(p.history())?;
+            }
+        }
+        if total - last_report >= REPORT_EVERY as u64 {
+            progress(total, len);
+            last_report = total;
+        }
+    }
+    if (0..count).any(|s| p.done(s) != lens[s]) {
+        return Err(Error::Invalid("strands: a strand stopped early".into()));
+    }
+    let tokens = lms.iter().map(|l| l.tokens).sum();
+    Ok((p, tokens))
+}
+
+/// Code `data` in `count` strands (1 to [`max_strands`]); returns the coded bytes and the
+/// tokens the LM ran. `setup` must have the LM.
+pub fn encode_strands(
+    data: &[u8],
+    count: usize,
+    setup: Setup,
+    progress: Progress,
+) -> Result<(Vec<u8>, u64)> {
+    let order: Vec<usize> = (0..count).collect();
+    encode_strands_in_order(data, count, &order, setup, progress)
+}
+
+/// [`encode_strands`] with the strands taking their turns in `order`. Only `0..count` gives a
+/// stream: the decoder follows that schedule, and tests use another order to show that a
+/// different schedule cannot pass for it.
+#[doc(hidden)]
+pub fn encode_strands_in_order(
+    data: &[u8],
+    count: usize,
+    order: &[usize],
+    setup: Setup,
+    progress: Progress,
+) -> Result<(Vec<u8>, u64)> {
+    let mut io = Enc {
+        data,
+        enc: Encoder::new(),
+    };
+    let (_, tokens) = code(data.len() as u64, count, order, setup, &mut io, progress)?;
+    Ok((io.enc.finish(), tokens))
+}
+
+/// Decode `len` bytes coded in `count` strands from `payload`.
+pub fn decode_strands(
+    payload: &[u8],
+    len: u64,
+    count: usize,
+    setup: Setup,
+    progress: Progress,
+) -> Result<Vec<u8>> {
+    let mut io = Dec {
+        dec: Decoder::new(payload),
+    };
+    let order: Vec<usize> = (0..count).collect();
+    let (p, _) = code(len, count, &order, setup, &mut io, progress)?;
+    // The decoder reads exactly the bytes the encoder wrote: more is padding or damage.
+    if io.dec.position() != payload.len() {
+        return Err(Error::format(
+            "text stream",
+            format!(
+                "{} bytes follow the coded data (corrupt or padded stream)",
+                payload.len() - io.dec.position()
+            ),
+        ));
+    }
+    Ok(p.into_text())
+}
