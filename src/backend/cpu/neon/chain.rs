@@ -395,7 +395,7 @@ mod tests {
             let tv = match next() % 50 {
                 0 => next(),
                 1 => rv,
-                _ if col % 3 == 0 => rv.wrapping_add(step),
+                _ if col.is_multiple_of(3) => rv.wrapping_add(step),
                 _ => rv.wrapping_sub(step),
             } & mask;
             r.extend_from_slice(&rv.to_le_bytes()[..size]);
@@ -430,11 +430,10 @@ mod tests {
             ] {
                 seed += 1;
                 let n = cols * rows + extra;
-                let shape = if cols == 0 {
-                    vec![n as u64]
-                } else {
-                    vec![(n / cols) as u64, cols as u64]
-                };
+                // Whole rows of `cols` (the extra elements dropped), or flat.
+                let shape = n
+                    .checked_div(cols)
+                    .map_or(vec![n as u64], |r| vec![r as u64, cols as u64]);
                 let n = shape.iter().product::<u64>() as usize;
                 let (reference, target) = pair(dtype, n, cols, seed);
                 let resident = portable
@@ -449,17 +448,21 @@ mod tests {
                 let signed = resident.histograms(Layout::Signed, Some(d)).unwrap();
                 let paper = resident.histograms(Layout::Paper, None).unwrap();
                 let mut cases = Vec::new();
-                for fold in [[false, false], [true, false], [false, true], [true, true]] {
-                    let stages = signed
-                        .iter()
-                        .enumerate()
-                        .map(|(i, h)| match i {
-                            0 if fold[0] => StageTable::select(&h.without_neighbor(), true),
-                            3 if fold[1] => StageTable::select(&h.without_neighbor(), true),
-                            _ => StageTable::select(h, true),
-                        })
-                        .collect();
-                    cases.push((Layout::Signed, Tables { stages }, Some(d)));
+                // Pruned tables send most contexts to shared rows; unpruned ones give every
+                // occupied context its own, so a wrong neighbor shows.
+                for prune in [true, false] {
+                    for fold in [[false, false], [true, false], [false, true], [true, true]] {
+                        let stages = signed
+                            .iter()
+                            .enumerate()
+                            .map(|(i, h)| match i {
+                                0 if fold[0] => StageTable::select(&h.without_neighbor(), prune),
+                                3 if fold[1] => StageTable::select(&h.without_neighbor(), prune),
+                                _ => StageTable::select(h, prune),
+                            })
+                            .collect();
+                        cases.push((Layout::Signed, Tables { stages }, Some(d)));
+                    }
                 }
                 let stages = paper.iter().map(|h| StageTable::select(h, false)).collect();
                 cases.push((Layout::Paper, Tables { stages }, None));
