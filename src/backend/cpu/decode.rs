@@ -341,9 +341,12 @@ fn chain_lanes<T: Word>(
     d_s: usize,
 ) -> Result<()> {
     let n = codes.len();
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_mut)
+    )]
     let mut done = 0;
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = isa;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
@@ -357,6 +360,14 @@ fn chain_lanes<T: Word>(
         // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it.
         done = unsafe {
             super::avx2::decode::full_steps::<T>(info, codes, states, st, stages, w1, d, d_s)?
+        };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: `Isa::Neon` is only used where `Isa::available` confirmed it; `st` is
+        // padded with `LANES` words.
+        done = unsafe {
+            super::neon::chain::full_steps::<T>(info, codes, states, st, stages, w1, d, d_s)?
         };
     }
     let lanes = Lanes {

@@ -53,10 +53,9 @@ impl CpuAt {
 pub enum Isa {
     /// Plain Rust, as built for the target.
     Portable,
-    /// Explicit aarch64 NEON rANS lanes of the Joint (`--fast`) layout, decoding and
-    /// encoding (4 per vector, no gathers: table lookups stay scalar), the Paper and Signed
-    /// layouts' encoding lanes, and every layout's codes-and-tails pass and tail pass for
-    /// 16- and 32-bit floats. Ordered below the x86
+    /// Explicit aarch64 NEON rANS lanes of every layout, decoding and encoding (4 per
+    /// vector, no gathers: table lookups stay scalar or lane loads), and every layout's
+    /// codes-and-tails pass and tail pass for 16- and 32-bit floats. Ordered below the x86
     /// levels so that `isa >= Isa::Avx2` stays false for it; NEON is baseline on aarch64,
     /// so [`Isa::detect`] picks it there.
     Neon,

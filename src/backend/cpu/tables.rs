@@ -236,7 +236,10 @@ impl<'a> DecStage<'a> {
 /// Whether the decoder tables have the sizes every context the vector decoders compute can
 /// index (B row starts of `n_bits` entries): checked once per chunk, so their table loads
 /// need no per-lane bounds checks.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub fn vector_tables_fit(stages: &[DecStage], w1: usize, n_bits: usize) -> bool {
     let e = 256;
     let b_ctx = if stages[0].neighbor {

@@ -25,7 +25,7 @@ pub(super) const NV: usize = LANES / 4;
 /// that end at the cursor, so up to 3 words under the lowest stream word are written too.
 pub(super) const SLACK: usize = 4;
 
-fn overrun() -> Error {
+pub(super) fn overrun() -> Error {
     Error::format(
         "tensor blob chunk",
         "rANS word stream ended early".to_string(),
@@ -69,7 +69,7 @@ static EXPAND: [[u8; 16]; 16] = {
 /// # Safety
 /// `words[*pos..*pos + 4]` must be readable.
 #[inline(always)]
-unsafe fn refill(x: uint32x4_t, words: *const u16, pos: &mut usize) -> uint32x4_t {
+pub(super) unsafe fn refill(x: uint32x4_t, words: *const u16, pos: &mut usize) -> uint32x4_t {
     let need = vceqzq_u32(vshrq_n_u32::<16>(x));
     let m = mask4(need);
     let w = vreinterpretq_u8_u32(vmovl_u16(vld1_u16(words.add(*pos))));
