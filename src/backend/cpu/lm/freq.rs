@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use super::split::Split;
 use crate::backend::lm::{Coded, Find};
 use crate::{Error, Result};
 
@@ -92,10 +93,10 @@ pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
 /// Prefix sums of the frequency table of `logits` in the order `order`, as
 /// [`crate::backend::lm::prefix_sums`] of [`frequencies`] gives them, without the table in
 /// between: each token's frequency is looked up from its logit where the sum reaches it.
-/// The sums run on every thread: each sums its share of `order`, then the shares are offset
-/// by the totals before them (u32 sums wrap; the last is checked exactly, as the sums only
-/// grow).
-pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32]) -> Result<Vec<u32>> {
+/// In a parallel step the sums run on every thread: each sums its share of `order`, then the
+/// shares are offset by the totals before them (u32 sums wrap; the last is checked exactly, as
+/// the sums only grow).
+pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32], split: Split) -> Result<Vec<u32>> {
     let g = ByGap::new(logits, exp40)?;
     if order.iter().fold(0, |a, &id| a.max(id)) as usize >= logits.len() {
         return Err(Error::Invalid(format!(
@@ -104,10 +105,7 @@ pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32]) -> Result<Vec<u
         )));
     }
     let mut cum = vec![0u32; order.len() + 1];
-    let share = order
-        .len()
-        .div_ceil(rayon::current_num_threads().max(1))
-        .max(4096);
+    let share = order.len().div_ceil(split.threads()).max(4096);
     let totals: Vec<u64> = cum[1..]
         .par_chunks_mut(share)
         .zip(order.par_chunks(share))
@@ -275,9 +273,12 @@ mod tests {
             }
             order.pop();
             let want = crate::backend::lm::prefix_sums(&frequencies(&logits, &t).unwrap(), &order);
-            assert_eq!(prefix_sums(&logits, &t, &order).unwrap(), want.unwrap());
+            let want = want.unwrap();
+            for split in [Split::SERIAL, Split::PARALLEL] {
+                assert_eq!(prefix_sums(&logits, &t, &order, split).unwrap(), want);
+            }
         }
-        assert!(prefix_sums(&[1, 2, 3], &t, &[0, 3]).is_err());
+        assert!(prefix_sums(&[1, 2, 3], &t, &[0, 3], Split::SERIAL).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use super::rescale::rescale;
+use super::split::Split;
 use crate::backend::cpu::Isa;
 use crate::format::lm::model_file::Linear;
 
@@ -413,10 +414,13 @@ const SERIAL_MACS: usize = 1 << 18;
 
 /// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
 ///
-/// The weight rows are cut into tiles, one rayon task each; a tile's rows (at most 64 KiB of
-/// weights for the LM head) stay in cache while every item passes over them.
+/// The weight rows are cut into tiles, one rayon task each in a parallel step (run in order
+/// on this thread in a serial one); a tile's rows (at most 64 KiB of weights for the LM head)
+/// stay in cache while every item passes over them. One item reads each weight once, so a
+/// serial step gives it one tile (no per-tile buffers).
 pub fn matmul(
     isa: Isa,
+    split: Split,
     cl: &CpuLinear,
     xq: &[i8],
     sc: &[(i64, i32)],
@@ -441,8 +445,8 @@ pub fn matmul(
     let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
     // Tiles: at most 64 KiB of weights, at least 4 per thread when there is enough work;
     // whole groups of 16 rows, as the VNNI layout holds them.
-    let threads = rayon::current_num_threads().max(1);
-    let tile = if rows * k * n <= SERIAL_MACS {
+    let threads = split.threads();
+    let tile = if rows * k * n <= SERIAL_MACS || (n == 1 && !split.is_parallel()) {
         rows
     } else {
         rows.div_ceil(4 * threads)
@@ -492,18 +496,23 @@ pub fn matmul(
         return out;
     }
     let outp = SyncPtr(out.as_mut_ptr());
-    (0..tiles).into_par_iter().for_each(|ti| {
-        let outp = &outp;
-        let j0 = ti * tile;
-        let w = (j0 + tile).min(rows) - j0;
-        let mut part = vec![0i32; n * w];
-        run_tile(ti, &mut part);
-        for (t, src) in part.chunks_exact(w).enumerate() {
-            // SAFETY: t < n and j0..j0 + w lie inside row t of `out`; tiles are disjoint, so
-            // each element is written by exactly one task.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), outp.0.add(t * rows + j0), w) };
-        }
-    });
+    (0..tiles)
+        .into_par_iter()
+        .with_min_len(split.min_len(1))
+        .for_each(|ti| {
+            let outp = &outp;
+            let j0 = ti * tile;
+            let w = (j0 + tile).min(rows) - j0;
+            let mut part = vec![0i32; n * w];
+            run_tile(ti, &mut part);
+            for (t, src) in part.chunks_exact(w).enumerate() {
+                // SAFETY: t < n and j0..j0 + w lie inside row t of `out`; tiles are disjoint, so
+                // each element is written by exactly one task.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), outp.0.add(t * rows + j0), w)
+                };
+            }
+        });
     out
 }
 
