@@ -186,12 +186,12 @@ mod tests {
         // A byte-order-like permutation that leaves a token out, as the mixing coder's does.
         let order: Vec<u32> = (0..v - 1).map(|i| (i * 7919 + 13) % v).collect();
         let q = |next: u32, i: u32| Query {
-            find: if i % 2 == 0 {
+            find: if i.is_multiple_of(2) {
                 Find::Symbol(next % v)
             } else {
                 Find::Target((next as u64) << 18)
             },
-            mix: (i % 3 == 0).then_some((next % v, 20_000)),
+            mix: i.is_multiple_of(3).then_some((next % v, 20_000)),
         };
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
             let run = |split: Split| {
