@@ -43,7 +43,9 @@ impl KvCache {
 pub(super) struct CpuWeights<'m> {
     /// Per block: qkv, attention projection, MLP up (fc), MLP down (proj).
     blocks: Vec<[CpuLinear<'m>; 4]>,
-    head: CpuLinear<'m>,
+    /// The LM head: the embedding's rows in token order, or in the session's order
+    /// (`CpuSession::head_order`).
+    pub head: CpuLinear<'m>,
 }
 
 impl<'m> CpuWeights<'m> {

@@ -3,6 +3,8 @@
 
 use rayon::prelude::*;
 
+use std::borrow::Cow;
+
 use super::rescale::rescale;
 use super::split::Split;
 use crate::backend::cpu::Isa;
@@ -369,8 +371,10 @@ impl Dot {
 /// A linear layer prepared once per session for the kernel of one level: the VNNI layout
 /// where that kernel runs, and the rows' 16-bit rescale multipliers ([`Linear::m16`]) as
 /// the rescale reads them (mapped per call, they cost as much as a one-item GEMV's dots).
+/// The layer is the model's, borrowed, or a copy with its rows reordered
+/// ([`CpuLinear::rows_in_order`]).
 pub struct CpuLinear<'m> {
-    lin: &'m Linear,
+    lin: Cow<'m, Linear>,
     kernel: Dot,
     vnni: VnniRows,
     ms: Vec<i64>,
@@ -379,6 +383,31 @@ pub struct CpuLinear<'m> {
 
 impl<'m> CpuLinear<'m> {
     pub fn new(isa: Isa, lin: &'m Linear) -> CpuLinear<'m> {
+        Self::prepare(isa, Cow::Borrowed(lin))
+    }
+
+    /// `lin` with row `p` holding row `rows[p]` (a permutation of its rows): the layer whose
+    /// output `p` is the original's output `rows[p]`, exactly.
+    pub fn rows_in_order(isa: Isa, lin: &Linear, rows: &[u32]) -> CpuLinear<'m> {
+        let k = lin.k;
+        let pick = |v: &[i32]| rows.iter().map(|&r| v[r as usize]).collect();
+        let lin = Linear {
+            rows: rows.len(),
+            k,
+            w: rows
+                .iter()
+                .flat_map(|&r| &lin.w[r as usize * k..(r as usize + 1) * k])
+                .copied()
+                .collect(),
+            m: rows.iter().map(|&r| lin.m[r as usize]).collect(),
+            e: pick(&lin.e),
+            bias: pick(&lin.bias),
+            row_sum: pick(&lin.row_sum),
+        };
+        Self::prepare(isa, Cow::Owned(lin))
+    }
+
+    fn prepare(isa: Isa, lin: Cow<'m, Linear>) -> CpuLinear<'m> {
         let kernel = Dot::at(isa);
         let vnni = if kernel == Dot::Vnni {
             VnniRows::new(&lin.w, &lin.row_sum, lin.k)
@@ -427,7 +456,7 @@ pub fn matmul(
     out_frac: i32,
     clamp: i64,
 ) -> Vec<i32> {
-    let lin = cl.lin;
+    let lin = &*cl.lin;
     let k = lin.k;
     let n = sc.len();
     let rows = lin.rows;

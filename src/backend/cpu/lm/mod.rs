@@ -17,7 +17,10 @@ use super::Isa;
 use crate::backend::lm::{query_last, Coded, Item, LmKernels, LmSession, Trace};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
+use std::sync::Arc;
+
 use forward::{CpuWeights, KvCache};
+use matmul::CpuLinear;
 use split::Split;
 
 /// The integer GPT-2 on the CPU at one instruction-set level.
@@ -57,6 +60,9 @@ struct CpuSession<'m> {
     caches: Vec<KvCache>,
     /// Every step with this split instead of its own (the tests' way to run both).
     forced: Option<Split>,
+    /// The order of the head's rows when a prefix-sum order set it ([`CpuSession::order_head`]):
+    /// the order's tokens, then the tokens it leaves out by id; and the order's length.
+    head_order: Option<(Arc<Vec<u32>>, usize)>,
 }
 
 impl<'m> CpuSession<'m> {
@@ -68,7 +74,34 @@ impl<'m> CpuSession<'m> {
             weights: CpuWeights::new(isa, model),
             caches: vec![KvCache::new(nl); sequences],
             forced: None,
+            head_order: None,
         }
+    }
+
+    /// Put the head's rows in `order` (then the tokens it leaves out, by id), so that the
+    /// logits come out in the order the prefix sums read them; false when `order` is not a
+    /// valid one (a token beyond the vocabulary or twice: the id-order path reports it).
+    /// Done once per session for the one order the mixing coder uses; a different order
+    /// redoes it (a copy of the head's weights).
+    fn order_head(&mut self, order: &[u32]) -> bool {
+        if let Some((perm, len)) = &self.head_order {
+            if *len == order.len() && perm[..*len] == *order {
+                return true;
+            }
+        }
+        let v = self.model.config.vocab as usize;
+        let mut seen = vec![false; v];
+        for &id in order {
+            match seen.get_mut(id as usize) {
+                Some(s) if !*s => *s = true,
+                _ => return false,
+            }
+        }
+        let rest = (0..v as u32).filter(|&id| !seen[id as usize]);
+        let perm: Vec<u32> = order.iter().copied().chain(rest).collect();
+        self.weights.head = CpuLinear::rows_in_order(self.isa, &self.model.wte, &perm);
+        self.head_order = Some((Arc::new(perm), order.len()));
+        true
     }
 
     /// How the step of `items` spreads over the threads ([`Split::for_step`]).
@@ -81,19 +114,34 @@ impl<'m> CpuSession<'m> {
     }
 
     /// The forward pass of `items` then `each` of the logits of the items that carry a query
-    /// (`vocab` each), in item order: the whole step on this thread, or as one job on the pool.
+    /// (`vocab` each, in token order unless `head_order`: then as the head's rows are), in
+    /// item order: the whole step on this thread, or as one job on the pool.
     fn tables<T: Send>(
         &mut self,
         items: &[Item],
         trace: Option<&mut Trace>,
+        head_order: bool,
         each: impl Fn(usize, &[i32], Split) -> Result<T> + Sync + Send,
     ) -> Result<(Vec<i32>, Vec<T>)> {
         let split = self.split(items);
         let (isa, model, weights) = (self.isa, self.model, &self.weights);
         let caches = &mut self.caches;
         let v = model.config.vocab as usize;
+        let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
         split.run(|| {
-            let logits = forward::forward(isa, split, model, weights, caches, items, trace)?;
+            let mut logits = forward::forward(isa, split, model, weights, caches, items, trace)?;
+            if let (Some(perm), false) = (perm, head_order) {
+                // Back to token order: row p of the head is token perm[p].
+                logits
+                    .par_chunks_mut(v)
+                    .with_min_len(split.min_len(1))
+                    .for_each(|l| {
+                        let by_row = l.to_vec();
+                        for (&id, &x) in perm.iter().zip(&by_row) {
+                            l[id as usize] = x;
+                        }
+                    });
+            }
             let out = logits
                 .par_chunks(v)
                 .enumerate()
@@ -108,7 +156,7 @@ impl<'m> CpuSession<'m> {
         let exp40 = &self.model.tables.exp40;
         let queries: Vec<_> = items.iter().filter_map(|it| it.query).collect();
         let traced = trace.is_some();
-        let (logits, answered) = self.tables(items, trace.as_deref_mut(), |i, l, _| {
+        let (logits, answered) = self.tables(items, trace.as_deref_mut(), false, |i, l, _| {
             let f = freq::table(l, exp40, queries[i].mix)?;
             let coded = freq::answer(&f, queries[i].find)?;
             Ok((coded, traced.then_some(f)))
@@ -149,7 +197,8 @@ impl LmSession for CpuSession<'_> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
         let exp40 = &self.model.tables.exp40;
-        let (_, mut tables) = self.tables(&run, None, |_, l, _| freq::frequencies(l, exp40))?;
+        let (_, mut tables) =
+            self.tables(&run, None, false, |_, l, _| freq::frequencies(l, exp40))?;
         tables
             .pop()
             .ok_or_else(|| Error::Invalid("step_table: no table".into()))
@@ -158,7 +207,7 @@ impl LmSession for CpuSession<'_> {
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
         let exp40 = &self.model.tables.exp40;
         Ok(self
-            .tables(items, None, |_, l, _| freq::frequencies(l, exp40))?
+            .tables(items, None, false, |_, l, _| freq::frequencies(l, exp40))?
             .1)
     }
 
@@ -166,8 +215,16 @@ impl LmSession for CpuSession<'_> {
         let exp40 = &self.model.tables.exp40;
         // In a parallel step: tables in parallel when there are several (the encoder's
         // batches), and each one's sums on every thread when there is one.
+        if self.order_head(order) {
+            let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
+            let perm = perm.expect("order_head set it");
+            let sums = |_, l: &[i32], split| {
+                freq::prefix_sums_in_order(l, &perm, order.len(), exp40, split)
+            };
+            return Ok(self.tables(items, None, true, sums)?.1);
+        }
         let sums = |_, l: &[i32], split| freq::prefix_sums(l, exp40, order, split);
-        Ok(self.tables(items, None, sums)?.1)
+        Ok(self.tables(items, None, false, sums)?.1)
     }
 }
 
@@ -263,6 +320,29 @@ mod tests {
                     let want = crate::backend::lm::prefix_sums(f, &order).unwrap();
                     assert_eq!(*s, want, "{isa:?} {split:?}: sums of the table");
                 }
+                // With its head in the order, a session still answers in token order.
+                let next = [0, 2].map(|seq| Item {
+                    seq,
+                    token: 7,
+                    query: Some(q(3, 1)),
+                });
+                let (mut ta, mut tb) = (Trace::default(), Trace::default());
+                let got = a.step_traced(&next, &mut ta).unwrap();
+                assert_eq!(got, b.step_traced(&next, &mut tb).unwrap(), "{isa:?}");
+                assert_eq!(ta.logits, tb.logits, "{isa:?} {split:?}: logits");
+                assert_eq!(ta.freqs, tb.freqs, "{isa:?} {split:?}: tables");
+                assert_eq!(a.step_tables(&next).unwrap(), b.step_tables(&next).unwrap());
+                // An order with a token twice is no permutation: the token-order path answers.
+                let twice = [5, 9, 5];
+                let (x, y) = (
+                    a.step_prefix_sums(&next[..1], &twice),
+                    b.step_prefix_sums(&next[..1], &twice),
+                );
+                assert_eq!(
+                    x.unwrap(),
+                    y.unwrap(),
+                    "{isa:?} {split:?}: an order with a token twice"
+                );
             }
         }
     }
