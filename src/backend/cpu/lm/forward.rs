@@ -7,6 +7,7 @@ use rayon::prelude::*;
 use super::attention::attention;
 use super::matmul::{matmul, CpuLinear};
 use super::norm::{layer_norm, quantize};
+use super::split::Split;
 use crate::backend::cpu::Isa;
 use crate::backend::lm::{record, Item, Trace};
 use crate::format::lm::fixed::round_shift;
@@ -42,7 +43,9 @@ impl KvCache {
 pub(super) struct CpuWeights<'m> {
     /// Per block: qkv, attention projection, MLP up (fc), MLP down (proj).
     blocks: Vec<[CpuLinear<'m>; 4]>,
-    head: CpuLinear<'m>,
+    /// The LM head: the embedding's rows in token order, or in the session's order
+    /// (`CpuSession::head_order`).
+    pub head: CpuLinear<'m>,
 }
 
 impl<'m> CpuWeights<'m> {
@@ -60,9 +63,12 @@ impl<'m> CpuWeights<'m> {
 }
 
 /// Run `items` through the model; returns the logits (Q8, `vocab` per item) of the items that
-/// have a query, in item order.
+/// have a query, in item order. `split` says whether the kernels may use the pool (the caller
+/// runs this inside [`Split::run`]).
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     isa: Isa,
+    split: Split,
     model: &Model,
     weights: &CpuWeights,
     caches: &mut [KvCache],
@@ -106,27 +112,30 @@ pub fn forward(
     }
     // Embedding.
     let mut h = vec![0i32; n * d];
-    h.par_chunks_mut(d).enumerate().for_each(|(i, row)| {
-        let t = items[i].token as usize;
-        let (m, e) = (model.wte.m[t] as i128, model.wte.e[t]);
-        let w = &model.wte.w[t * d..(t + 1) * d];
-        let pe = &model.wpe[pos[i] * d..(pos[i] + 1) * d];
-        for k in 0..d {
-            let v = round_shift(w[k] as i128 * m, e - FR) + pe[k] as i128;
-            row[k] = v.clamp(-RES_MAX as i128, RES_MAX as i128) as i32;
-        }
-    });
+    h.par_chunks_mut(d)
+        .with_min_len(split.min_len(1))
+        .enumerate()
+        .for_each(|(i, row)| {
+            let t = items[i].token as usize;
+            let (m, e) = (model.wte.m[t] as i128, model.wte.e[t]);
+            let w = &model.wte.w[t * d..(t + 1) * d];
+            let pe = &model.wpe[pos[i] * d..(pos[i] + 1) * d];
+            for k in 0..d {
+                let v = round_shift(w[k] as i128 * m, e - FR) + pe[k] as i128;
+                row[k] = v.clamp(-RES_MAX as i128, RES_MAX as i128) as i32;
+            }
+        });
     let hd = model.head_dim();
     for (l, (blk, [qkv_w, attn_w, fc_w, proj_w])) in
         model.blocks.iter().zip(&weights.blocks).enumerate()
     {
         // Attention.
-        let y = layer_norm(&h, d, &blk.ln1, model.config.eps_q);
+        let y = layer_norm(&h, d, &blk.ln1, model.config.eps_q, split);
         if let Some(s) = stats.as_deref_mut() {
             record(&mut s.ln1[l], &y, d);
         }
-        let (xq, sc) = quantize(&y, d, FLN);
-        let qkv = matmul(isa, qkv_w, &xq, &sc, FQKV, QKV_MAX);
+        let (xq, sc) = quantize(&y, d, FLN, split);
+        let qkv = matmul(isa, split, qkv_w, &xq, &sc, FQKV, QKV_MAX);
         for (i, it) in items.iter().enumerate() {
             let c = &mut caches[it.seq];
             let p = pos[i];
@@ -139,36 +148,39 @@ pub fn forward(
         }
         let caches_ro: &[KvCache] = caches;
         let mut o = vec![0i64; n * d];
-        o.par_chunks_mut(d).enumerate().for_each(|(i, out)| {
-            let c = &caches_ro[items[i].seq];
-            attention(
-                isa,
-                &qkv[i * 3 * d..i * 3 * d + d],
-                &c.k[l],
-                &c.v[l],
-                pos[i] + 1,
-                d,
-                hd,
-                &model.tables,
-                out,
-            );
-        });
-        let (xq, sc) = quantize(&o, d, FQKV);
-        let a = matmul(isa, attn_w, &xq, &sc, FR, RES_MAX);
+        o.par_chunks_mut(d)
+            .with_min_len(split.min_len(1))
+            .enumerate()
+            .for_each(|(i, out)| {
+                let c = &caches_ro[items[i].seq];
+                attention(
+                    isa,
+                    &qkv[i * 3 * d..i * 3 * d + d],
+                    &c.k[l],
+                    &c.v[l],
+                    pos[i] + 1,
+                    d,
+                    hd,
+                    &model.tables,
+                    out,
+                );
+            });
+        let (xq, sc) = quantize(&o, d, FQKV, split);
+        let a = matmul(isa, split, attn_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &a);
         // MLP.
-        let y = layer_norm(&h, d, &blk.ln2, model.config.eps_q);
+        let y = layer_norm(&h, d, &blk.ln2, model.config.eps_q, split);
         if let Some(s) = stats.as_deref_mut() {
             record(&mut s.ln2[l], &y, d);
         }
-        let (xq, sc) = quantize(&y, d, FLN);
-        let f = matmul(isa, fc_w, &xq, &sc, FGELU, 1 << 15);
+        let (xq, sc) = quantize(&y, d, FLN, split);
+        let f = matmul(isa, split, fc_w, &xq, &sc, FGELU, 1 << 15);
         let g: Vec<i64> = f
             .iter()
             .map(|&x| model.tables.gelu[(x.clamp(-32768, 32767) + 32768) as usize] as i64)
             .collect();
-        let (xq, sc) = quantize(&g, 4 * d, FGELU);
-        let p = matmul(isa, proj_w, &xq, &sc, FR, RES_MAX);
+        let (xq, sc) = quantize(&g, 4 * d, FGELU, split);
+        let p = matmul(isa, split, proj_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &p);
         if let Some(s) = stats.as_deref_mut() {
             if l == 0 {
@@ -190,9 +202,17 @@ pub fn forward(
     if hw.is_empty() {
         return Ok(Vec::new());
     }
-    let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q);
-    let (xq, sc) = quantize(&y, d, FLN);
-    Ok(matmul(isa, &weights.head, &xq, &sc, FLOGIT, LOGIT_MAX))
+    let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q, split);
+    let (xq, sc) = quantize(&y, d, FLN, split);
+    Ok(matmul(
+        isa,
+        split,
+        &weights.head,
+        &xq,
+        &sc,
+        FLOGIT,
+        LOGIT_MAX,
+    ))
 }
 
 fn add_residual(h: &mut [i32], a: &[i32]) {

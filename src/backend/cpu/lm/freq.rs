@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use super::split::Split;
 use crate::backend::lm::{Coded, Find};
 use crate::{Error, Result};
 
@@ -92,10 +93,7 @@ pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
 /// Prefix sums of the frequency table of `logits` in the order `order`, as
 /// [`crate::backend::lm::prefix_sums`] of [`frequencies`] gives them, without the table in
 /// between: each token's frequency is looked up from its logit where the sum reaches it.
-/// The sums run on every thread: each sums its share of `order`, then the shares are offset
-/// by the totals before them (u32 sums wrap; the last is checked exactly, as the sums only
-/// grow).
-pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32]) -> Result<Vec<u32>> {
+pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32], split: Split) -> Result<Vec<u32>> {
     let g = ByGap::new(logits, exp40)?;
     if order.iter().fold(0, |a, &id| a.max(id)) as usize >= logits.len() {
         return Err(Error::Invalid(format!(
@@ -103,22 +101,62 @@ pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32]) -> Result<Vec<u
             logits.len()
         )));
     }
-    let mut cum = vec![0u32; order.len() + 1];
-    let share = order
-        .len()
-        .div_ceil(rayon::current_num_threads().max(1))
-        .max(4096);
+    // A random read of the logits per token (the head's rows are in token order).
+    sums_in_order(&g, order.len(), split, |i| {
+        let id = order[i] as usize;
+        (logits[id], id == g.arg)
+    })
+}
+
+/// [`prefix_sums`] of logits that come out of the head already in the order: `logits[p]` is
+/// token `ids[p]`'s (`ids` a permutation of the vocabulary) and the sums run over the first
+/// `len` of them, the order's tokens (the rest are the tokens it leaves out). A sequential
+/// read instead of a random one per token.
+pub fn prefix_sums_in_order(
+    logits: &[i32],
+    ids: &[u32],
+    len: usize,
+    exp40: &[u64],
+    split: Split,
+) -> Result<Vec<u32>> {
+    if ids.len() != logits.len() || len > ids.len() {
+        return Err(Error::Invalid(
+            "prefix sums: order and logits differ".into(),
+        ));
+    }
+    let mut g = ByGap::new(logits, exp40)?;
+    // The remainder goes to the lowest id of the largest weight: here a position.
+    g.arg = (0..logits.len())
+        .filter(|&p| logits[p] == g.top)
+        .min_by_key(|&p| ids[p])
+        .unwrap_or(0);
+    sums_in_order(&g, len, split, |p| (logits[p], p == g.arg))
+}
+
+/// The `len + 1` prefix sums of the frequencies of the tokens `at(0..len)` gives (each token's
+/// logit, and whether it is the one that takes the remainder). In a parallel step the sums run
+/// on every thread: each sums its share, then the shares are offset by the totals before them
+/// (u32 sums wrap; the last is checked exactly, as the sums only grow).
+fn sums_in_order(
+    g: &ByGap,
+    len: usize,
+    split: Split,
+    at: impl Fn(usize) -> (i32, bool) + Sync,
+) -> Result<Vec<u32>> {
+    let mut cum = vec![0u32; len + 1];
+    let share = len.div_ceil(split.threads()).max(4096);
     let totals: Vec<u64> = cum[1..]
         .par_chunks_mut(share)
-        .zip(order.par_chunks(share))
-        .map(|(dst, ids)| {
+        .enumerate()
+        .map(|(c, dst)| {
             let mut s = 0u64;
-            for (c, &id) in dst.iter_mut().zip(ids) {
-                s += g.floor(logits[id as usize]);
-                if id as usize == g.arg {
+            for (i, out) in dst.iter_mut().enumerate() {
+                let (l, arg) = at(c * share + i);
+                s += g.floor(l);
+                if arg {
                     s += g.rem;
                 }
-                *c = s as u32;
+                *out = s as u32;
             }
             s
         })
@@ -275,9 +313,47 @@ mod tests {
             }
             order.pop();
             let want = crate::backend::lm::prefix_sums(&frequencies(&logits, &t).unwrap(), &order);
-            assert_eq!(prefix_sums(&logits, &t, &order).unwrap(), want.unwrap());
+            let want = want.unwrap();
+            for split in [Split::SERIAL, Split::PARALLEL] {
+                assert_eq!(prefix_sums(&logits, &t, &order, split).unwrap(), want);
+            }
         }
-        assert!(prefix_sums(&[1, 2, 3], &t, &[0, 3]).is_err());
+        assert!(prefix_sums(&[1, 2, 3], &t, &[0, 3], Split::SERIAL).is_err());
+    }
+
+    /// Logits that come out of the head in the order give the sums of the id-order path,
+    /// ties on the top included (the remainder goes to the lowest id, wherever it sits).
+    #[test]
+    fn sums_of_ordered_logits_equal_those_in_token_order() {
+        let t = exp_table(40);
+        let mut x = 9u64;
+        let mut rnd = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            x >> 33
+        };
+        for (v, spread, ties) in [(50257usize, 3000i64, 5usize), (9000, 600, 0), (3, 4, 3)] {
+            let mut logits: Vec<i32> = (0..v)
+                .map(|_| (rnd() as i64 % spread - spread / 2) as i32)
+                .collect();
+            for _ in 0..ties {
+                let at = rnd() as usize % v;
+                logits[at] = spread as i32;
+            }
+            let mut order: Vec<u32> = (0..v as u32).collect();
+            for i in (1..v).rev() {
+                order.swap(i, rnd() as usize % (i + 1));
+            }
+            let left_out = order.pop().unwrap();
+            let want = prefix_sums(&logits, &t, &order, Split::SERIAL).unwrap();
+            let mut ids = order.clone();
+            ids.push(left_out);
+            let by_row: Vec<i32> = ids.iter().map(|&id| logits[id as usize]).collect();
+            for split in [Split::SERIAL, Split::PARALLEL] {
+                let got = prefix_sums_in_order(&by_row, &ids, order.len(), &t, split).unwrap();
+                assert_eq!(got, want, "v={v} ties={ties} {split:?}");
+            }
+        }
+        assert!(prefix_sums_in_order(&[1, 2], &[0], 1, &t, Split::SERIAL).is_err());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 
 use rayon::prelude::*;
 
+use std::borrow::Cow;
+
 use super::rescale::rescale;
+use super::split::Split;
 use crate::backend::cpu::Isa;
 use crate::format::lm::model_file::Linear;
 
@@ -368,8 +371,10 @@ impl Dot {
 /// A linear layer prepared once per session for the kernel of one level: the VNNI layout
 /// where that kernel runs, and the rows' 16-bit rescale multipliers ([`Linear::m16`]) as
 /// the rescale reads them (mapped per call, they cost as much as a one-item GEMV's dots).
+/// The layer is the model's, borrowed, or a copy with its rows reordered
+/// ([`CpuLinear::rows_in_order`]).
 pub struct CpuLinear<'m> {
-    lin: &'m Linear,
+    lin: Cow<'m, Linear>,
     kernel: Dot,
     vnni: VnniRows,
     ms: Vec<i64>,
@@ -378,6 +383,31 @@ pub struct CpuLinear<'m> {
 
 impl<'m> CpuLinear<'m> {
     pub fn new(isa: Isa, lin: &'m Linear) -> CpuLinear<'m> {
+        Self::prepare(isa, Cow::Borrowed(lin))
+    }
+
+    /// `lin` with row `p` holding row `rows[p]` (a permutation of its rows): the layer whose
+    /// output `p` is the original's output `rows[p]`, exactly.
+    pub fn rows_in_order(isa: Isa, lin: &Linear, rows: &[u32]) -> CpuLinear<'m> {
+        let k = lin.k;
+        let pick = |v: &[i32]| rows.iter().map(|&r| v[r as usize]).collect();
+        let lin = Linear {
+            rows: rows.len(),
+            k,
+            w: rows
+                .iter()
+                .flat_map(|&r| &lin.w[r as usize * k..(r as usize + 1) * k])
+                .copied()
+                .collect(),
+            m: rows.iter().map(|&r| lin.m[r as usize]).collect(),
+            e: pick(&lin.e),
+            bias: pick(&lin.bias),
+            row_sum: pick(&lin.row_sum),
+        };
+        Self::prepare(isa, Cow::Owned(lin))
+    }
+
+    fn prepare(isa: Isa, lin: Cow<'m, Linear>) -> CpuLinear<'m> {
         let kernel = Dot::at(isa);
         let vnni = if kernel == Dot::Vnni {
             VnniRows::new(&lin.w, &lin.row_sum, lin.k)
@@ -413,17 +443,20 @@ const SERIAL_MACS: usize = 1 << 18;
 
 /// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
 ///
-/// The weight rows are cut into tiles, one rayon task each; a tile's rows (at most 64 KiB of
-/// weights for the LM head) stay in cache while every item passes over them.
+/// The weight rows are cut into tiles, one rayon task each in a parallel step (run in order
+/// on this thread in a serial one); a tile's rows (at most 64 KiB of weights for the LM head)
+/// stay in cache while every item passes over them. One item reads each weight once, so a
+/// serial step gives it one tile (no per-tile buffers).
 pub fn matmul(
     isa: Isa,
+    split: Split,
     cl: &CpuLinear,
     xq: &[i8],
     sc: &[(i64, i32)],
     out_frac: i32,
     clamp: i64,
 ) -> Vec<i32> {
-    let lin = cl.lin;
+    let lin = &*cl.lin;
     let k = lin.k;
     let n = sc.len();
     let rows = lin.rows;
@@ -441,8 +474,8 @@ pub fn matmul(
     let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
     // Tiles: at most 64 KiB of weights, at least 4 per thread when there is enough work;
     // whole groups of 16 rows, as the VNNI layout holds them.
-    let threads = rayon::current_num_threads().max(1);
-    let tile = if rows * k * n <= SERIAL_MACS {
+    let threads = split.threads();
+    let tile = if rows * k * n <= SERIAL_MACS || (n == 1 && !split.is_parallel()) {
         rows
     } else {
         rows.div_ceil(4 * threads)
@@ -492,18 +525,23 @@ pub fn matmul(
         return out;
     }
     let outp = SyncPtr(out.as_mut_ptr());
-    (0..tiles).into_par_iter().for_each(|ti| {
-        let outp = &outp;
-        let j0 = ti * tile;
-        let w = (j0 + tile).min(rows) - j0;
-        let mut part = vec![0i32; n * w];
-        run_tile(ti, &mut part);
-        for (t, src) in part.chunks_exact(w).enumerate() {
-            // SAFETY: t < n and j0..j0 + w lie inside row t of `out`; tiles are disjoint, so
-            // each element is written by exactly one task.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), outp.0.add(t * rows + j0), w) };
-        }
-    });
+    (0..tiles)
+        .into_par_iter()
+        .with_min_len(split.min_len(1))
+        .for_each(|ti| {
+            let outp = &outp;
+            let j0 = ti * tile;
+            let w = (j0 + tile).min(rows) - j0;
+            let mut part = vec![0i32; n * w];
+            run_tile(ti, &mut part);
+            for (t, src) in part.chunks_exact(w).enumerate() {
+                // SAFETY: t < n and j0..j0 + w lie inside row t of `out`; tiles are disjoint, so
+                // each element is written by exactly one task.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), outp.0.add(t * rows + j0), w)
+                };
+            }
+        });
     out
 }
 

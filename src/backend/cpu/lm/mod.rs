@@ -9,6 +9,7 @@ pub mod freq;
 mod matmul;
 mod norm;
 mod rescale;
+mod split;
 
 use rayon::prelude::*;
 
@@ -16,7 +17,11 @@ use super::Isa;
 use crate::backend::lm::{query_last, Coded, Item, LmKernels, LmSession, Trace};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
+use std::sync::Arc;
+
 use forward::{CpuWeights, KvCache};
+use matmul::CpuLinear;
+use split::Split;
 
 /// The integer GPT-2 on the CPU at one instruction-set level.
 #[derive(Clone, Copy, Debug)]
@@ -42,13 +47,7 @@ impl LmKernels for CpuLm {
     }
 
     fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>> {
-        let nl = model.config.n_layer as usize;
-        Ok(Box::new(CpuSession {
-            isa: self.0,
-            model,
-            weights: CpuWeights::new(self.0, model),
-            caches: vec![KvCache::new(nl); sequences],
-        }))
+        Ok(Box::new(CpuSession::new(self.0, model, sequences)))
     }
 }
 
@@ -59,43 +58,109 @@ struct CpuSession<'m> {
     model: &'m Model,
     weights: CpuWeights<'m>,
     caches: Vec<KvCache>,
+    /// Every step with this split instead of its own (the tests' way to run both).
+    forced: Option<Split>,
+    /// The order of the head's rows when a prefix-sum order set it ([`CpuSession::order_head`]):
+    /// the order's tokens, then the tokens it leaves out by id; and the order's length.
+    head_order: Option<(Arc<Vec<u32>>, usize)>,
 }
 
-impl CpuSession<'_> {
-    /// The forward pass of `items`: `vocab` logits per item that carries a query.
-    fn logits(&mut self, items: &[Item]) -> Result<Vec<i32>> {
-        forward::forward(
-            self.isa,
-            self.model,
-            &self.weights,
-            &mut self.caches,
-            items,
-            None,
-        )
+impl<'m> CpuSession<'m> {
+    fn new(isa: Isa, model: &'m Model, sequences: usize) -> CpuSession<'m> {
+        let nl = model.config.n_layer as usize;
+        CpuSession {
+            isa,
+            model,
+            weights: CpuWeights::new(isa, model),
+            caches: vec![KvCache::new(nl); sequences],
+            forced: None,
+            head_order: None,
+        }
+    }
+
+    /// Put the head's rows in `order` (then the tokens it leaves out, by id), so that the
+    /// logits come out in the order the prefix sums read them; false when `order` is not a
+    /// valid one (a token beyond the vocabulary or twice: the id-order path reports it).
+    /// Done once per session for the one order the mixing coder uses; a different order
+    /// redoes it (a copy of the head's weights).
+    fn order_head(&mut self, order: &[u32]) -> bool {
+        if let Some((perm, len)) = &self.head_order {
+            if *len == order.len() && perm[..*len] == *order {
+                return true;
+            }
+        }
+        let v = self.model.config.vocab as usize;
+        let mut seen = vec![false; v];
+        for &id in order {
+            match seen.get_mut(id as usize) {
+                Some(s) if !*s => *s = true,
+                _ => return false,
+            }
+        }
+        let rest = (0..v as u32).filter(|&id| !seen[id as usize]);
+        let perm: Vec<u32> = order.iter().copied().chain(rest).collect();
+        self.weights.head = CpuLinear::rows_in_order(self.isa, &self.model.wte, &perm);
+        self.head_order = Some((Arc::new(perm), order.len()));
+        true
+    }
+
+    /// How the step of `items` spreads over the threads ([`Split::for_step`]).
+    fn split(&self, items: &[Item]) -> Split {
+        if let Some(s) = self.forced {
+            return s;
+        }
+        let lens: Vec<usize> = self.caches.iter().map(|c| c.len).collect();
+        Split::for_step(self.model, items, &lens)
+    }
+
+    /// The forward pass of `items` then `each` of the logits of the items that carry a query
+    /// (`vocab` each, in token order unless `head_order`: then as the head's rows are), in
+    /// item order: the whole step on this thread, or as one job on the pool.
+    fn tables<T: Send>(
+        &mut self,
+        items: &[Item],
+        trace: Option<&mut Trace>,
+        head_order: bool,
+        each: impl Fn(usize, &[i32], Split) -> Result<T> + Sync + Send,
+    ) -> Result<(Vec<i32>, Vec<T>)> {
+        let split = self.split(items);
+        let (isa, model, weights) = (self.isa, self.model, &self.weights);
+        let caches = &mut self.caches;
+        let v = model.config.vocab as usize;
+        let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
+        split.run(|| {
+            let mut logits = forward::forward(isa, split, model, weights, caches, items, trace)?;
+            if let (Some(perm), false) = (perm, head_order) {
+                // Back to token order: row p of the head is token perm[p].
+                logits
+                    .par_chunks_mut(v)
+                    .with_min_len(split.min_len(1))
+                    .for_each(|l| {
+                        let by_row = l.to_vec();
+                        for (&id, &x) in perm.iter().zip(&by_row) {
+                            l[id as usize] = x;
+                        }
+                    });
+            }
+            let out = logits
+                .par_chunks(v)
+                .enumerate()
+                .with_min_len(split.min_len(1))
+                .map(|(i, l)| each(i, l, split))
+                .collect::<Result<_>>()?;
+            Ok((logits, out))
+        })
     }
 
     fn run(&mut self, items: &[Item], mut trace: Option<&mut Trace>) -> Result<Vec<Coded>> {
-        let logits = forward::forward(
-            self.isa,
-            self.model,
-            &self.weights,
-            &mut self.caches,
-            items,
-            trace.as_deref_mut(),
-        )?;
-        let v = self.model.config.vocab as usize;
         let exp40 = &self.model.tables.exp40;
         let queries: Vec<_> = items.iter().filter_map(|it| it.query).collect();
         let traced = trace.is_some();
-        let answered: Vec<(Coded, Option<Vec<u64>>)> = logits
-            .par_chunks(v)
-            .zip(queries.par_iter())
-            .map(|(l, q)| {
-                let f = freq::table(l, exp40, q.mix)?;
-                let coded = freq::answer(&f, q.find)?;
-                Ok((coded, traced.then_some(f)))
-            })
-            .collect::<Result<_>>()?;
+        let (logits, answered) = self.tables(items, trace.as_deref_mut(), false, |i, l, _| {
+            let f = freq::table(l, exp40, queries[i].mix)?;
+            let coded = freq::answer(&f, queries[i].find)?;
+            Ok((coded, traced.then_some(f)))
+        })?;
         if let Some(t) = trace.as_deref_mut() {
             t.logits = logits;
             t.freqs = Vec::with_capacity(answered.len());
@@ -131,29 +196,154 @@ impl LmSession for CpuSession<'_> {
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
-        let logits = self.logits(&run)?;
-        freq::frequencies(&logits, &self.model.tables.exp40)
+        let exp40 = &self.model.tables.exp40;
+        let (_, mut tables) =
+            self.tables(&run, None, false, |_, l, _| freq::frequencies(l, exp40))?;
+        tables
+            .pop()
+            .ok_or_else(|| Error::Invalid("step_table: no table".into()))
     }
 
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
-        let logits = self.logits(items)?;
-        let v = self.model.config.vocab as usize;
         let exp40 = &self.model.tables.exp40;
-        logits
-            .par_chunks(v)
-            .map(|l| freq::frequencies(l, exp40))
-            .collect()
+        Ok(self
+            .tables(items, None, false, |_, l, _| freq::frequencies(l, exp40))?
+            .1)
     }
 
     fn step_prefix_sums(&mut self, items: &[Item], order: &[u32]) -> Result<Vec<Vec<u32>>> {
-        let logits = self.logits(items)?;
-        let v = self.model.config.vocab as usize;
         let exp40 = &self.model.tables.exp40;
-        // Tables in parallel when there are several (the encoder's batches), and each one's
-        // sums on every thread when there is one (a one-block decode).
-        logits
-            .par_chunks(v)
-            .map(|l| freq::prefix_sums(l, exp40, order))
-            .collect()
+        // In a parallel step: tables in parallel when there are several (the encoder's
+        // batches), and each one's sums on every thread when there is one.
+        if self.order_head(order) {
+            let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
+            let perm = perm.expect("order_head set it");
+            let sums = |_, l: &[i32], split| {
+                freq::prefix_sums_in_order(l, &perm, order.len(), exp40, split)
+            };
+            return Ok(self.tables(items, None, true, sums)?.1);
+        }
+        let sums = |_, l: &[i32], split| freq::prefix_sums(l, exp40, order, split);
+        Ok(self.tables(items, None, false, sums)?.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::lm::{Find, Query};
+
+    /// A serial step and a parallel one give the same integers (trace, answers, tables and
+    /// prefix sums) at every level this CPU runs: batches of several sequences and positions,
+    /// then one-item steps, as the coders make them.
+    #[test]
+    fn serial_and_parallel_steps_agree() {
+        let model = Model::from_bytes(include_bytes!("../../../../models/tinygpt2.lsm")).unwrap();
+        let v = model.config.vocab;
+        // A byte-order-like permutation that leaves a token out, as the mixing coder's does.
+        let order: Vec<u32> = (0..v - 1).map(|i| (i * 7919 + 13) % v).collect();
+        let q = |next: u32, i: u32| Query {
+            find: if i.is_multiple_of(2) {
+                Find::Symbol(next % v)
+            } else {
+                Find::Target((next as u64) << 18)
+            },
+            mix: i.is_multiple_of(3).then_some((next % v, 20_000)),
+        };
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            let run = |split: Split| {
+                let mut s = CpuSession::new(isa, &model, 3);
+                s.forced = Some(split);
+                let mut out = Vec::new();
+                // A batch over three sequences, several positions each, some queried.
+                let items: Vec<Item> = (0..12u32)
+                    .map(|i| Item {
+                        seq: (i % 3) as usize,
+                        token: (i * 977 + 5) % v,
+                        query: (i % 2 == 1).then(|| q(i * 31, i)),
+                    })
+                    .collect();
+                let mut t = Trace::default();
+                let a = s.step_traced(&items, &mut t).unwrap();
+                out.push((t.clone(), a));
+                for i in 0..4u32 {
+                    let item = Item {
+                        seq: (i % 2) as usize,
+                        token: 100 + i,
+                        query: Some(q(i * 131, i)),
+                    };
+                    let a = s.step_traced(&[item], &mut t).unwrap();
+                    out.push((t.clone(), a));
+                }
+                let two = [0, 2].map(|seq| Item {
+                    seq,
+                    token: 400,
+                    query: Some(q(1, 0)),
+                });
+                let sums = s.step_prefix_sums(&two, &order).unwrap();
+                let one = s.step_prefix_sums(&two[..1], &order).unwrap();
+                let table = s.step_table(&two[1..]).unwrap();
+                let tables = s.step_tables(&two).unwrap();
+                (out, sums, one, table, tables)
+            };
+            let (serial, parallel) = (run(Split::SERIAL), run(Split::PARALLEL));
+            for (step, ((ts, a), (tp, b))) in serial.0.iter().zip(&parallel.0).enumerate() {
+                let at = format!("{isa:?} step {step}");
+                assert_eq!(ts.ln1, tp.ln1, "{at}: LayerNorm 1");
+                assert_eq!(ts.ln2, tp.ln2, "{at}: LayerNorm 2");
+                assert_eq!(ts.resid, tp.resid, "{at}: residual streams");
+                assert_eq!(ts.logits, tp.logits, "{at}: logits");
+                assert_eq!(ts.freqs, tp.freqs, "{at}: tables");
+                assert_eq!(a, b, "{at}: answers");
+            }
+            assert_eq!(serial.1, parallel.1, "{isa:?}: batched prefix sums");
+            assert_eq!(serial.2, parallel.2, "{isa:?}: one table's prefix sums");
+            assert_eq!(serial.3, parallel.3, "{isa:?}: step_table");
+            assert_eq!(serial.4, parallel.4, "{isa:?}: step_tables");
+            // The sums are those of the tables (fresh sessions in the same state).
+            for split in [Split::SERIAL, Split::PARALLEL] {
+                let (mut a, mut b) = (
+                    CpuSession::new(isa, &model, 3),
+                    CpuSession::new(isa, &model, 3),
+                );
+                (a.forced, b.forced) = (Some(split), Some(split));
+                let two = [0, 2].map(|seq| Item {
+                    seq,
+                    token: 400 + seq as u32,
+                    query: Some(q(1, 0)),
+                });
+                let sums = a.step_prefix_sums(&two, &order).unwrap();
+                let tables = b.step_tables(&two).unwrap();
+                assert_eq!(sums.len(), 2);
+                assert_eq!(tables.len(), 2);
+                for (s, f) in sums.iter().zip(&tables) {
+                    let want = crate::backend::lm::prefix_sums(f, &order).unwrap();
+                    assert_eq!(*s, want, "{isa:?} {split:?}: sums of the table");
+                }
+                // With its head in the order, a session still answers in token order.
+                let next = [0, 2].map(|seq| Item {
+                    seq,
+                    token: 7,
+                    query: Some(q(3, 1)),
+                });
+                let (mut ta, mut tb) = (Trace::default(), Trace::default());
+                let got = a.step_traced(&next, &mut ta).unwrap();
+                assert_eq!(got, b.step_traced(&next, &mut tb).unwrap(), "{isa:?}");
+                assert_eq!(ta.logits, tb.logits, "{isa:?} {split:?}: logits");
+                assert_eq!(ta.freqs, tb.freqs, "{isa:?} {split:?}: tables");
+                assert_eq!(a.step_tables(&next).unwrap(), b.step_tables(&next).unwrap());
+                // An order with a token twice is no permutation: the token-order path answers.
+                let twice = [5, 9, 5];
+                let (x, y) = (
+                    a.step_prefix_sums(&next[..1], &twice),
+                    b.step_prefix_sums(&next[..1], &twice),
+                );
+                assert_eq!(
+                    x.unwrap(),
+                    y.unwrap(),
+                    "{isa:?} {split:?}: an order with a token twice"
+                );
+            }
+        }
     }
 }

@@ -4,16 +4,18 @@
 
 use rayon::prelude::*;
 
+use super::split::Split;
+
 use crate::format::lm::fixed::{div_recip, isqrt_u128, quantize_row, recip};
 use crate::format::lm::model_file::{LayerNorm, FZ, LN_G};
 
 /// Integer LayerNorm of each row of `h` (Q12) to Q26 (docs §4).
-pub fn layer_norm(h: &[i32], d: usize, ln: &LayerNorm, eps_q: i64) -> Vec<i64> {
+pub fn layer_norm(h: &[i32], d: usize, ln: &LayerNorm, eps_q: i64, split: Split) -> Vec<i64> {
     let mut y = vec![0i64; h.len()];
-    // Rows are cheap: at least 8 per task, so small decode batches stay on one thread.
+    // Rows are cheap: at least 8 per task, so small batches stay on one thread.
     y.par_chunks_mut(d)
         .zip(h.par_chunks(d))
-        .with_min_len(8)
+        .with_min_len(split.min_len(8))
         .for_each(|(out, row)| layer_norm_row(row, ln, eps_q, out));
     y
 }
@@ -42,12 +44,12 @@ pub fn layer_norm_row(row: &[i32], ln: &LayerNorm, eps_q: i64, out: &mut [i64]) 
 }
 
 /// Per-row int8 quantization with integer scales.
-pub fn quantize(y: &[i64], d: usize, frac: i32) -> (Vec<i8>, Vec<(i64, i32)>) {
+pub fn quantize(y: &[i64], d: usize, frac: i32, split: Split) -> (Vec<i8>, Vec<(i64, i32)>) {
     let mut q = vec![0i8; y.len()];
     let scales = q
         .par_chunks_mut(d)
         .zip(y.par_chunks(d))
-        .with_min_len(8)
+        .with_min_len(split.min_len(8))
         .map(|(qr, yr)| quantize_row(yr, frac, qr))
         .collect();
     (q, scales)
