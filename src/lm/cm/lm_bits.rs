@@ -88,6 +88,7 @@ fn closes_chunk(hist: &[u8], p: usize, chunk: usize) -> bool {
 
 /// One LM call of the coder: after clearing the sequence (a fresh context, or one cut to its
 /// last half) or not, run `run` and take the table of the token after it.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Call {
     pub restart: bool,
     pub run: Vec<u32>,
@@ -148,6 +149,25 @@ fn check_vocab(model: &Model) -> Result<()> {
     Ok(())
 }
 
+/// The calls an [`Lm`] makes while `data` is coded, in order: the first token's, then one
+/// per byte of `data` that closes a chunk (its call is made once that byte is coded).
+pub fn calls(model: &Model, data: &[u8]) -> Result<Vec<Call>> {
+    check_vocab(model)?;
+    let mut ctx = Context {
+        n_ctx: model.config.n_ctx as usize,
+        tokens: Vec::new(),
+    };
+    let mut calls = vec![ctx.append(&[EOT])];
+    let mut chunk = 0;
+    for p in 0..data.len() {
+        if closes_chunk(data, p, chunk) {
+            calls.push(ctx.append(&tokenizer::encode(&data[chunk..p])?));
+            chunk = p;
+        }
+    }
+    Ok(calls)
+}
+
 /// Tables asked for per batched call: enough items to share each weight load across many
 /// of them, few enough that the tables in flight stay small (64 x 400 KB).
 const PLAN_BATCH: usize = 64;
@@ -167,22 +187,9 @@ pub struct Plan<'m> {
 impl<'m> Plan<'m> {
     /// The calls for coding `data`: the first token, then each finished chunk.
     fn new(model: &'m Model, kernels: &dyn LmKernels, data: &[u8]) -> Result<Self> {
-        check_vocab(model)?;
-        let mut ctx = Context {
-            n_ctx: model.config.n_ctx as usize,
-            tokens: Vec::new(),
-        };
-        let mut calls = vec![ctx.append(&[EOT])];
-        let mut chunk = 0;
-        for p in 0..data.len() {
-            if closes_chunk(data, p, chunk) {
-                calls.push(ctx.append(&tokenizer::encode(&data[chunk..p])?));
-                chunk = p;
-            }
-        }
         Ok(Plan {
+            calls: calls(model, data)?,
             session: kernels.load(model, PLAN_SEQS)?,
-            calls,
             next: 0,
             seq: 0,
             ready: VecDeque::new(),

@@ -5,5 +5,6 @@ pub mod coder;
 pub mod lm_bits;
 pub mod logistic;
 pub mod predictor;
+pub mod strand_tables;
 pub mod strands;
 pub mod stream;

@@ -8,12 +8,15 @@
 //! needs nothing the decoder does not know: every unfinished strand's LM waits for a table;
 //! one batched LM call answers them all; then strand 0, 1, ..., S-1 in turn codes bytes until
 //! its LM waits again (it finished a word) or it ends; and round again. Encoder and decoder
-//! run this same loop ([`code`]), one with the input's bits, the other with the coded ones.
+//! run this same loop ([`code`]), one with the input's bits, the other with the coded ones;
+//! the encoder, which knows every strand's words, computes the tables of several rounds in
+//! one batch (`strand_tables.rs`).
 
 use super::super::range_coder::{Decoder, Encoder};
 use super::coder::{Progress, Setup, REPORT_EVERY};
 use super::lm_bits::Lm;
 use super::predictor::{Parts, Predictor};
+use super::strand_tables::{Ahead, PerRound, Tables};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
 
@@ -45,6 +48,8 @@ trait Bits {
     fn bit(&mut self, p: u64, at: usize, k: u32) -> u32;
     /// After a byte (`done` of `len` coded): an error if the coded bytes ran out.
     fn check(&self, done: u64, len: u64) -> Result<()>;
+    /// The input, where it is known before it is coded (the encoder).
+    fn input(&self) -> Option<&[u8]>;
 }
 
 struct Enc<'a> {
@@ -64,6 +69,9 @@ impl Bits for Enc<'_> {
     }
     fn check(&self, _: u64, _: u64) -> Result<()> {
         Ok(())
+    }
+    fn input(&self) -> Option<&[u8]> {
+        Some(self.data)
     }
 }
 
@@ -93,6 +101,9 @@ impl Bits for Dec<'_> {
             ));
         }
         Ok(())
+    }
+    fn input(&self) -> Option<&[u8]> {
+        None
     }
 }
 
@@ -127,35 +138,35 @@ fn code<B: Bits>(
     let mut lms: Vec<Lm> = (0..count)
         .map(|_| Lm::for_decoder(model))
         .collect::<Result<_>>()?;
-    let mut session = kernels.load(model, count)?;
+    let mut tables: Box<dyn Tables> = match io.input() {
+        Some(data) => {
+            let strands: Vec<&[u8]> = starts
+                .iter()
+                .zip(&ends)
+                .map(|(&a, &e)| &data[a..e])
+                .collect();
+            Box::new(Ahead::new(model, kernels, &strands, most)?)
+        }
+        None => Box::new(PerRound::new(model, kernels, count)?),
+    };
     let (mut total, mut last_report) = (0u64, 0u64);
     loop {
-        // Every unfinished strand's LM waits for a table: one device call answers them all,
-        // one sequence per strand.
-        let mut items = Vec::new();
-        let mut asked = Vec::new();
+        // Every unfinished strand's LM waits for a table: the source answers them all.
+        let mut waiting = Vec::new();
         for (s, lm) in lms.iter_mut().enumerate() {
             let call = lm.take_call();
             if p.done(s) == lens[s] {
                 continue;
             }
             if let Some(call) = call {
-                if call.restart {
-                    session.clear(s)?;
-                }
-                items.extend(call.items(s));
-                asked.push(s);
+                waiting.push((s, call));
             }
         }
-        if asked.is_empty() {
+        if waiting.is_empty() {
             break;
         }
-        let tables = session.step_prefix_sums(&items, Lm::order())?;
-        if tables.len() != asked.len() {
-            return Err(Error::Invalid("LM: fewer tables than calls".into()));
-        }
-        for (&s, cum) in asked.iter().zip(tables) {
-            lms[s].supply(cum)?;
+        for ((s, _), cum) in waiting.iter().zip(tables.answer(&waiting)?) {
+            lms[*s].supply(cum)?;
         }
         // Each strand in turn codes until its LM waits for the next word's table or it ends.
         for &s in order {
