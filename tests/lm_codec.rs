@@ -6,27 +6,17 @@ use std::sync::OnceLock;
 
 use lockstep::format::lm::model_file::Model;
 mod devices;
+#[path = "lm_common/models.rs"]
+mod models;
 #[path = "lm_common/random_model.rs"]
 mod random_model;
+use models::{shipped, small};
 
 use lockstep::backend::lm::{Find, Item, Query, Trace};
 use lockstep::backend::Device;
 use lockstep::lm::text_codec::{compress, compress_unverified, decompress, read_header, Options};
 use lockstep::Error;
 use random_model::random_model;
-
-fn small() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| random_model(2, 16, 2, 16, 50257, 1))
-}
-
-fn shipped() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| {
-        let b = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/models/tinygpt2.lsm")).unwrap();
-        Model::from_bytes(&b).unwrap()
-    })
-}
 
 const TEXT: &[u8] = b"The integer model gives every machine the same table, so the range coder \
 decodes the same tokens. Decoding on a laptop reads what a server wrote.\n\tdef f(x): return x + 1\n";

@@ -3,7 +3,6 @@
 //! the LM runs once per chunk of text, in order.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use lockstep::backend::Device;
 use lockstep::format::lm::model_file::Model;
@@ -14,8 +13,11 @@ use lockstep::lm::cm::stream::{
 };
 use lockstep::lm::text_codec::{self, Pass};
 
+#[path = "lm_common/models.rs"]
+mod models;
 #[path = "lm_common/random_model.rs"]
 mod random_model;
+use models::{shipped, small};
 use random_model::random_model;
 
 /// The CPU device at its best level (the per-device parity of the LM is lm_codec.rs's).
@@ -25,20 +27,6 @@ fn cpu() -> Device {
 
 fn decompress(m: &Model, d: &[u8]) -> lockstep::Result<Vec<u8>> {
     text_codec::decompress(m, d, &cpu())
-}
-
-/// Context 16, so the LM's context restarts from its last half several times.
-fn small() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| random_model(2, 16, 2, 16, 50257, 1))
-}
-
-fn shipped() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| {
-        let b = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/models/tinygpt2.lsm")).unwrap();
-        Model::from_bytes(&b).unwrap()
-    })
 }
 
 const PROSE: &[u8] = b"In the beginning the coder knew nothing of the file. Then it saw the \
@@ -451,20 +439,7 @@ fn long_prose_is_coded_in_blocks_golden() {
     let (h, _) = read_header(&c).unwrap();
     assert_eq!(h.flags, FLAG_LM | FLAG_MATCH | FLAG_BLOCKS);
     assert_eq!(h.blocks.unwrap().coded.len(), 2);
-    let golden = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/golden/text_v2_blocks.lst"
-    ));
-    if std::env::var_os("LOCKSTEP_BLESS").is_some() {
-        std::fs::write(&golden, &c).unwrap();
-        return;
-    }
-    let g = std::fs::read(&golden)
-        .unwrap_or_else(|e| panic!("{}: {e} (bless with LOCKSTEP_BLESS=1)", golden.display()));
-    assert_eq!(
-        decompress(m, &g).unwrap(),
-        data,
-        "the golden block stream no longer decodes"
-    );
-    assert!(c == g, "block stream: encoder output changed");
+    models::check_golden("text_v2_blocks.lst", "block", &c, data, |g| {
+        decompress(m, g).unwrap()
+    });
 }

@@ -3,23 +3,15 @@
 //! every call, with contexts that restart inside a batch (with spare sequences, and with none
 //! left), and a call that differs from the plan refused.
 
-use std::sync::OnceLock;
-
 use lockstep::backend::Device;
-use lockstep::format::lm::model_file::Model;
 use lockstep::lm::cm::lm_bits::{calls, Call};
 use lockstep::lm::cm::strand_tables::{Ahead, PerRound, Tables};
 
+#[path = "lm_common/models.rs"]
+mod models;
 #[path = "lm_common/random_model.rs"]
 mod random_model;
-use random_model::random_model;
-
-/// Context 16: a strand's context restarts every few words, so a batch of 64 calls holds
-/// several restarts of each strand.
-fn small() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| random_model(2, 16, 2, 16, 50257, 1))
-}
+use models::small;
 
 fn prose() -> Vec<u8> {
     std::fs::read(concat!(

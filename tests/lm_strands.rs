@@ -4,9 +4,6 @@
 
 mod devices;
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
 use lockstep::backend::Device;
 use lockstep::format::lm::model_file::Model;
 use lockstep::lm::cm::coder::Setup;
@@ -19,23 +16,12 @@ use lockstep::lm::cm::stream::{
 };
 use lockstep::lm::text_codec::{self, Pass};
 
+#[path = "lm_common/models.rs"]
+mod models;
 #[path = "lm_common/random_model.rs"]
 mod random_model;
+use models::{shipped, small};
 use random_model::random_model;
-
-/// Context 16, so each strand's LM context restarts from its last half several times.
-fn small() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| random_model(2, 16, 2, 16, 50257, 1))
-}
-
-fn shipped() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| {
-        let b = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/models/tinygpt2.lsm")).unwrap();
-        Model::from_bytes(&b).unwrap()
-    })
-}
 
 fn genesis() -> Vec<u8> {
     std::fs::read(concat!(
@@ -311,22 +297,9 @@ fn strands_golden() {
     let c = compress(m, data, &opts, &Device::cpu(), &quiet).unwrap();
     let (h, _) = read_header(&c).unwrap();
     assert_eq!(h.flags, FLAG_LM | FLAG_MATCH | FLAG_STRANDS);
-    let golden = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/golden/text_v2_strands.lst"
-    ));
-    if std::env::var_os("LOCKSTEP_BLESS").is_some() {
-        std::fs::write(&golden, &c).unwrap();
-        return;
-    }
-    let g = std::fs::read(&golden)
-        .unwrap_or_else(|e| panic!("{}: {e} (bless with LOCKSTEP_BLESS=1)", golden.display()));
-    assert_eq!(
-        decompress(m, &g).unwrap(),
-        data,
-        "the golden strand stream no longer decodes"
-    );
-    assert!(c == g, "strand stream: encoder output changed");
+    models::check_golden("text_v2_strands.lst", "strand", &c, data, |g| {
+        decompress(m, g).unwrap()
+    });
 }
 
 /// Strand streams written on `device` equal the reference device's byte for byte, and each
