@@ -19,11 +19,11 @@ use core::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::super::decode::{no_row, Stream};
-use super::super::joint::code_of_joint;
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::LANES;
+use crate::format::symbols::joint_parts;
 use crate::{Error, Result};
 
 const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;
@@ -390,12 +390,13 @@ pub unsafe fn full_steps<T: Word>(
 /// codes (or, where `j_codes`, the joint symbols the lanes stored, expanded here off the
 /// lanes' state chain) narrowed to 16 bits; each tail's bit offset a prefix sum of the
 /// lengths; its bits taken from the four bytes around the offset's byte by byte shuffles of
-/// a 32-byte window that holds the whole group's tails; then the value rebuilt, turned into a
-/// displacement and added to the reference's ordered key. AVX2 has no variable 16-bit shifts:
-/// every shift by a lane's own count is a multiply by a power of two that a byte shuffle
-/// looks up (`mullo` shifts left, `mulhi` right). Does every whole group of 16 while the
-/// window fits the tail and returns how many elements and tail bits it used; the caller
-/// finishes the rest.
+/// two 16-byte windows, one per 128-bit half (8 tails of at most 13 bits and the 7 bits
+/// before the first lie in 16 bytes, so each half shuffles inside its own lane: no
+/// lane-crossing picks); then the value rebuilt, turned into a displacement and added to the
+/// reference's ordered key. AVX2 has no variable 16-bit shifts: every shift by a lane's own
+/// count is a multiply by a power of two that a byte shuffle looks up (`mullo` shifts left,
+/// `mulhi` right). Does every whole group of 16 while the windows fit the tail and returns
+/// how many elements and tail bits it used; the caller finishes the rest.
 ///
 /// # Safety
 /// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
@@ -418,11 +419,8 @@ pub unsafe fn finish_u16(
         let t: [u8; 16] = std::array::from_fn(f);
         _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
     };
-    // the codes of J < 16 (low and high bytes);
-    let (small_lo, small_hi) = (
-        table(|j| code_of_joint()[j] as u8),
-        table(|j| (code_of_joint()[j] >> 8) as u8),
-    );
+    // what turns `J + 17` into `u` for J < 16 (by xor; 0 from J = 7 on);
+    let u_fix = table(|j| u_of_joint(j) ^ (j as u8 + 17));
     // (1 << i) - 1, at most 0xFF: the low byte of a tail mask of i bits, and at i - 8 its
     // high byte;
     let ones_below = table(|i| if i >= 8 { 0xFF } else { (1u8 << i) - 1 });
@@ -441,10 +439,9 @@ pub unsafe fn finish_u16(
         2 => 0x80,
         _ => 0,
     });
-    let (fifteen, sixteen) = (_mm256_set1_epi8(15), _mm256_set1_epi8(16));
     let (ffff, h) = (_mm256_set1_epi16(-1), _mm256_set1_epi16(i16::MIN));
     for j in (0..full).step_by(16) {
-        // The tail is not padded: where the group's 32-byte window could pass its end, the
+        // The tail is not padded: where the group's 32 bytes could pass its end, the
         // caller's scalar pass does the rest.
         let at = (bits / 8) as usize;
         if tail.len().saturating_sub(at) < 32 {
@@ -455,35 +452,49 @@ pub unsafe fn finish_u16(
             _mm256_loadu_si256(codes.as_ptr().add(j).cast()),
             _mm256_loadu_si256(codes.as_ptr().add(j + 8).cast()),
         ));
-        let c = if j_codes {
-            code_of_j16(c, small_lo, small_hi)
+        // u = 8·b + 4·q1 + 2·q2 + neg.
+        let u = if j_codes {
+            // J + 17 from J = 7 on; below, its xor with `u_fix`. The index's high byte
+            // (0x80) and a low byte of J + 0x70 >= 0x80 (J >= 16) read 0.
+            let fix = _mm256_shuffle_epi8(
+                u_fix,
+                _mm256_adds_epu8(c, _mm256_set1_epi16(0x8070_u16 as i16)),
+            );
+            _mm256_xor_si256(_mm256_add_epi16(c, _mm256_set1_epi16(17)), fix)
         } else {
-            c
-        };
-        let b = _mm256_and_si256(c, _mm256_set1_epi16(127));
-        let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3)); // b <= 16: max(b - 3, 0)
-        let (off, total) = tail_offsets16(len);
-        let off = _mm256_add_epi16(off, _mm256_set1_epi16((bits % 8) as i16));
-        // The 16 tails lie in the 32 bytes from the first one's byte (7 + 16 × 13 bits),
-        // each in the bytes k..k + 2 from its own byte k (k at most 25). Bytes k - 1, k
-        // and k + 1, k + 2 as two 16-bit words (byte -1 reads 0), shuffled out of the
-        // window's two halves, each broadcast: the low half takes indices below 16, the
-        // high half (index - 16) the rest.
-        let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
-        let (lo_w, hi_w) = (
-            _mm256_permute2x128_si256::<0x00>(w, w),
-            _mm256_permute2x128_si256::<0x11>(w, w),
-        );
-        let pick = |i: __m256i| {
+            // From the code `b | q1 << 7 | q2 << 8 | neg << 9` (below 2^10).
             _mm256_or_si256(
-                _mm256_shuffle_epi8(lo_w, _mm256_or_si256(i, _mm256_cmpgt_epi8(i, fifteen))),
-                _mm256_shuffle_epi8(hi_w, _mm256_sub_epi8(i, sixteen)),
+                _mm256_or_si256(
+                    _mm256_slli_epi16::<3>(_mm256_and_si256(c, _mm256_set1_epi16(127))),
+                    _mm256_and_si256(_mm256_srli_epi16::<5>(c), _mm256_set1_epi16(4)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<7>(c), _mm256_set1_epi16(2)),
+                    _mm256_and_si256(_mm256_srli_epi16::<9>(c), _mm256_set1_epi16(1)),
+                ),
             )
         };
+        let b = _mm256_srli_epi16::<3>(u);
+        let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3)); // b <= 16: max(b - 3, 0)
+        let (off, lo_total, total) = tail_offsets16(len);
+        // Lanes 0..8 read the 16 bytes from `at`, lanes 8..16 the 16 from the byte of their
+        // first tail (at most 13 bytes on: 7 + 8 × 13 bits; clamped whatever the codes, so
+        // the load stays inside the 32 bytes checked above).
+        let (s0, s1) = (bits as u32 % 8, bits as u32 % 8 + lo_total);
+        let w = _mm256_loadu2_m128i(
+            tail.as_ptr().add(at + (s1 as usize / 8).min(16)).cast(),
+            tail.as_ptr().add(at).cast(),
+        );
+        let off = _mm256_add_epi16(
+            off,
+            _mm256_set_m128i(_mm_set1_epi16((s1 % 8) as i16), _mm_set1_epi16(s0 as i16)),
+        );
+        // Bytes k - 1, k and k + 1, k + 2 of the lane's window (k its tail's first byte, at
+        // most 12) as two 16-bit words; byte -1 (index 0xFF) reads 0.
         let k = _mm256_srli_epi16::<3>(off);
         let kk = _mm256_or_si256(k, _mm256_slli_epi16::<8>(k));
-        let w0 = pick(_mm256_add_epi8(kk, _mm256_set1_epi16(0x00FF)));
-        let w1 = pick(_mm256_add_epi8(kk, _mm256_set1_epi16(0x0201)));
+        let w0 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x00FF)));
+        let w1 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x0201)));
         // The 32 bits w1:w0 shifted right by 8 + s (s = off & 7, the tail's first bit in
         // byte k): w0 >> (8 + s) | w1 << (8 - s), both by multiplying with 2^(8 - s).
         let s = _mm256_and_si256(off, _mm256_set1_epi16(7));
@@ -503,7 +514,7 @@ pub unsafe fn finish_u16(
         );
         let t = _mm256_and_si256(raw, mask);
         bits += total as u64;
-        let delta = displacement16(c, b, t, signed, pow2, down_hi);
+        let delta = displacement16(u, b, t, signed, pow2, down_hi);
         let r = _mm256_loadu_si256(reference.as_ptr().add(2 * j).cast());
         // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
         let key = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi16::<15>(r), h));
@@ -517,58 +528,36 @@ pub unsafe fn finish_u16(
     (full, bits)
 }
 
-/// Per-element codes (`b | q1 << 7 | q2 << 8 | neg << 9`) of 16 joint symbols in 16-bit
-/// lanes (as the AVX-512 `code_of_j16`): from `u = J + 17 = 8·b + 4·q1 + 2·q2 + neg` by
-/// shifts from J = 7 on, below that from the byte tables of the codes of J < 16.
-#[inline(always)]
-unsafe fn code_of_j16(j: __m256i, small_lo: __m256i, small_hi: __m256i) -> __m256i {
-    let u = _mm256_add_epi16(j, _mm256_set1_epi16(17));
-    let c = _mm256_or_si256(
-        _mm256_or_si256(
-            _mm256_srli_epi16::<3>(u),
-            _mm256_slli_epi16::<5>(_mm256_and_si256(u, _mm256_set1_epi16(4))),
-        ),
-        _mm256_or_si256(
-            _mm256_slli_epi16::<7>(_mm256_and_si256(u, _mm256_set1_epi16(2))),
-            _mm256_slli_epi16::<9>(_mm256_and_si256(u, _mm256_set1_epi16(1))),
-        ),
-    );
-    // J's low byte indexes both tables (its high byte, 0, reads entry 0: dropped).
-    let small = _mm256_or_si256(
-        _mm256_and_si256(_mm256_shuffle_epi8(small_lo, j), _mm256_set1_epi16(0xFF)),
-        _mm256_slli_epi16::<8>(_mm256_shuffle_epi8(small_hi, j)),
-    );
-    // J < 7 (J is below 256: the signed compare is exact).
-    let lt7 = _mm256_cmpgt_epi16(_mm256_set1_epi16(7), j);
-    _mm256_blendv_epi8(c, small, lt7)
+/// `u = 8·b + 4·q1 + 2·q2 + neg` of joint symbol `j` below 16, which is `j + 17` from
+/// j = 7 (b = 3) on: the one number [`finish_u16`] takes b, the top bits and the sign from.
+fn u_of_joint(j: usize) -> u8 {
+    let (b, q1, q2, neg) = joint_parts(j);
+    8 * b + 4 * q1 + 2 * q2 + neg
 }
 
-/// Bit offsets of 16 consecutive raw tails of lengths `len` (16-bit lanes), relative to the
-/// first (an exclusive prefix sum), and their total length (at most 16 × 13).
+/// Bit offsets of 16 consecutive raw tails of lengths `len` (16-bit lanes), each relative
+/// to the first of its 128-bit half (exclusive prefix sums per half), the low half's total
+/// and the total (at most 16 × 13).
 #[inline(always)]
-unsafe fn tail_offsets16(len: __m256i) -> (__m256i, u32) {
-    // Inclusive sums within each 128-bit half, then the low half's total into the high.
+unsafe fn tail_offsets16(len: __m256i) -> (__m256i, u32, u32) {
     let mut p = len;
     p = _mm256_add_epi16(p, _mm256_slli_si256::<2>(p));
     p = _mm256_add_epi16(p, _mm256_slli_si256::<4>(p));
     p = _mm256_add_epi16(p, _mm256_slli_si256::<8>(p));
-    // Word 7 of each half in all its words; the low half's moved up, zeros below.
-    let w7 = _mm256_shuffle_epi8(p, _mm256_set1_epi16(0x0F0E));
-    p = _mm256_add_epi16(p, _mm256_permute2x128_si256::<0x08>(w7, w7));
-    (
-        _mm256_sub_epi16(p, len),
-        _mm256_extract_epi16::<15>(p) as u32 & 0xFFFF,
-    )
+    let lo = _mm256_extract_epi16::<7>(p) as u32 & 0xFFFF;
+    let hi = _mm256_extract_epi16::<15>(p) as u32 & 0xFFFF;
+    (_mm256_sub_epi16(p, len), lo, lo + hi)
 }
 
 /// [`displacement`] of 16 16-bit elements in 16-bit lanes (values and keys of 16-bit
-/// floats wrap the same way there): `top << (b - 3)` as a multiply by 2^(b - 3) (`pow2`'s
-/// entries b - 3 and b - 11 as its bytes; both negative, so 0, for b < 3) and `top >> (3 -
-/// b)` as the high half of a multiply by 2^(13 + b) (`down_hi`; for b = 16 that reads
-/// 2^13, and `top >> 3` is 0 as it should be for b >= 3).
+/// floats wrap the same way there), from `u` (see [`u_of_joint`]), `b = u >> 3` and the
+/// raw tails `t`: `top << (b - 3)` (`top = 4 | q1 << 1 | q2`) as a multiply by 2^(b - 3)
+/// (`pow2`'s entries b - 3 and b - 11 as its bytes; both negative, so 0, for b < 3) and
+/// `top >> (3 - b)` as the high half of a multiply by 2^(13 + b) (`down_hi`; for b = 16
+/// that reads 2^13, and `top >> 3` is 0 as it should be for b >= 3).
 #[inline(always)]
 unsafe fn displacement16(
-    c: __m256i,
+    u: __m256i,
     b: __m256i,
     t: __m256i,
     signed: bool,
@@ -578,10 +567,7 @@ unsafe fn displacement16(
     let (zero, one) = (_mm256_setzero_si256(), _mm256_set1_epi16(1));
     let top = _mm256_or_si256(
         _mm256_set1_epi16(4),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<6>(c), _mm256_set1_epi16(2)),
-            _mm256_and_si256(_mm256_srli_epi16::<8>(c), one),
-        ),
+        _mm256_and_si256(_mm256_srli_epi16::<1>(u), _mm256_set1_epi16(3)),
     );
     let bb = _mm256_or_si256(b, _mm256_slli_epi16::<8>(b));
     let up = _mm256_shuffle_epi8(
@@ -594,10 +580,8 @@ unsafe fn displacement16(
         t,
     );
     if signed {
-        let neg = _mm256_cmpeq_epi16(
-            _mm256_and_si256(c, _mm256_set1_epi16(1 << 9)),
-            _mm256_set1_epi16(1 << 9),
-        );
+        // neg = u & 1: 0 or all ones.
+        let neg = _mm256_sub_epi16(zero, _mm256_and_si256(u, one));
         _mm256_sub_epi16(_mm256_xor_si256(v, neg), neg)
     } else {
         // ZigZag: (v >> 1) ^ -(v & 1)
