@@ -593,8 +593,9 @@ unsafe fn displacement16(
 }
 
 /// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of
-/// its bit offset it spans five bytes, shuffled out of a 32-byte window that holds the whole
-/// group's tails.
+/// its bit offset it spans five bytes; the four tails of each 128-bit half (with the 7 bits
+/// before the first: 123 bits) lie in 16 bytes, so each half shuffles its own 16-byte window
+/// inside its lane.
 ///
 /// # Safety
 /// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
@@ -610,18 +611,17 @@ pub unsafe fn finish_u32(
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
     let mut bits = 0u64;
-    // As in `finish_u16`: byte 0 of each 32-bit lane spread to all four, then + 0, 1, 2, 3
-    // (the lane's four bytes from its byte offset), or + 4 with the other three bytes made
-    // "zero" for both halves' shuffles (the fifth byte).
+    // Byte 0 of each 32-bit lane spread to all four, then + 0, 1, 2, 3 (the lane's four
+    // bytes from its byte offset), or + 4 with the other three bytes made "zero" (bit 7
+    // set: the fifth byte).
     let spread = _mm256_setr_epi8(
         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
         12, 12, 12,
     );
     let four = _mm256_set1_epi32(0x0302_0100);
-    let fifth = _mm256_set1_epi32(0xE0E0_E004_u32 as i32);
-    let (fifteen, sixteen) = (_mm256_set1_epi8(15), _mm256_set1_epi8(16));
+    let fifth = _mm256_set1_epi32(0x8080_8004_u32 as i32);
     for j in (0..full).step_by(8) {
-        // The tail is not padded: where the group's 32-byte window could pass its end, the
+        // The tail is not padded: where the group's 32 bytes could pass its end, the
         // caller's scalar pass does the rest.
         let at = (bits / 8) as usize;
         if tail.len().saturating_sub(at) < 32 {
@@ -635,27 +635,22 @@ pub unsafe fn finish_u32(
             _mm256_subs_epu16(b, _mm256_set1_epi32(3)),
             _mm256_set1_epi32(29),
         );
-        let (off, total) = tail_offsets(len);
-        let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
-        // The 8 tails lie in the 32 bytes from the first one's byte (7 + 8 × 29 bits), each
-        // lane's 7 + 29 bits in the five bytes from its own (byte offset at most 26): byte
-        // shuffles of the window's two halves, each broadcast, where two 64-bit gathers
-        // were. A shuffle index with bit 7 set gives 0: the low half takes indices below 16,
-        // the high half (index - 16) the rest.
-        let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
-        let (lo_w, hi_w) = (
-            _mm256_permute2x128_si256::<0x00>(w, w),
-            _mm256_permute2x128_si256::<0x11>(w, w),
+        let (off, lo_total, total) = tail_offsets(len);
+        // Lanes 0..4 read the 16 bytes from `at`, lanes 4..8 the 16 from the byte of their
+        // first tail (at most 15 bytes on: 7 + 4 × 29 bits), each lane's 7 + 29 bits in the
+        // five bytes from its own (at most byte 11 of its window).
+        let (s0, s1) = (bits as u32 % 8, bits as u32 % 8 + lo_total);
+        let w = _mm256_loadu2_m128i(
+            tail.as_ptr().add(at + s1 as usize / 8).cast(),
+            tail.as_ptr().add(at).cast(),
         );
-        let pick = |i: __m256i| {
-            _mm256_or_si256(
-                _mm256_shuffle_epi8(lo_w, _mm256_or_si256(i, _mm256_cmpgt_epi8(i, fifteen))),
-                _mm256_shuffle_epi8(hi_w, _mm256_sub_epi8(i, sixteen)),
-            )
-        };
+        let off = _mm256_add_epi32(
+            off,
+            _mm256_set_m128i(_mm_set1_epi32((s1 % 8) as i32), _mm_set1_epi32(s0 as i32)),
+        );
         let byte = _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread);
-        let low4 = pick(_mm256_add_epi8(byte, four));
-        let next = pick(_mm256_add_epi8(byte, fifth));
+        let low4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, four));
+        let next = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, fifth));
         let sh = _mm256_and_si256(off, _mm256_set1_epi32(7));
         // A shift by 32 (sh = 0) gives 0, as the tail then lies in `low4` alone.
         let raw = _mm256_or_si256(
@@ -681,20 +676,16 @@ pub unsafe fn finish_u32(
     (full, bits)
 }
 
-/// Bit offsets of 8 consecutive raw tails of lengths `len`, relative to the first (an
-/// exclusive prefix sum across the lanes), and their total length.
+/// Bit offsets of 8 consecutive raw tails of lengths `len`, each relative to the first of
+/// its 128-bit half (exclusive prefix sums per half), the low half's total and the total.
 #[inline(always)]
-unsafe fn tail_offsets(len: __m256i) -> (__m256i, u32) {
-    // Inclusive sums within each 128-bit half, then the low half's total into the high.
+unsafe fn tail_offsets(len: __m256i) -> (__m256i, u32, u32) {
     let mut p = len;
     p = _mm256_add_epi32(p, _mm256_slli_si256::<4>(p));
     p = _mm256_add_epi32(p, _mm256_slli_si256::<8>(p));
-    let carry = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 0, 0, 0, 3, 3, 3, 3));
-    p = _mm256_add_epi32(p, _mm256_blend_epi32::<0xF0>(_mm256_setzero_si256(), carry));
-    (
-        _mm256_sub_epi32(p, len),
-        _mm256_extract_epi32::<7>(p) as u32,
-    )
+    let lo = _mm256_extract_epi32::<3>(p) as u32;
+    let hi = _mm256_extract_epi32::<7>(p) as u32;
+    (_mm256_sub_epi32(p, len), lo, lo + hi)
 }
 
 /// The displacements of 8 elements (32-bit lanes, before masking to the element width)
