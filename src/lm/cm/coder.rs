@@ -37,7 +37,7 @@ impl<'m> Models<'m> {
     }
     fn p(&mut self) -> i32 {
         let (c0, bit) = self.p.partial();
-        let outside = self.lm.as_ref().and_then(|l| l.p_bit(c0, bit));
+        let outside = self.lm.as_mut().and_then(|l| l.p_bit(c0, bit));
         self.p.p(outside)
     }
     fn update(&mut self, y: u32) -> Result<()> {

@@ -56,6 +56,21 @@ static SORTED_IDS: LazyLock<Vec<u32>> = LazyLock::new(|| match SORTED.as_ref() {
     Err(_) => Vec::new(),
 });
 
+/// The first 8 bytes of each token of [`SORTED`] (zero-padded), the first big-endian: the
+/// range searches read byte `d < 8` from one dense array instead of through each token's slice.
+static PREFIX8: LazyLock<Vec<u64>> = LazyLock::new(|| match SORTED.as_ref() {
+    Ok(v) => v
+        .iter()
+        .map(|e| {
+            let mut k = [0u8; 8];
+            let n = e.0.len().min(8);
+            k[..n].copy_from_slice(&e.0[..n]);
+            u64::from_be_bytes(k)
+        })
+        .collect(),
+    Err(_) => Vec::new(),
+});
+
 fn sorted() -> Result<&'static [Entry]> {
     SORTED
         .as_ref()
@@ -260,6 +275,8 @@ pub struct Lm<'m> {
     lo: usize,
     hi: usize,
     depth: usize,
+    /// The split of the range at the last bit predicted in this byte, if any.
+    halves: Option<Halves>,
     /// Tokens run through the model (for throughput reports).
     pub tokens: u64,
 }
@@ -297,6 +314,7 @@ impl<'m> Lm<'m> {
             lo: 0,
             hi: sorted.len(),
             depth: 0,
+            halves: None,
             tokens: 0,
         };
         lm.advance(&[EOT])?;
@@ -355,6 +373,9 @@ impl<'m> Lm<'m> {
     /// then narrow the token range by the byte.
     pub fn byte(&mut self, hist: &[u8]) -> Result<()> {
         let p = hist.len() - 1;
+        let b = hist[p];
+        // The last bit's halves already bound the tokens whose next byte is `b`.
+        let known = self.halves.take().filter(|h| h.c0 == (b as u32 | 256) >> 1);
         if closes_chunk(hist, p, self.chunk) {
             let toks = match self.source {
                 Source::Caller { .. } => tokenizer::encode(&hist[self.chunk..p])?,
@@ -365,14 +386,15 @@ impl<'m> Lm<'m> {
             self.lo = 0;
             self.hi = self.sorted.len();
             self.depth = 0;
+        } else if let Some(h) = known {
+            (self.lo, self.hi) = if b & 1 == 1 { (h.m, h.e) } else { (h.a, h.m) };
+            self.depth += 1;
+            return Ok(());
         }
         // Tokens of exactly `depth` bytes sort first in the range and cannot continue.
         let (lo, hi) = self.continuing();
-        let b = hist[p];
-        let d = self.depth;
-        let r = &self.sorted[lo..hi];
-        self.lo = lo + r.partition_point(|t| t.0[d] < b);
-        self.hi = lo + r.partition_point(|t| t.0[d] <= b);
+        self.lo = self.first(lo, hi, b as u32);
+        self.hi = self.first(self.lo, hi, b as u32 + 1);
         self.depth += 1;
         Ok(())
     }
@@ -385,18 +407,93 @@ impl<'m> Lm<'m> {
         (lo, self.hi)
     }
 
+    /// The first position in `[lo, hi)` (a range of [`Lm::continuing`]) whose token's byte at
+    /// `depth` is `v` or more (`hi` if none is): those bytes are non-decreasing there.
+    fn first(&self, lo: usize, hi: usize, v: u32) -> usize {
+        let d = self.depth;
+        lo + if d < 8 {
+            let shift = 56 - 8 * d;
+            PREFIX8[lo..hi].partition_point(|&k| ((k >> shift) & 255) < v as u64)
+        } else {
+            self.sorted[lo..hi].partition_point(|t| (t.0[d] as u32) < v)
+        }
+    }
+
+    /// The tokens of the range whose next byte has the top `bit` bits of `c0` (with its
+    /// leading 1), as [`Halves`]: from the previous bit's halves when `c0` extends them, else
+    /// searched in the whole range.
+    fn halves(&self, lo: usize, hi: usize, c0: u32, bit: u32) -> Halves {
+        let width = 1u32 << (8 - bit);
+        let v0 = (c0 << (8 - bit)) & 255;
+        let (a, e) = match self.halves {
+            Some(h) if h.c0 == c0 => return h,
+            Some(h) if h.c0 == c0 >> 1 => {
+                if c0 & 1 == 1 {
+                    (h.m, h.e)
+                } else {
+                    (h.a, h.m)
+                }
+            }
+            _ => {
+                let a = self.first(lo, hi, v0);
+                (a, self.first(a, hi, v0 + width))
+            }
+        };
+        Halves {
+            c0,
+            a,
+            m: self.first(a, e, v0 + width / 2),
+            e,
+        }
+    }
+
     /// The LM's log-odds (stretch domain) that the next bit is 1, given the bits `c0` (with a
     /// leading 1) of a byte of which `bit` bits are known; `None` where no token agrees.
-    pub fn p_bit(&self, c0: u32, bit: u32) -> Option<i32> {
+    pub fn p_bit(&mut self, c0: u32, bit: u32) -> Option<i32> {
+        debug_assert_eq!(c0 >> bit, 1, "c0 holds `bit` bits after a leading 1");
         let (lo, hi) = self.continuing();
         if lo >= hi {
             return None;
         }
         debug_assert!(!self.cum.is_empty(), "the LM's call was not answered");
-        let d = self.depth;
-        let r = &self.sorted[lo..hi];
-        // Byte values whose top `bit` bits are c0's: [v0, v0 + 2^(8-bit)); the 1-half starts
-        // at the midpoint.
+        let h = self.halves(lo, hi, c0, bit);
+        self.halves = Some(h);
+        let total = (self.cum[h.e] - self.cum[h.a]) as u64;
+        if total == 0 {
+            return None;
+        }
+        // At most 2^32 * 4096: the quotient of u64s is exact.
+        let ones = (self.cum[h.e] - self.cum[h.m]) as u64;
+        let p = ((ones * 4096) / total) as i32;
+        Some(stretch(p.clamp(1, 4095)))
+    }
+}
+
+/// The tokens of the LM's range whose next byte agrees with the bits `c0` of the byte coded so
+/// far, as positions in sorted order: `[a, m)` continue with a 0 bit, `[m, e)` with a 1. The
+/// next bit's are one of those halves split again, so a byte costs one search per bit in a
+/// range that halves (about 8 log2 of the range's size probes in all, against 24 full-range
+/// searches), and the last bit's half is the range of the next byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Halves {
+    c0: u32,
+    a: usize,
+    m: usize,
+    e: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The LM's bit input as first specified: three searches of the whole range per bit.
+    fn p_bit_searched(lm: &Lm, c0: u32, bit: u32) -> Option<i32> {
+        let (lo, hi) = lm.continuing();
+        if lo >= hi {
+            return None;
+        }
+        let d = lm.depth;
+        let r = &lm.sorted[lo..hi];
         let width = 1u32 << (8 - bit);
         let v0 = (c0 << (8 - bit)) & 255;
         let first = |v: u32| lo + r.partition_point(|t| (t.0[d] as u32) < v);
@@ -407,12 +504,101 @@ impl<'m> Lm<'m> {
         } else {
             first(v0 + width)
         };
-        let total = (self.cum[e] - self.cum[a]) as u64;
+        let total = (lm.cum[e] - lm.cum[a]) as u64;
         if total == 0 {
             return None;
         }
-        let ones = (self.cum[e] - self.cum[m]) as u64;
+        let ones = (lm.cum[e] - lm.cum[m]) as u64;
         let p = ((ones as u128 * 4096) / total as u128) as i32;
         Some(stretch(p.clamp(1, 4095)))
+    }
+
+    /// The range narrowed by byte `b` at `depth` as first specified.
+    fn narrowed(lm: &Lm, lo: usize, hi: usize, depth: usize, b: u8) -> (usize, usize) {
+        let mut lo = lo;
+        while lo < hi && lm.sorted[lo].0.len() <= depth {
+            lo += 1;
+        }
+        let r = &lm.sorted[lo..hi];
+        (
+            lo + r.partition_point(|t| t.0[depth] < b),
+            lo + r.partition_point(|t| t.0[depth] <= b),
+        )
+    }
+
+    /// Random prefix sums over the sorted vocabulary: many tokens with no mass (so that some
+    /// ranges have none), the rest up to 2^16, one token sometimes holding most of it.
+    fn random_cum(len: usize, rnd: &mut impl FnMut() -> u64) -> Vec<u32> {
+        let heavy = rnd().is_multiple_of(2).then(|| rnd() as usize % len);
+        let mut cum = vec![0u32; len + 1];
+        for i in 0..len {
+            let f = match rnd() % 4 {
+                0 => 0,
+                _ if heavy == Some(i) => 1 << 30,
+                _ => rnd() % (1 << 16),
+            };
+            cum[i + 1] = cum[i] + f as u32;
+        }
+        cum
+    }
+
+    /// The halved searches, the byte's range taken from the last bit's halves, and the
+    /// fallback searches (bits whose prediction is skipped) against the reference, over text
+    /// whose chunks close (words, line breaks, 32-byte runs) and random bytes.
+    #[test]
+    fn halved_searches_equal_full_searches() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut text = b"The quick brown fox, jumps over\n\tthe lazy dog's back;  \
+                         aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa def f(x):\n    return x"
+            .to_vec();
+        for _ in 0..300 {
+            let b = rnd() as u8;
+            text.push(if b < 128 { b } else { b' ' + b % 64 });
+        }
+        let mut lm = Lm::start(Source::Caller {
+            ctx: Context {
+                n_ctx: 64,
+                tokens: Vec::new(),
+            },
+            call: None,
+        })
+        .unwrap();
+        let n = lm.sorted.len();
+        let (mut opinions, mut cached) = (0, 0);
+        for (p, &b) in text.iter().enumerate() {
+            if lm.take_call().is_some() {
+                lm.supply(random_cum(n, &mut rnd)).unwrap();
+            }
+            let skip = rnd().is_multiple_of(5);
+            for k in 0..8 {
+                let c0 = (b as u32 | 256) >> (8 - k);
+                if skip && rnd().is_multiple_of(3) {
+                    continue;
+                }
+                let want = p_bit_searched(&lm, c0, k);
+                assert_eq!(lm.p_bit(c0, k), want, "byte {p}, bit {k}");
+                opinions += want.is_some() as usize;
+            }
+            let (lo, hi, depth) = (lm.lo, lm.hi, lm.depth);
+            cached += lm.halves.is_some_and(|h| h.c0 == (b as u32 | 256) >> 1) as usize;
+            lm.byte(&text[..=p]).unwrap();
+            let want = if lm.depth == 1 {
+                narrowed(&lm, 0, n, 0, b)
+            } else {
+                narrowed(&lm, lo, hi, depth, b)
+            };
+            assert_eq!((lm.lo, lm.hi), want, "range after byte {p}");
+        }
+        // The test reached both paths and predicted something.
+        assert!(
+            opinions > 300 && cached > 50,
+            "{opinions} opinions, {cached} cached"
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! bits, so both compute the same probability for every bit on every machine.
 
 use super::logistic::{squash, stretch, LIMIT};
+use super::slots::Slots;
 
 /// Hashed contexts: order 0, orders 1-4 and 6, the current word, the word pair.
 const ORDERS: [usize; 5] = [1, 2, 3, 4, 6];
@@ -100,7 +101,7 @@ impl Mixer {
 /// Adaptive probability map: refines a probability under a context by interpolating between
 /// 33 knots over the stretch domain; the nearer knot learns.
 struct Apm {
-    t: Vec<u16>,
+    t: Slots<u16>,
     idx: usize,
 }
 
@@ -109,10 +110,11 @@ impl Apm {
         let row: Vec<u16> = (0..33)
             .map(|k| (squash((k - 16) * 128) * 16) as u16)
             .collect();
-        Apm {
-            t: row.iter().copied().cycle().take(33 * contexts).collect(),
-            idx: 0,
+        let mut t = Slots::new(33 * contexts, 0);
+        for r in t.chunks_exact_mut(33) {
+            r.copy_from_slice(&row);
         }
+        Apm { t, idx: 0 }
     }
     fn refine(&mut self, pr: i32, cx: usize) -> i32 {
         let s = stretch(pr) + 2048; // 1..4095
@@ -123,11 +125,29 @@ impl Apm {
         let p = (self.t[base] as i32 * (128 - w) + self.t[base + 1] as i32 * w) >> 11;
         p.clamp(1, 4095)
     }
+    /// The 33 knots of context `cx`.
+    fn row(&self, cx: usize) -> &[u16] {
+        &self.t[cx * 33..cx * 33 + 33]
+    }
     fn update(&mut self, y: u32) {
         let g = ((y as i32) << 16) + ((y as i32) << 6) - y as i32 - y as i32;
         let t = &mut self.t[self.idx];
         *t = (*t as i32 + ((g - *t as i32) >> 6)) as u16;
     }
+}
+
+/// A hint that `*p` will be read soon (x86-64 only; elsewhere nothing).
+#[inline(always)]
+fn prefetch<T>(p: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and cannot fault; SSE is part of
+    // x86-64's baseline.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((p as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 fn hash(a: u32, b: u32) -> u32 {
@@ -307,7 +327,9 @@ struct Cursor {
 pub struct Predictor {
     parts: Parts,
     shift: u32,
-    tables: Vec<Vec<u32>>,
+    /// Log2 of the slots per context; context k's table is `tables[k << bits..][..1 << bits]`.
+    bits: u32,
+    tables: Slots<u32>,
     slot: [usize; N_CTX],
     rates: Vec<i64>,
     text: Text,
@@ -358,7 +380,8 @@ impl Predictor {
         let mut p = Predictor {
             parts,
             shift: 32 - bits,
-            tables: vec![vec![NEW_SLOT; 1 << bits]; N_CTX],
+            bits,
+            tables: Slots::new(N_CTX << bits, NEW_SLOT),
             slot: [0; N_CTX],
             rates: (0..1024).map(recip).collect(),
             text: Text {
@@ -425,15 +448,43 @@ impl Predictor {
         base[N_CTX - 1] = hash(hash(self.cur.word, self.cur.prev_word), 0x300);
     }
 
+    /// The counter slot of context `k` for the bit after `c0` (an index into `tables`).
+    fn slot_of(&self, k: usize, c0: u32) -> usize {
+        (k << self.bits) | ((hash(self.cur.base[k], c0) ^ c0) >> self.shift) as usize
+    }
+
+    /// Ask the cache for what [`Predictor::p`] will read at random for the bit after `c0`:
+    /// its counter slots and its row of the second APM (the tables are megabytes; each read
+    /// would otherwise wait on memory in turn). Only a hint: no result depends on it.
+    fn prefetch(&self, c0: u32) {
+        for k in 0..N_CTX {
+            prefetch(&self.tables[self.slot_of(k, c0)]);
+        }
+        let last = self.history().last().copied().unwrap_or(0) as usize;
+        let row = self.a2.row(c0 as usize | last << 8);
+        prefetch(&row[0]);
+        prefetch(&row[32]);
+    }
+
+    /// The second APM's context: the byte so far and the last byte.
+    fn a2_context(&self) -> usize {
+        let last = self.history().last().copied().unwrap_or(0) as usize;
+        (self.c0 as usize) | (last << 8)
+    }
+
     /// Probability (1/4096) that the next bit is 1. `outside`: an extra input in the stretch
     /// domain and whether it has an opinion (the language model; `None` when absent).
     pub fn p(&mut self, outside: Option<i32>) -> i32 {
         let c0 = self.c0;
-        let mut top = 0; // highest context seen before (0: none), for the mixer's weight set
-        for k in 0..N_CTX {
-            let s = ((hash(self.cur.base[k], c0) ^ c0) >> self.shift) as usize;
+        // All counters are read before any is looked at, so that their cache misses overlap.
+        let mut v = [0u32; N_CTX];
+        for (k, v) in v.iter_mut().enumerate() {
+            let s = self.slot_of(k, c0);
             self.slot[k] = s;
-            let v = self.tables[k][s];
+            *v = self.tables[s];
+        }
+        let mut top = 0; // highest context seen before (0: none), for the mixer's weight set
+        for (k, &v) in v.iter().enumerate() {
             self.x[k] = if Counter::count(v) == 0 {
                 0
             } else {
@@ -442,6 +493,11 @@ impl Predictor {
                 }
                 stretch(Counter::p12(v))
             };
+        }
+        // Both possible next bits of this byte: a bit's time ahead of their reads.
+        if self.bit < 7 {
+            self.prefetch(c0 << 1);
+            self.prefetch(c0 << 1 | 1);
         }
         if self.parts.match_model {
             self.mm.inputs(
@@ -467,9 +523,8 @@ impl Predictor {
         let set2 = (top * 3 + self.mm.state(&self.cur.follow)) * 3 + lm;
         let d2 = self.m2.mix(&self.x, set2);
         self.pr_mix = squash((d1 + d2) >> 1);
-        let last = self.history().last().copied().unwrap_or(0) as usize;
         let p1 = self.a1.refine(self.pr_mix, c0 as usize);
-        let p2 = self.a2.refine(self.pr_mix, (c0 as usize) | (last << 8));
+        let p2 = self.a2.refine(self.pr_mix, self.a2_context());
         ((self.pr_mix + p1 + 2 * p2 + 2) >> 2).clamp(1, 4095)
     }
 
@@ -477,7 +532,7 @@ impl Predictor {
     pub fn update(&mut self, y: u32) {
         for k in 0..N_CTX {
             let limit = COUNT_LIMIT;
-            Counter::update(&mut self.tables[k][self.slot[k]], y, limit, &self.rates);
+            Counter::update(&mut self.tables[self.slot[k]], y, limit, &self.rates);
         }
         if self.parts.match_model {
             self.mm.update(&mut self.cur.follow, y, &self.rates);
@@ -506,6 +561,7 @@ impl Predictor {
                 self.mm.byte(&self.text, s, pos, &mut cur.follow);
             }
             self.byte_contexts();
+            self.prefetch(1);
         }
     }
 
