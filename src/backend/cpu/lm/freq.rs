@@ -28,8 +28,6 @@ struct ByGap {
     /// `1 + floor(w * (2^32 - V) / W)` per gap, then 1 for every gap past the table. Each is
     /// below 2^32: `w <= W` makes the floor at most `2^32 - V` and `V >= 2`.
     by_gap: Vec<u32>,
-    /// The lowest id of the largest weight (the remainder's token).
-    arg: usize,
 }
 
 impl ByGap {
@@ -39,7 +37,6 @@ impl ByGap {
             return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
         }
         let top = freq_scan::top(isa, logits);
-        let arg = logits.iter().position(|&l| l == top).unwrap_or(0);
         // v <= 2^16 and w <= 2^40: W < 2^56.
         let total_w = freq_scan::weight_sum(isa, logits, top, exp40);
         let r = TOTAL - v as u64;
@@ -47,12 +44,26 @@ impl ByGap {
             .map(|q| 1 + q as u32)
             .collect();
         by_gap.push(1);
-        Ok(ByGap {
-            isa,
-            top,
-            by_gap,
-            arg,
-        })
+        Ok(ByGap { isa, top, by_gap })
+    }
+
+    /// The positions of the largest weight in `logits`, in order: a compare-only pass over
+    /// pieces of 64 (which vectorizes), then a look inside the few that hold one.
+    fn tops<'a>(&self, logits: &'a [i32]) -> impl Iterator<Item = usize> + 'a {
+        let top = self.top;
+        logits
+            .chunks(64)
+            .enumerate()
+            .filter(move |(_, c)| c.iter().fold(false, |a, &l| a | (l == top)))
+            .flat_map(move |(i, c)| {
+                let at = c.iter().enumerate().filter(move |(_, &l)| l == top);
+                at.map(move |(j, _)| i * 64 + j)
+            })
+    }
+
+    /// The lowest id of the largest weight: the remainder's token.
+    fn arg(&self, logits: &[i32]) -> usize {
+        self.tops(logits).next().unwrap_or(0)
     }
 
     /// The frequency of a token with logit `l`, without the remainder.
@@ -97,7 +108,7 @@ fn floor_by_gap(exp40: &[u64], r: u64, total_w: u64) -> impl Iterator<Item = u64
 pub fn frequencies(isa: Isa, logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
     let g = ByGap::new(isa, logits, exp40)?;
     let mut f: Vec<u64> = logits.iter().map(|&l| g.floor(l)).collect();
-    f[g.arg] += ByGap::rem(f.iter().sum())?;
+    f[g.arg(logits)] += ByGap::rem(f.iter().sum())?;
     Ok(f)
 }
 
@@ -115,10 +126,11 @@ pub fn prefix_sums(isa: Isa, logits: &[i32], exp40: &[u64], order: &[u32]) -> Re
         )));
     }
     let rem = ByGap::rem(logits.iter().map(|&l| g.floor(l)).sum())?;
+    let arg = g.arg(logits);
     // A random read of the logits per token (the head's rows are in token order).
     let at = |i: usize| {
         let id = order[i] as usize;
-        g.floor(logits[id]) + if id == g.arg { rem } else { 0 }
+        g.floor(logits[id]) + if id == arg { rem } else { 0 }
     };
     let mut cum = vec![0u32; order.len() + 1];
     let mut s = 0u64;
@@ -156,18 +168,21 @@ pub fn prefix_sums_in_order(
     }
     let g = ByGap::new(isa, logits, exp40)?;
     // The remainder goes to the lowest id of the largest weight: here a position.
-    let arg = (0..logits.len())
-        .filter(|&p| logits[p] == g.top)
-        .min_by_key(|&p| ids[p])
-        .unwrap_or(0);
-    let mut cum = vec![0u32; len + 1];
+    let arg = g.tops(logits).min_by_key(|&p| ids[p]).unwrap_or(0);
+    // Every sum is written below: no zeroing of the 4 (V + 1) bytes first.
+    let mut cum: Vec<u32> = Vec::with_capacity(len + 1);
+    let spare = &mut cum.spare_capacity_mut()[..len + 1];
+    spare[0].write(0);
     let share = len.div_ceil(split.threads()).max(4096);
     // Each piece's running sums from 0, and its total mod 2^32.
-    let totals: Vec<u32> = cum[1..]
+    let totals: Vec<u32> = spare[1..]
         .par_chunks_mut(share)
         .zip(logits[..len].par_chunks(share))
         .map(|(dst, l)| freq_scan::floor_sums(g.isa, l, g.top, &g.by_gap, dst))
         .collect();
+    // SAFETY: the first len + 1 elements are written: cum[0] above, and cum[1..] by the
+    // pieces, which cover it (floor_sums writes every element of its output).
+    unsafe { cum.set_len(len + 1) };
     let left_out: u64 = logits[len..].iter().map(|&l| g.floor(l)).sum();
     let floors = totals
         .iter()

@@ -7,6 +7,8 @@
 //! The gap `top - l` of a logit at most `top` lies in `0..2^32`, so it is exact as the
 //! wrapping u32 difference whatever the i32 logits are.
 
+use std::mem::MaybeUninit;
+
 use crate::backend::cpu::Isa;
 
 /// The largest logit (`i32::MIN` for none).
@@ -60,8 +62,15 @@ fn weight_sum_portable(logits: &[i32], top: i32, exp40: &[u64]) -> u64 {
 
 /// `out[i] = by_gap[min(top - l_0, n)] + ... + by_gap[min(top - l_i, n)]` (wrapping u32),
 /// `n = by_gap.len() - 1` (the entry shared by every gap past the table); returns the last sum
-/// (0 for no logits). `out` and `logits` have the same length.
-pub fn floor_sums(isa: Isa, logits: &[i32], top: i32, by_gap: &[u32], out: &mut [u32]) -> u32 {
+/// (0 for no logits). `out` and `logits` have the same length; every element of `out` is
+/// written (so it may start uninitialised).
+pub fn floor_sums(
+    isa: Isa,
+    logits: &[i32],
+    top: i32,
+    by_gap: &[u32],
+    out: &mut [MaybeUninit<u32>],
+) -> u32 {
     assert!(!by_gap.is_empty() && by_gap.len() <= 1 << 31 && out.len() == logits.len());
     #[cfg(target_arch = "x86_64")]
     {
@@ -78,12 +87,18 @@ pub fn floor_sums(isa: Isa, logits: &[i32], top: i32, by_gap: &[u32], out: &mut 
 }
 
 /// [`floor_sums`] starting from `sum`.
-fn floor_sums_portable(logits: &[i32], top: i32, by_gap: &[u32], out: &mut [u32], sum: u32) -> u32 {
+fn floor_sums_portable(
+    logits: &[i32],
+    top: i32,
+    by_gap: &[u32],
+    out: &mut [MaybeUninit<u32>],
+    sum: u32,
+) -> u32 {
     let n = (by_gap.len() - 1) as u32;
     let mut s = sum;
     for (o, &l) in out.iter_mut().zip(logits) {
         s = s.wrapping_add(by_gap[gap(top, l).min(n) as usize]);
-        *o = s;
+        o.write(s);
     }
     s
 }
@@ -91,6 +106,7 @@ fn floor_sums_portable(logits: &[i32], top: i32, by_gap: &[u32], out: &mut [u32]
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     #[target_feature(enable = "avx2")]
     pub unsafe fn top_avx2(logits: &[i32]) -> i32 {
@@ -176,7 +192,7 @@ mod x86 {
         logits: &[i32],
         top: i32,
         by_gap: &[u32],
-        out: &mut [u32],
+        out: &mut [MaybeUninit<u32>],
     ) -> u32 {
         let top_v = _mm512_set1_epi32(top);
         let n_v = _mm512_set1_epi32((by_gap.len() - 1) as i32);
@@ -209,7 +225,7 @@ mod x86 {
         logits: &[i32],
         top: i32,
         by_gap: &[u32],
-        out: &mut [u32],
+        out: &mut [MaybeUninit<u32>],
     ) -> u32 {
         let top_v = _mm256_set1_epi32(top);
         let n_v = _mm256_set1_epi32((by_gap.len() - 1) as i32);
@@ -296,10 +312,16 @@ mod tests {
                     weight_sum_portable(&logits, t, &exp40),
                     "{at}: W"
                 );
-                let (mut got, mut want) = (vec![7u32; logits.len()], vec![0u32; logits.len()]);
+                let n = logits.len();
+                let (mut got, mut want) =
+                    (vec![MaybeUninit::new(7); n], vec![MaybeUninit::new(0); n]);
                 let s = floor_sums(isa, &logits, t, &by_gap, &mut got);
                 let w = floor_sums_portable(&logits, t, &by_gap, &mut want, 0);
-                assert_eq!((s, &got), (w, &want), "{at}: floor sums");
+                // SAFETY: initialised above (and rewritten by the passes).
+                let read = |v: Vec<MaybeUninit<u32>>| -> Vec<u32> {
+                    v.into_iter().map(|x| unsafe { x.assume_init() }).collect()
+                };
+                assert_eq!((s, read(got)), (w, read(want)), "{at}: floor sums");
             }
         }
     }
