@@ -1,6 +1,7 @@
 //! Property tests of the 2^32 range coder and the frequency rule.
 
 use lockstep::backend::cpu::lm::freq::{answer, frequencies, TOTAL};
+use lockstep::backend::cpu::Isa;
 use lockstep::backend::lm::Find;
 use lockstep::format::lm::fixed::exp_table;
 use lockstep::lm::range_coder::{Decoder, Encoder};
@@ -15,7 +16,10 @@ proptest! {
         picks in proptest::collection::vec(any::<u16>(), 0..400),
     ) {
         let t = exp_table(40);
-        let f = frequencies(&logits, &t).unwrap();
+        let f = frequencies(Isa::Portable, &logits, &t).unwrap();
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            prop_assert_eq!(&frequencies(isa, &logits, &t).unwrap(), &f);
+        }
         prop_assert_eq!(f.iter().sum::<u64>(), TOTAL);
         prop_assert!(f.iter().all(|&x| x >= 1));
         let syms: Vec<usize> = picks.iter().map(|&p| p as usize % logits.len()).collect();

@@ -22,7 +22,13 @@ pub fn round_shift(x: i128, s: i32) -> i128 {
 #[inline(always)]
 pub fn rdiv(n: i128, d: i128) -> i128 {
     debug_assert!(d > 0);
-    (2 * n + d).div_euclid(2 * d)
+    let (num, den) = (2 * n + d, 2 * d);
+    // A non-negative quotient of numbers below 2^64: the same floor by the 64-bit division
+    // (the row scales of quantize_row take this path; a 128-bit one is a library call).
+    if let (Ok(num), Ok(den)) = (u64::try_from(num), u64::try_from(den)) {
+        return (num / den) as i128;
+    }
+    num.div_euclid(den)
 }
 
 /// Reciprocal for division by multiplication: `(r, s)` with `s = floor(log2 d) + 30` and
@@ -31,6 +37,10 @@ pub fn rdiv(n: i128, d: i128) -> i128 {
 pub fn recip(d: i128) -> (i128, i32) {
     debug_assert!(d > 0);
     let s = 127 - d.leading_zeros() as i32 + 30;
+    if s < 64 {
+        // 2^s and d fit u64: the same quotient by the 64-bit division.
+        return (((1u64 << s) / d as u64) as i128, s);
+    }
     ((1i128 << s) / d, s)
 }
 
@@ -277,8 +287,18 @@ pub fn quantize_row(y: &[i64], frac: i32, q: &mut [i8]) -> (i64, i32) {
         return (0, 0);
     }
     let rc = recip(a);
-    for (o, &v) in q.iter_mut().zip(y) {
-        *o = div_recip(127 * v as i128, rc).clamp(-127, 127) as i8;
+    if a < 1 << 55 {
+        // |127 v| < 2^62 and r <= 2^30 fit i64, so `div_recip` (s >= 30) is one 64 x 64 ->
+        // 128-bit multiply, the rounding bit and a shift.
+        let (r, s) = (rc.0 as i64, rc.1);
+        for (o, &v) in q.iter_mut().zip(y) {
+            let x = ((127 * v) as i128 * r as i128 + (1i128 << (s - 1))) >> s;
+            *o = x.clamp(-127, 127) as i8;
+        }
+    } else {
+        for (o, &v) in q.iter_mut().zip(y) {
+            *o = div_recip(127 * v as i128, rc).clamp(-127, 127) as i8;
+        }
     }
     // t_m = rdiv(A * 2^k, 127) in [2^15, 2^16). A/127 ~ 2^(log2(A) - 7), so start from
     // k = 22 - floor(log2 A) and adjust.
@@ -388,6 +408,49 @@ mod tests {
         // gelu(-1) = -0.158808 -> -162.6 -> -163
         assert_eq!(g[32768 - 1024], -163);
         assert_eq!(inv_sqrt_q40(64), 1 << 37);
+    }
+
+    /// The 64-bit paths of `rdiv`, `recip` and `quantize_row` give the 128-bit definitions'
+    /// integers, across their boundaries.
+    #[test]
+    fn narrow_paths_equal_the_wide_definitions() {
+        let mut x = 13u64;
+        let mut rnd = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            x
+        };
+        let mut vals: Vec<i128> = (0..126)
+            .flat_map(|b| [1i128 << b, (1i128 << b) - 1])
+            .collect();
+        vals.extend((0..2000).map(|i| (rnd() as i128) >> (i % 64)));
+        for &n in &vals {
+            for &d in vals.iter().step_by(7) {
+                if d > 0 && n.unsigned_abs() < 1 << 100 && d < 1 << 100 {
+                    assert_eq!(rdiv(n, d), (2 * n + d).div_euclid(2 * d), "{n} {d}");
+                    assert_eq!(rdiv(-n, d), (-2 * n + d).div_euclid(2 * d), "{n} {d}");
+                }
+            }
+            if n > 0 && n < 1 << 96 {
+                let s = 127 - n.leading_zeros() as i32 + 30;
+                assert_eq!(recip(n), ((1i128 << s) / n, s), "{n}");
+            }
+        }
+        // Rows whose largest magnitude sits on each side of 2^55, extremes and random values.
+        for top in [1i64, 127, 1 << 20, (1 << 55) - 1, 1 << 55, 1 << 57, 1 << 60] {
+            let mut y: Vec<i64> = (0..67).map(|_| (rnd() as i64) % top).collect();
+            y[3] = top;
+            y[9] = -top;
+            y[11] = top / 2;
+            y[12] = -(top / 2) - 1;
+            let (mut got, mut want) = (vec![0i8; y.len()], vec![0i8; y.len()]);
+            let scale = quantize_row(&y, 5, &mut got);
+            let rc = recip(top as i128);
+            for (o, &v) in want.iter_mut().zip(&y) {
+                *o = div_recip(127 * v as i128, rc).clamp(-127, 127) as i8;
+            }
+            assert_eq!(got, want, "top {top}");
+            assert!((1 << 15..1 << 16).contains(&scale.0));
+        }
     }
 
     #[test]

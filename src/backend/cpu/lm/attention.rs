@@ -1,6 +1,8 @@
 //! Causal attention of one item over its cached keys and values (docs/INTEGER_GPT2.md §4):
 //! integer scores, the exp table, an exact reciprocal. One body, compiled plain, for AVX2 and
-//! for AVX-512 (whose 64-bit lanes and multiplies the i64 score and value sums use).
+//! for AVX-512; at the AVX-512 level its two products (the scores' dot products and the
+//! weighted sum of the values) are explicit: i32 lanes multiplied into exact i64 sums
+//! (`vpmuldq`, even and odd channels), sixteen channels per load.
 
 use crate::backend::cpu::Isa;
 use crate::format::lm::fixed::{div_recip, recip, round_shift};
@@ -24,24 +26,24 @@ pub fn attention(
         if isa == Isa::Avx512 && std::is_x86_feature_detected!("avx512dq") {
             // SAFETY: the `Avx512` level implies F and VL (`Isa::available`), DQ is checked;
             // the body is safe code compiled with them.
-            unsafe { attention_avx512(q, kc, vc, len, d, hd, tables, out) };
+            unsafe { attention_avx512(isa, q, kc, vc, len, d, hd, tables, out) };
             return;
         }
         if isa >= Isa::Avx2 {
             // SAFETY: levels from `Avx2` up imply AVX2 (`Isa::available`, checked when the
             // `CpuLm` was made); the body is safe code compiled with AVX2 enabled.
-            unsafe { attention_avx2(q, kc, vc, len, d, hd, tables, out) };
+            unsafe { attention_avx2(isa, q, kc, vc, len, d, hd, tables, out) };
             return;
         }
     }
-    let _ = isa;
-    attention_body(q, kc, vc, len, d, hd, tables, out)
+    attention_body(isa, q, kc, vc, len, d, hd, tables, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attention_avx2(
+    isa: Isa,
     q: &[i32],
     kc: &[i32],
     vc: &[i32],
@@ -51,13 +53,14 @@ unsafe fn attention_avx2(
     tables: &Tables,
     out: &mut [i64],
 ) {
-    attention_body(q, kc, vc, len, d, hd, tables, out)
+    attention_body(isa, q, kc, vc, len, d, hd, tables, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attention_avx512(
+    isa: Isa,
     q: &[i32],
     kc: &[i32],
     vc: &[i32],
@@ -67,12 +70,13 @@ unsafe fn attention_avx512(
     tables: &Tables,
     out: &mut [i64],
 ) {
-    attention_body(q, kc, vc, len, d, hd, tables, out)
+    attention_body(isa, q, kc, vc, len, d, hd, tables, out)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn attention_body(
+    isa: Isa,
     q: &[i32],
     kc: &[i32],
     vc: &[i32],
@@ -82,38 +86,91 @@ fn attention_body(
     tables: &Tables,
     out: &mut [i64],
 ) {
-    let mut sc = vec![0i64; len];
-    let mut p = vec![0i32; len]; // <= 2^24
-    let mut acc = vec![0i64; hd];
-    for h in 0..d / hd {
-        let off = h * hd;
-        let qh = &q[off..off + hd];
-        for (s, scs) in sc.iter_mut().enumerate() {
-            let kh = &kc[s * d + off..s * d + off + hd];
-            // |q|, |k| <= 2^20: each product <= 2^40, the sum <= hd * 2^40 (i64).
-            let dot: i64 = qh.iter().zip(kh).map(|(&a, &b)| a as i64 * b as i64).sum();
-            *scs = round_shift(dot as i128 * tables.attn_m as i128, 52) as i64;
+    let nh = d / hd;
+    // Head-major: every head's scores, then its weights, position by position.
+    let mut sc = vec![0i64; nh * len];
+    dots(isa, q, kc, d, hd, &mut sc);
+    let mut p = vec![0i32; nh * len]; // <= 2^24
+    let mut totals = vec![0i64; nh];
+    for ((sc, p), total) in sc
+        .chunks_exact_mut(len)
+        .zip(p.chunks_exact_mut(len))
+        .zip(&mut totals)
+    {
+        for scs in sc.iter_mut() {
+            *scs = round_shift(*scs as i128 * tables.attn_m as i128, 52) as i64;
         }
         let mx = *sc.iter().max().unwrap_or(&0);
-        let mut total: i64 = 0;
-        for (ps, &s) in p.iter_mut().zip(&sc) {
+        for (ps, &s) in p.iter_mut().zip(&*sc) {
             let gap = (mx - s) as usize;
             *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i32;
-            total += *ps as i64;
+            *total += *ps as i64;
         }
-        weighted_values(&p, vc, d, off, &mut acc);
+    }
+    let mut acc = vec![0i64; d];
+    weighted_values(isa, &p, vc, d, hd, &mut acc);
+    for ((o, a), &total) in out
+        .chunks_exact_mut(hd)
+        .zip(acc.chunks_exact(hd))
+        .zip(&totals)
+    {
         let rc = recip(total as i128);
-        for (o, &a) in out[off..off + hd].iter_mut().zip(&acc) {
+        for (o, &a) in o.iter_mut().zip(a) {
             // |a| <= 2^57, r <= 2^30
             *o = div_recip(a as i128, rc) as i64;
         }
     }
 }
 
-/// `acc[c] = sum_s p[s] * v[s][off + c]` over the positions of `p`, one head's channels
-/// (`acc.len()` of them).
+/// Every head's score dot products, head-major: `dots[h * len + s] = sum_c q[h hd + c] *
+/// k[s][h hd + c]` (`len = dots.len() / (d / hd)` cached positions). |q|, |k| <= 2^20: each
+/// product <= 2^40, the sum <= hd * 2^40 (i64).
+fn dots(isa: Isa, q: &[i32], kc: &[i32], d: usize, hd: usize, dots: &mut [i64]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && hd.is_multiple_of(16) {
+        // SAFETY: the `Avx512` level implies AVX-512 F (`Isa::available`); the vector loads
+        // read bounds-checked slices of 16.
+        return unsafe { x86::dots_avx512(q, kc, d, hd, dots) };
+    }
+    let _ = isa;
+    let len = dots.len() / (d / hd);
+    for (h, dots) in dots.chunks_exact_mut(len).enumerate() {
+        dots_reference(&q[h * hd..(h + 1) * hd], kc, d, h * hd, dots);
+    }
+}
+
+/// One head's [`dots`] (channels `off..off + q.len()`), one position at a time (the
+/// definition).
+fn dots_reference(q: &[i32], kc: &[i32], d: usize, off: usize, dots: &mut [i64]) {
+    for (s, dot) in dots.iter_mut().enumerate() {
+        let kh = &kc[s * d + off..s * d + off + q.len()];
+        *dot = q.iter().zip(kh).map(|(&a, &b)| a as i64 * b as i64).sum();
+    }
+}
+
+/// Every head's weighted sum of the values: `acc[c] = sum_s p[h * len + s] * v[s][c]` for
+/// the channels `c` of head `h` (`p` head-major as [`dots`] gives the scores).
+fn weighted_values(isa: Isa, p: &[i32], vc: &[i32], d: usize, hd: usize, acc: &mut [i64]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && hd.is_multiple_of(16) {
+        // SAFETY: as in `dots`.
+        return unsafe { x86::weighted_values_avx512(p, vc, d, hd, acc) };
+    }
+    let _ = isa;
+    let len = p.len() / (d / hd);
+    for (h, (p, acc)) in p
+        .chunks_exact(len)
+        .zip(acc.chunks_exact_mut(hd))
+        .enumerate()
+    {
+        weighted_values_by_8(p, vc, d, h * hd, acc);
+    }
+}
+
+/// One head's [`weighted_values`] (channels `off..off + acc.len()`), for levels without
+/// explicit kernels (compiled for each).
 #[inline(always)]
-fn weighted_values(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [i64]) {
+fn weighted_values_by_8(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [i64]) {
     if !acc.len().is_multiple_of(8) {
         return weighted_values_reference(p, vc, d, off, acc);
     }
@@ -133,7 +190,7 @@ fn weighted_values(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [i64])
     }
 }
 
-/// [`weighted_values`] position by position (the definition).
+/// [`weighted_values_by_8`] position by position (the definition).
 fn weighted_values_reference(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [i64]) {
     acc.iter_mut().for_each(|a| *a = 0);
     let hd = acc.len();
@@ -141,6 +198,97 @@ fn weighted_values_reference(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &
         let vh = &vc[s * d + off..s * d + off + hd];
         for (a, &v) in acc.iter_mut().zip(vh) {
             *a += ps as i64 * v as i64;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Each cached key row read once, in order, for every head (the cache streams instead
+    /// of being walked once per head). Sixteen channels per load: `vpmuldq` multiplies the
+    /// even channels (the low halves of the 64-bit lanes) into exact i64 products, and again
+    /// after a shift the odd ones; one horizontal sum per head and position.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dots_avx512(q: &[i32], kc: &[i32], d: usize, hd: usize, dots: &mut [i64]) {
+        let len = dots.len() / (d / hd);
+        for s in 0..len {
+            let row = &kc[s * d..(s + 1) * d];
+            for (h, (qh, kh)) in q[..d]
+                .chunks_exact(hd)
+                .zip(row.chunks_exact(hd))
+                .enumerate()
+            {
+                let mut acc = _mm512_setzero_si512();
+                for (qb, kb) in qh.chunks_exact(16).zip(kh.chunks_exact(16)) {
+                    let qv = _mm512_loadu_si512(qb.as_ptr().cast());
+                    let kv = _mm512_loadu_si512(kb.as_ptr().cast());
+                    acc = _mm512_add_epi64(acc, _mm512_mul_epi32(qv, kv));
+                    let (qo, ko) = (_mm512_srli_epi64::<32>(qv), _mm512_srli_epi64::<32>(kv));
+                    acc = _mm512_add_epi64(acc, _mm512_mul_epi32(qo, ko));
+                }
+                dots[h * len + s] = _mm512_reduce_add_epi64(acc);
+            }
+        }
+    }
+
+    /// Up to 128 channels at a time down every position (each value row read in long
+    /// pieces, in order), their sums in registers (even and odd channels apart, as in
+    /// [`dots_avx512`]), each channel's weight the one of its head.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weighted_values_avx512(
+        p: &[i32],
+        vc: &[i32],
+        d: usize,
+        hd: usize,
+        acc: &mut [i64],
+    ) {
+        let len = p.len() / (d / hd);
+        let mut c = 0;
+        while c + 128 <= d {
+            block::<8>(p, len, hd, vc, d, c, &mut acc[c..c + 128]);
+            c += 128;
+        }
+        while c < d {
+            block::<1>(p, len, hd, vc, d, c, &mut acc[c..c + 16]);
+            c += 16;
+        }
+    }
+
+    /// `16 * B` channels from column `col` (`hd` a multiple of 16: each 16 in one head).
+    #[inline(always)]
+    unsafe fn block<const B: usize>(
+        p: &[i32],
+        len: usize,
+        hd: usize,
+        vc: &[i32],
+        d: usize,
+        col: usize,
+        acc: &mut [i64],
+    ) {
+        // Where each 16 channels' head's weights start in `p`.
+        let at: [usize; B] = std::array::from_fn(|b| (col + 16 * b) / hd * len);
+        let mut even = [_mm512_setzero_si512(); B];
+        let mut odd = [_mm512_setzero_si512(); B];
+        for s in 0..len {
+            let row = &vc[s * d + col..s * d + col + 16 * B];
+            for b in 0..B {
+                let w = _mm512_set1_epi32(p[at[b] + s]);
+                let v = _mm512_loadu_si512(row[16 * b..].as_ptr().cast());
+                even[b] = _mm512_add_epi64(even[b], _mm512_mul_epi32(v, w));
+                let vo = _mm512_srli_epi64::<32>(v);
+                odd[b] = _mm512_add_epi64(odd[b], _mm512_mul_epi32(vo, w));
+            }
+        }
+        for b in 0..B {
+            let (mut e, mut o) = ([0i64; 8], [0i64; 8]);
+            _mm512_storeu_si512(e.as_mut_ptr().cast(), even[b]);
+            _mm512_storeu_si512(o.as_mut_ptr().cast(), odd[b]);
+            for i in 0..8 {
+                acc[16 * b + 2 * i] = e[i];
+                acc[16 * b + 2 * i + 1] = o[i];
+            }
         }
     }
 }
@@ -158,7 +306,16 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) % m
         };
-        for (len, d, hd) in [(1, 8, 8), (7, 128, 32), (256, 128, 32), (33, 96, 12)] {
+        for (len, d, hd) in [
+            (1, 8, 8),
+            (7, 128, 32),
+            (256, 128, 32),
+            (33, 96, 12),
+            (40, 768, 64),
+            (5, 160, 80),
+            (3, 256, 128),
+            (4, 384, 32),
+        ] {
             // |p| <= 2^24 and |v| <= 2^20, as in the model; extremes included.
             let p: Vec<i32> = (0..len)
                 .map(|i| if i == 0 { 1 << 24 } else { rnd(1 << 25) as i32 })
@@ -170,11 +327,59 @@ mod tests {
                     _ => rnd(1 << 21) as i32 - (1 << 20),
                 })
                 .collect();
-            for off in (0..d).step_by(hd) {
-                let (mut got, mut want) = (vec![7i64; hd], vec![0i64; hd]);
-                weighted_values(&p, &vc, d, off, &mut got);
-                weighted_values_reference(&p, &vc, d, off, &mut want);
-                assert_eq!(got, want, "len={len} d={d} hd={hd} off={off}");
+            // Each head its own weights (head-major).
+            let ph: Vec<i32> = (0..d / hd)
+                .flat_map(|h| p.iter().map(move |&x| x >> h))
+                .collect();
+            let mut want = vec![0i64; d];
+            for (off, acc) in (0..d).step_by(hd).zip(want.chunks_exact_mut(hd)) {
+                let p = &ph[off / hd * len..(off / hd + 1) * len];
+                weighted_values_reference(p, &vc, d, off, acc);
+                let mut got = vec![7i64; hd];
+                weighted_values_by_8(p, &vc, d, off, &mut got);
+                assert_eq!(got, acc, "by 8: len={len} d={d} hd={hd} off={off}");
+            }
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                let mut got = vec![7i64; d];
+                weighted_values(isa, &ph, &vc, d, hd, &mut got);
+                assert_eq!(got, want, "{isa:?}: len={len} d={d} hd={hd}");
+            }
+        }
+    }
+
+    /// The scores' dot products at every level equal the definition, at the extremes of the
+    /// keys and queries (|x| <= 2^20) and for random ones.
+    #[test]
+    fn dots_equal_the_definition() {
+        let mut x = 17u64;
+        let mut rnd = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for (len, d, hd) in [
+            (1, 16, 16),
+            (9, 128, 32),
+            (255, 128, 32),
+            (40, 768, 64),
+            (3, 96, 12),
+        ] {
+            let mut val = |i: usize| match i % 7 {
+                0 => -(1 << 20),
+                1 => 1 << 20,
+                _ => rnd(1 << 21) as i32 - (1 << 20),
+            };
+            let kc: Vec<i32> = (0..len * d).map(&mut val).collect();
+            let q: Vec<i32> = (0..d).map(|i| val(i / 2)).collect();
+            let mut want = vec![0i64; len * d / hd];
+            for (off, dots) in (0..d).step_by(hd).zip(want.chunks_exact_mut(len)) {
+                dots_reference(&q[off..off + hd], &kc, d, off, dots);
+            }
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                let mut got = vec![7i64; len * d / hd];
+                dots(isa, &q, &kc, d, hd, &mut got);
+                assert_eq!(got, want, "{isa:?}: len={len} d={d} hd={hd}");
             }
         }
     }

@@ -2,11 +2,14 @@
 //!
 //! `w_j = EXP40[L - l_j]` (0 past the table), `f_j = 1 + floor(w_j * (2^32 - V) / W)`, the
 //! remainder to the largest weight (lowest id on ties). Since `f_j` depends only on the gap
-//! `L - l_j`, each distinct gap is divided once.
+//! `L - l_j`, each gap's floor is computed once, into a table the per-token passes look up
+//! (freq_scan.rs: the top, `W`, and the running sums, per instruction-set level).
 
 use rayon::prelude::*;
 
+use super::freq_scan;
 use super::split::Split;
+use crate::backend::cpu::Isa;
 use crate::backend::lm::{Coded, Find};
 use crate::{Error, Result};
 
@@ -15,104 +18,143 @@ pub const TOTAL: u64 = 1 << 32;
 /// A frequency table before it is laid out: every token's frequency depends only on its gap
 /// below the top logit, plus the remainder that goes to one token.
 ///
-/// One pass over the vocabulary after the maximum counts the tokens at each gap (so `W` and
-/// the sum of the floors come from the counts, one division per distinct gap); the table is
-/// then a branch-free lookup by gap per token (gaps past the table share one last entry
-/// holding 1), in whatever order the caller lays it out.
+/// Two passes over the vocabulary (the top, then `W` by table lookups) and one division per
+/// item; the floor of every gap then comes from a reciprocal of `W` with an exact correction
+/// ([`floor_by_gap`]). The remainder is `2^32` minus the sum of the floors, which the caller's
+/// pass over the tokens (the table, or its running sums) adds up as it goes.
 struct ByGap {
+    isa: Isa,
     top: i32,
-    /// `1 + floor(w * (2^32 - V) / W)` per gap, then 1 for every gap past the table.
-    by_gap: Vec<u64>,
-    /// The lowest id of the largest weight, and what it gets on top of its floor.
-    arg: usize,
-    rem: u64,
+    /// `1 + floor(w * (2^32 - V) / W)` per gap, then 1 for every gap past the table. Each is
+    /// below 2^32: `w <= W` makes the floor at most `2^32 - V` and `V >= 2`.
+    by_gap: Vec<u32>,
 }
 
 impl ByGap {
-    fn new(logits: &[i32], exp40: &[u64]) -> Result<ByGap> {
+    fn new(isa: Isa, logits: &[i32], exp40: &[u64]) -> Result<ByGap> {
         let v = logits.len();
         if !(2..=1 << 16).contains(&v) {
             return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
         }
-        let top = logits.iter().fold(i32::MIN, |a, &l| a.max(l));
-        // The remainder goes to the lowest id of the largest weight.
-        let arg = logits.iter().position(|&l| l == top).unwrap_or(0);
-        let n = exp40.len();
-        let mut g = ByGap {
-            top,
-            by_gap: Vec::new(),
-            arg,
-            rem: 0,
-        };
-        let mut count = vec![0u32; n + 1];
-        for &l in logits {
-            count[g.gap(l, n)] += 1;
-        }
-        // count <= 2^16 and w <= 2^40: W < 2^56.
-        let total_w: u64 = count[..n]
-            .iter()
-            .zip(exp40)
-            .map(|(&c, &w)| c as u64 * w)
-            .sum();
+        let top = freq_scan::top(isa, logits);
+        // v <= 2^16 and w <= 2^40: W < 2^56.
+        let total_w = freq_scan::weight_sum(isa, logits, top, exp40);
         let r = TOTAL - v as u64;
-        let mut by_gap = vec![1u64; n + 1];
-        let mut sum = count[n] as u64;
-        for (i, &c) in count[..n].iter().enumerate() {
-            if c > 0 {
-                by_gap[i] = 1 + ((exp40[i] as u128 * r as u128) / total_w as u128) as u64;
-                sum += c as u64 * by_gap[i];
-            }
-        }
-        debug_assert!(sum <= TOTAL);
-        g.by_gap = by_gap;
-        g.rem = TOTAL - sum;
-        Ok(g)
+        let mut by_gap: Vec<u32> = floor_by_gap(exp40, r, total_w)
+            .map(|q| 1 + q as u32)
+            .collect();
+        by_gap.push(1);
+        Ok(ByGap { isa, top, by_gap })
     }
 
-    /// The gap of logit `l` below the top, capped at `n` (the table's length).
-    #[inline(always)]
-    fn gap(&self, l: i32, n: usize) -> usize {
-        ((self.top as i64 - l as i64) as u64).min(n as u64) as usize
+    /// The positions of the largest weight in `logits`, in order: a compare-only pass over
+    /// pieces of 64 (which vectorizes), then a look inside the few that hold one.
+    fn tops<'a>(&self, logits: &'a [i32]) -> impl Iterator<Item = usize> + 'a {
+        let top = self.top;
+        logits
+            .chunks(64)
+            .enumerate()
+            .filter(move |(_, c)| c.iter().fold(false, |a, &l| a | (l == top)))
+            .flat_map(move |(i, c)| {
+                let at = c.iter().enumerate().filter(move |(_, &l)| l == top);
+                at.map(move |(j, _)| i * 64 + j)
+            })
+    }
+
+    /// The lowest id of the largest weight: the remainder's token.
+    fn arg(&self, logits: &[i32]) -> usize {
+        self.tops(logits).next().unwrap_or(0)
     }
 
     /// The frequency of a token with logit `l`, without the remainder.
     #[inline(always)]
     fn floor(&self, l: i32) -> u64 {
-        self.by_gap[self.gap(l, self.by_gap.len() - 1)]
+        let n = self.by_gap.len() - 1;
+        let gap = ((self.top as i64 - l as i64) as u64).min(n as u64) as usize;
+        self.by_gap[gap] as u64
+    }
+
+    /// The remainder, given the sum of every token's floor (at most 2^32: each floor of
+    /// `w * r / W` is at most the quotient, so they sum to at most `V + r`).
+    fn rem(floors: u64) -> Result<u64> {
+        TOTAL
+            .checked_sub(floors)
+            .ok_or_else(|| Error::Invalid("LM table floors past 2^32".into()))
     }
 }
 
+/// `floor(w * r / W)` for every weight `w` of `exp40`, `r < 2^32`, `W` the sum of the weights
+/// of a table (so every `w` counted in it is at most `W`). One 128-bit division per table:
+/// with `inv = floor(r * 2^64 / W)` (below 2^64 when `W > r`), `q = floor(w * inv / 2^64)`
+/// is the quotient or one less (`w * inv / 2^64` falls short of `w * r / W` by less than
+/// `w / 2^64 < 1`), and the remainder `w * r - q * W`, in `0..2W` so exact in wrapping u64
+/// arithmetic (`W < 2^56`), says which.
+fn floor_by_gap(exp40: &[u64], r: u64, total_w: u64) -> impl Iterator<Item = u64> + '_ {
+    let inv = (total_w > r).then(|| (((r as u128) << 64) / total_w as u128) as u64);
+    exp40.iter().map(move |&w| match inv {
+        Some(inv) => {
+            let q = ((w as u128 * inv as u128) >> 64) as u64;
+            let left = w.wrapping_mul(r).wrapping_sub(q.wrapping_mul(total_w));
+            q + (left >= total_w) as u64
+        }
+        // Not with the specification's table (W >= EXP40[0] = 2^40): the plain division.
+        None => (w as u128 * r as u128)
+            .checked_div(total_w as u128)
+            .unwrap_or(0) as u64,
+    })
+}
+
 /// Frequencies of every token; `u64` because a one-sided table can hold up to 2^32 - V + 1.
-pub fn frequencies(logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
-    let g = ByGap::new(logits, exp40)?;
+pub fn frequencies(isa: Isa, logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
+    let g = ByGap::new(isa, logits, exp40)?;
     let mut f: Vec<u64> = logits.iter().map(|&l| g.floor(l)).collect();
-    f[g.arg] += g.rem;
+    f[g.arg(logits)] += ByGap::rem(f.iter().sum())?;
     Ok(f)
 }
 
 /// Prefix sums of the frequency table of `logits` in the order `order`, as
 /// [`crate::backend::lm::prefix_sums`] of [`frequencies`] gives them, without the table in
 /// between: each token's frequency is looked up from its logit where the sum reaches it.
-pub fn prefix_sums(logits: &[i32], exp40: &[u64], order: &[u32], split: Split) -> Result<Vec<u32>> {
-    let g = ByGap::new(logits, exp40)?;
+/// (The path for an order that is not a permutation of the vocabulary: a token may come
+/// twice, so the sums are checked in u64.)
+pub fn prefix_sums(isa: Isa, logits: &[i32], exp40: &[u64], order: &[u32]) -> Result<Vec<u32>> {
+    let g = ByGap::new(isa, logits, exp40)?;
     if order.iter().fold(0, |a, &id| a.max(id)) as usize >= logits.len() {
         return Err(Error::Invalid(format!(
             "prefix sums: a token beyond the table of {}",
             logits.len()
         )));
     }
+    let rem = ByGap::rem(logits.iter().map(|&l| g.floor(l)).sum())?;
+    let arg = g.arg(logits);
     // A random read of the logits per token (the head's rows are in token order).
-    sums_in_order(&g, order.len(), split, |i| {
+    let at = |i: usize| {
         let id = order[i] as usize;
-        (logits[id], id == g.arg)
-    })
+        g.floor(logits[id]) + if id == arg { rem } else { 0 }
+    };
+    let mut cum = vec![0u32; order.len() + 1];
+    let mut s = 0u64;
+    for (i, c) in cum[1..].iter_mut().enumerate() {
+        s += at(i);
+        *c = s as u32;
+    }
+    if s >> 32 != 0 {
+        return Err(Error::Invalid("LM table sums past 2^32".into()));
+    }
+    Ok(cum)
 }
 
 /// [`prefix_sums`] of logits that come out of the head already in the order: `logits[p]` is
 /// token `ids[p]`'s (`ids` a permutation of the vocabulary) and the sums run over the first
 /// `len` of them, the order's tokens (the rest are the tokens it leaves out). A sequential
-/// read instead of a random one per token.
+/// read instead of a random one per token, by the level's [`freq_scan::floor_sums`].
+///
+/// The remainder is known only once every floor is summed, so the sums are made without it
+/// and it is added after, with the pieces' offsets, to the sums from its token on. The u32
+/// sums wrap; the floors of all V tokens sum to some `F` in `V..=2^32`, which is therefore
+/// exact from its value mod 2^32 (0 only for 2^32).
 pub fn prefix_sums_in_order(
+    isa: Isa,
     logits: &[i32],
     ids: &[u32],
     len: usize,
@@ -124,54 +166,58 @@ pub fn prefix_sums_in_order(
             "prefix sums: order and logits differ".into(),
         ));
     }
-    let mut g = ByGap::new(logits, exp40)?;
+    let g = ByGap::new(isa, logits, exp40)?;
     // The remainder goes to the lowest id of the largest weight: here a position.
-    g.arg = (0..logits.len())
-        .filter(|&p| logits[p] == g.top)
-        .min_by_key(|&p| ids[p])
-        .unwrap_or(0);
-    sums_in_order(&g, len, split, |p| (logits[p], p == g.arg))
-}
-
-/// The `len + 1` prefix sums of the frequencies of the tokens `at(0..len)` gives (each token's
-/// logit, and whether it is the one that takes the remainder). In a parallel step the sums run
-/// on every thread: each sums its share, then the shares are offset by the totals before them
-/// (u32 sums wrap; the last is checked exactly, as the sums only grow).
-fn sums_in_order(
-    g: &ByGap,
-    len: usize,
-    split: Split,
-    at: impl Fn(usize) -> (i32, bool) + Sync,
-) -> Result<Vec<u32>> {
-    let mut cum = vec![0u32; len + 1];
+    let arg = g.tops(logits).min_by_key(|&p| ids[p]).unwrap_or(0);
+    // Every sum is written below: no zeroing of the 4 (V + 1) bytes first.
+    let mut cum: Vec<u32> = Vec::with_capacity(len + 1);
+    let spare = &mut cum.spare_capacity_mut()[..len + 1];
+    spare[0].write(0);
     let share = len.div_ceil(split.threads()).max(4096);
-    let totals: Vec<u64> = cum[1..]
+    // Each piece's running sums from 0, and its total mod 2^32.
+    let totals: Vec<u32> = spare[1..]
         .par_chunks_mut(share)
-        .enumerate()
-        .map(|(c, dst)| {
-            let mut s = 0u64;
-            for (i, out) in dst.iter_mut().enumerate() {
-                let (l, arg) = at(c * share + i);
-                s += g.floor(l);
-                if arg {
-                    s += g.rem;
-                }
-                *out = s as u32;
-            }
-            s
-        })
+        .zip(logits[..len].par_chunks(share))
+        .map(|(dst, l)| freq_scan::floor_sums(g.isa, l, g.top, &g.by_gap, dst))
         .collect();
-    let mut before = 0u64;
-    for (dst, t) in cum[1..].chunks_mut(share).zip(totals) {
-        if before > 0 {
-            let b = before as u32;
-            dst.iter_mut().for_each(|c| *c = c.wrapping_add(b));
-        }
-        before += t;
-    }
-    if before >> 32 != 0 {
+    // SAFETY: the first len + 1 elements are written: cum[0] above, and cum[1..] by the
+    // pieces, which cover it (floor_sums writes every element of its output).
+    unsafe { cum.set_len(len + 1) };
+    let left_out: u64 = logits[len..].iter().map(|&l| g.floor(l)).sum();
+    let floors = totals
+        .iter()
+        .fold(left_out as u32, |a, &t| a.wrapping_add(t));
+    let floors = if floors == 0 { TOTAL } else { floors as u64 };
+    let rem = ByGap::rem(floors)?;
+    // The order's tokens sum to 2^32 less the tokens it leaves out.
+    let sum = TOTAL - left_out - if arg >= len { rem } else { 0 };
+    if sum >> 32 != 0 {
         return Err(Error::Invalid("LM table sums past 2^32".into()));
     }
+    // Offsets: the totals of the pieces before, and the remainder from its token on.
+    let mut offsets = Vec::with_capacity(totals.len());
+    let mut before = 0u32;
+    for t in totals {
+        offsets.push(before);
+        before = before.wrapping_add(t);
+    }
+    cum[1..]
+        .par_chunks_mut(share)
+        .zip(offsets)
+        .enumerate()
+        .for_each(|(c, (dst, before))| {
+            // cum[1 + p] holds token p's frequency: from p = arg on, the remainder.
+            let start = c * share;
+            let cut = arg.saturating_sub(start).min(dst.len());
+            let (head, tail) = dst.split_at_mut(cut);
+            if before != 0 {
+                head.iter_mut().for_each(|x| *x = x.wrapping_add(before));
+            }
+            let after = before.wrapping_add(rem as u32);
+            if after != 0 {
+                tail.iter_mut().for_each(|x| *x = x.wrapping_add(after));
+            }
+        });
     Ok(cum)
 }
 
@@ -195,8 +241,13 @@ pub fn mix(f: &mut [u64], x: usize, lambda: u64) {
 
 /// The coder's table for one position: the model's frequencies with the match prediction
 /// mixed in.
-pub fn table(logits: &[i32], exp40: &[u64], mix_in: Option<(u32, u64)>) -> Result<Vec<u64>> {
-    let mut f = frequencies(logits, exp40)?;
+pub fn table(
+    isa: Isa,
+    logits: &[i32],
+    exp40: &[u64],
+    mix_in: Option<(u32, u64)>,
+) -> Result<Vec<u64>> {
+    let mut f = frequencies(isa, logits, exp40)?;
     if let Some((x, lambda)) = mix_in {
         mix(&mut f, x as usize, lambda);
     }
@@ -265,33 +316,84 @@ mod tests {
         f
     }
 
+    /// The levels this CPU runs: every test below runs at each.
+    fn levels() -> impl Iterator<Item = Isa> {
+        Isa::ALL.into_iter().filter(|i| i.available())
+    }
+
     #[test]
-    fn counting_by_gap_equals_the_definition() {
+    fn tables_by_gap_equal_the_definition() {
         let t = exp_table(40);
         let mut x = 11u64;
-        for (v, spread) in [
+        let mut cases: Vec<Vec<i32>> = [
             (2usize, 10i64),
             (50257, 3000),
             (50257, 40000),
             (1000, 1 << 24),
-        ] {
-            let logits: Vec<i32> = (0..v)
+        ]
+        .into_iter()
+        .map(|(v, spread)| {
+            (0..v)
                 .map(|_| {
                     x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
                     ((x >> 33) as i64 % spread - spread / 2) as i32
                 })
-                .collect();
-            assert_eq!(
-                frequencies(&logits, &t).unwrap(),
-                frequencies_definition(&logits, &t)
-            );
-        }
+                .collect()
+        })
+        .collect();
         // Ties on the top, and extremes of the logit range.
-        let logits = vec![LOGIT_MAX, -LOGIT_MAX, LOGIT_MAX, 0, LOGIT_MAX - 1];
-        assert_eq!(
-            frequencies(&logits, &t).unwrap(),
-            frequencies_definition(&logits, &t)
-        );
+        cases.push(vec![LOGIT_MAX, -LOGIT_MAX, LOGIT_MAX, 0, LOGIT_MAX - 1]);
+        // Two equal weights: the floors sum to exactly 2^32, no remainder.
+        cases.push(vec![5, 5]);
+        cases.push(vec![i32::MAX, i32::MIN, 0]);
+        for isa in levels() {
+            for logits in &cases {
+                assert_eq!(
+                    frequencies(isa, logits, &t).unwrap(),
+                    frequencies_definition(logits, &t),
+                    "{isa:?} v={}",
+                    logits.len()
+                );
+            }
+        }
+    }
+
+    /// The reciprocal with its correction gives the quotient of the plain division, at the
+    /// extremes of `W` (one weight of 2^40; 2^16 of them) and of `r`, and for random sums.
+    #[test]
+    fn floors_by_reciprocal_equal_the_division() {
+        let t = exp_table(40);
+        let mut x = 7u64;
+        let mut rnd = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            x >> 11
+        };
+        let mut sums = vec![
+            1 << 40,
+            (1 << 40) + 1,
+            t[0] << 16,
+            (t[0] << 16) - 1,
+            3 << 40,
+        ];
+        sums.extend((0..200).map(|_| (1 << 40) + rnd() % (t[0] << 16)));
+        for total_w in sums {
+            for r in [TOTAL - 2, TOTAL - 50257, TOTAL - (1 << 16), 1 << 31] {
+                let want = t
+                    .iter()
+                    .map(|&w| (w as u128 * r as u128 / total_w as u128) as u64);
+                assert!(floor_by_gap(&t, r, total_w).eq(want), "W={total_w} r={r}");
+            }
+        }
+        // Every weight against itself and its neighbours as W.
+        for &w in t.iter().step_by(37) {
+            for total_w in [w, w + 1, w.saturating_sub(1).max(1)] {
+                let r = TOTAL - 2;
+                let want = (w as u128 * r as u128 / total_w as u128) as u64;
+                if total_w > r {
+                    assert_eq!(floor_by_gap(&[w], r, total_w).next(), Some(want), "{w}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -312,26 +414,36 @@ mod tests {
                 order.swap(i, rnd() as usize % (i + 1));
             }
             order.pop();
-            let want = crate::backend::lm::prefix_sums(&frequencies(&logits, &t).unwrap(), &order);
-            let want = want.unwrap();
-            for split in [Split::SERIAL, Split::PARALLEL] {
-                assert_eq!(prefix_sums(&logits, &t, &order, split).unwrap(), want);
+            let f = frequencies_definition(&logits, &t);
+            let want = crate::backend::lm::prefix_sums(&f, &order).unwrap();
+            for isa in levels() {
+                assert_eq!(prefix_sums(isa, &logits, &t, &order).unwrap(), want);
             }
         }
-        assert!(prefix_sums(&[1, 2, 3], &t, &[0, 3], Split::SERIAL).is_err());
+        assert!(prefix_sums(Isa::Portable, &[1, 2, 3], &t, &[0, 3]).is_err());
+        // Every token in the order: the sums reach 2^32, as the table's do.
+        assert!(prefix_sums(Isa::Portable, &[1, 2, 3], &t, &[0, 1, 2]).is_err());
     }
 
-    /// Logits that come out of the head in the order give the sums of the id-order path,
-    /// ties on the top included (the remainder goes to the lowest id, wherever it sits).
+    /// Logits that come out of the head in the order give the sums of the table's, ties on
+    /// the top included (the remainder goes to the lowest id, wherever it sits), at every
+    /// level, serial and parallel.
     #[test]
-    fn sums_of_ordered_logits_equal_those_in_token_order() {
+    fn sums_of_ordered_logits_equal_those_of_the_table() {
         let t = exp_table(40);
         let mut x = 9u64;
         let mut rnd = || {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
             x >> 33
         };
-        for (v, spread, ties) in [(50257usize, 3000i64, 5usize), (9000, 600, 0), (3, 4, 3)] {
+        for (v, spread, ties, top_left_out) in [
+            (50257usize, 3000i64, 5usize, false),
+            (50257, 3000, 0, true),
+            (9000, 600, 0, false),
+            (3, 4, 3, false),
+            (2, 1, 2, false),
+            (2, 1, 2, true),
+        ] {
             let mut logits: Vec<i32> = (0..v)
                 .map(|_| (rnd() as i64 % spread - spread / 2) as i32)
                 .collect();
@@ -343,24 +455,40 @@ mod tests {
             for i in (1..v).rev() {
                 order.swap(i, rnd() as usize % (i + 1));
             }
+            if top_left_out {
+                // The remainder's token is the one the order leaves out.
+                let arg = logits
+                    .iter()
+                    .position(|&l| l == *logits.iter().max().unwrap())
+                    .unwrap() as u32;
+                let at = order.iter().position(|&id| id == arg).unwrap();
+                order.swap(at, v - 1);
+            }
+            let f = frequencies_definition(&logits, &t);
             let left_out = order.pop().unwrap();
-            let want = prefix_sums(&logits, &t, &order, Split::SERIAL).unwrap();
+            let want = crate::backend::lm::prefix_sums(&f, &order).unwrap();
             let mut ids = order.clone();
             ids.push(left_out);
             let by_row: Vec<i32> = ids.iter().map(|&id| logits[id as usize]).collect();
-            for split in [Split::SERIAL, Split::PARALLEL] {
-                let got = prefix_sums_in_order(&by_row, &ids, order.len(), &t, split).unwrap();
-                assert_eq!(got, want, "v={v} ties={ties} {split:?}");
+            for isa in levels() {
+                for split in [Split::SERIAL, Split::PARALLEL] {
+                    let got = prefix_sums_in_order(isa, &by_row, &ids, order.len(), &t, split);
+                    assert_eq!(got.unwrap(), want, "{isa:?} v={v} ties={ties} {split:?}");
+                }
+                // Nothing left out: the sums reach 2^32.
+                let all = prefix_sums_in_order(isa, &by_row, &ids, v, &t, Split::SERIAL);
+                assert!(all.is_err(), "{isa:?} v={v}");
             }
         }
-        assert!(prefix_sums_in_order(&[1, 2], &[0], 1, &t, Split::SERIAL).is_err());
+        let short = prefix_sums_in_order(Isa::Portable, &[1, 2], &[0], 1, &t, Split::SERIAL);
+        assert!(short.is_err());
     }
 
     #[test]
     fn total_floor_and_remainder() {
         let t = exp_table(40);
         let logits = vec![0, 256, 256, -100000, 10, 256];
-        let f = frequencies(&logits, &t).unwrap();
+        let f = frequencies(Isa::Portable, &logits, &t).unwrap();
         assert_eq!(f.iter().sum::<u64>(), TOTAL);
         assert!(f.iter().all(|&x| x >= 1));
         assert_eq!(f[3], 1);

@@ -484,7 +484,8 @@ pub fn matmul(
             .clamp(16, rows.max(16))
             .next_multiple_of(16)
     };
-    let run_tile = |ti: usize, dst: &mut [i32]| {
+    // `dst[t]` is where item t's outputs of the tile's rows go (w of them).
+    let run_tile = |ti: usize, dst: &mut [&mut [i32]]| {
         let j0 = ti * tile;
         let j1 = (j0 + tile).min(rows);
         // acc[r * n + t]: the dots of rows j0.. against every item.
@@ -496,34 +497,37 @@ pub fn matmul(
             // case (a transpose of row-major sums cost a fifth of a batched encode).
             cl.vnni.dots(j0, j1, &xu, n, &mut acc);
             let w = j1 - j0;
-            for (t, (a, d)) in acc.chunks_exact(w).zip(dst.chunks_exact_mut(w)).enumerate() {
+            for (t, a) in acc.chunks_exact(w).enumerate() {
                 let (tm, te) = (&tms[t..t + 1], &tes[t..t + 1]);
-                rescale(isa, a, 1, ms, es, bias, tm, te, out_frac, clamp, d);
+                rescale(isa, a, 1, ms, es, bias, tm, te, out_frac, clamp, dst[t]);
             }
             return;
         }
         cl.kernel.dots(&lin.w[j0 * k..j1 * k], xq, k, n, &mut acc);
         if n == 1 {
             // One item: row-major and item-major are the same layout.
-            rescale(isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, dst);
+            rescale(
+                isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, dst[0],
+            );
             return;
         }
         let mut res = vec![0i32; (j1 - j0) * n];
         rescale(
             isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, &mut res,
         );
-        // dst[t * (j1 - j0) + r]: item-major, as the caller lays the output out.
-        for (r, row) in res.chunks_exact(n).enumerate() {
-            for (t, &v) in row.iter().enumerate() {
-                dst[t * (j1 - j0) + r] = v;
+        // Row-major sums to the item-major output.
+        for (t, d) in dst.iter_mut().enumerate() {
+            for (r, o) in d.iter_mut().enumerate() {
+                *o = res[r * n + t];
             }
         }
     };
     let tiles = rows.div_ceil(tile);
     if tiles == 1 {
-        run_tile(0, &mut out);
+        run_tile(0, &mut out.chunks_exact_mut(rows).collect::<Vec<_>>());
         return out;
     }
+    // Each tile writes its rows of every item's output in place (no tile-sized copy).
     let outp = SyncPtr(out.as_mut_ptr());
     (0..tiles)
         .into_par_iter()
@@ -532,15 +536,13 @@ pub fn matmul(
             let outp = &outp;
             let j0 = ti * tile;
             let w = (j0 + tile).min(rows) - j0;
-            let mut part = vec![0i32; n * w];
-            run_tile(ti, &mut part);
-            for (t, src) in part.chunks_exact(w).enumerate() {
-                // SAFETY: t < n and j0..j0 + w lie inside row t of `out`; tiles are disjoint, so
-                // each element is written by exactly one task.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src.as_ptr(), outp.0.add(t * rows + j0), w)
-                };
-            }
+            let mut dst: Vec<&mut [i32]> = (0..n)
+                // SAFETY: t < n and j0..j0 + w lie inside row t of `out`; tiles are disjoint,
+                // so no two slices of any task overlap; the tasks end before `out` is used
+                // again.
+                .map(|t| unsafe { std::slice::from_raw_parts_mut(outp.0.add(t * rows + j0), w) })
+                .collect();
+            run_tile(ti, &mut dst);
         });
     out
 }

@@ -6,6 +6,7 @@
 mod attention;
 mod forward;
 pub mod freq;
+mod freq_scan;
 mod matmul;
 mod norm;
 mod rescale;
@@ -153,11 +154,11 @@ impl<'m> CpuSession<'m> {
     }
 
     fn run(&mut self, items: &[Item], mut trace: Option<&mut Trace>) -> Result<Vec<Coded>> {
-        let exp40 = &self.model.tables.exp40;
+        let (isa, exp40) = (self.isa, &self.model.tables.exp40);
         let queries: Vec<_> = items.iter().filter_map(|it| it.query).collect();
         let traced = trace.is_some();
         let (logits, answered) = self.tables(items, trace.as_deref_mut(), false, |i, l, _| {
-            let f = freq::table(l, exp40, queries[i].mix)?;
+            let f = freq::table(isa, l, exp40, queries[i].mix)?;
             let coded = freq::answer(&f, queries[i].find)?;
             Ok((coded, traced.then_some(f)))
         })?;
@@ -196,34 +197,37 @@ impl LmSession for CpuSession<'_> {
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
-        let exp40 = &self.model.tables.exp40;
-        let (_, mut tables) =
-            self.tables(&run, None, false, |_, l, _| freq::frequencies(l, exp40))?;
+        let (isa, exp40) = (self.isa, &self.model.tables.exp40);
+        let (_, mut tables) = self.tables(&run, None, false, |_, l, _| {
+            freq::frequencies(isa, l, exp40)
+        })?;
         tables
             .pop()
             .ok_or_else(|| Error::Invalid("step_table: no table".into()))
     }
 
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
-        let exp40 = &self.model.tables.exp40;
+        let (isa, exp40) = (self.isa, &self.model.tables.exp40);
         Ok(self
-            .tables(items, None, false, |_, l, _| freq::frequencies(l, exp40))?
+            .tables(items, None, false, |_, l, _| {
+                freq::frequencies(isa, l, exp40)
+            })?
             .1)
     }
 
     fn step_prefix_sums(&mut self, items: &[Item], order: &[u32]) -> Result<Vec<Vec<u32>>> {
-        let exp40 = &self.model.tables.exp40;
+        let (isa, exp40) = (self.isa, &self.model.tables.exp40);
         // In a parallel step: tables in parallel when there are several (the encoder's
         // batches), and each one's sums on every thread when there is one.
         if self.order_head(order) {
             let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
             let perm = perm.expect("order_head set it");
             let sums = |_, l: &[i32], split| {
-                freq::prefix_sums_in_order(l, &perm, order.len(), exp40, split)
+                freq::prefix_sums_in_order(isa, l, &perm, order.len(), exp40, split)
             };
             return Ok(self.tables(items, None, true, sums)?.1);
         }
-        let sums = |_, l: &[i32], split| freq::prefix_sums(l, exp40, order, split);
+        let sums = |_, l: &[i32], _| freq::prefix_sums(isa, l, exp40, order);
         Ok(self.tables(items, None, false, sums)?.1)
     }
 }
