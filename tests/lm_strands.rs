@@ -284,6 +284,38 @@ fn hostile_strand_headers_are_refused() {
     }
 }
 
+#[test]
+fn a_cut_damaged_or_padded_payload_is_an_error() {
+    // A payload cut anywhere, one flipped bit, or a byte of padding: the strand loop must end
+    // with a clear error (or, for the flipped bit, at least not the input), with one strand,
+    // a few and the most.
+    let m = small();
+    let cpu = Device::cpu();
+    let s = setup(m, &cpu);
+    let data = [&genesis()[..2500], &log(20)].concat();
+    let n = data.len() as u64;
+    for count in [1, 3, MAX_STRANDS] {
+        let (c, _) = encode_strands(&data, count, s, &|_, _| {}).unwrap();
+        for cut in [0, 1, c.len() / 2, c.len() - 1] {
+            let e = decode_strands(&c[..cut], n, count, s, &|_, _| {}).unwrap_err();
+            assert!(
+                e.to_string().contains("text stream"),
+                "{count} strands, cut to {cut}: {e}"
+            );
+        }
+        let mut bad = c.clone();
+        bad[c.len() / 3] ^= 0x40;
+        if let Ok(out) = decode_strands(&bad, n, count, s, &|_, _| {}) {
+            assert_ne!(
+                out, data,
+                "{count} strands: a damaged payload decoded as the input"
+            );
+        }
+        let padded = [c.as_slice(), &[0]].concat();
+        assert!(decode_strands(&padded, n, count, s, &|_, _| {}).is_err());
+    }
+}
+
 /// Prose in three strands with the shipped model, kept as a golden stream (bless a deliberate
 /// change, with a version bump, by `LOCKSTEP_BLESS=1`).
 #[test]
