@@ -300,6 +300,12 @@ pub fn quantize_row(y: &[i64], frac: i32, q: &mut [i8]) -> (i64, i32) {
             *o = div_recip(127 * v as i128, rc).clamp(-127, 127) as i8;
         }
     }
+    quantize_scale(a, frac)
+}
+
+/// The scale `(t_m, t_e)` of a row quantized by [`quantize_row`] whose largest magnitude is
+/// `a > 0`.
+pub fn quantize_scale(a: i128, frac: i32) -> (i64, i32) {
     // t_m = rdiv(A * 2^k, 127) in [2^15, 2^16). A/127 ~ 2^(log2(A) - 7), so start from
     // k = 22 - floor(log2 A) and adjust.
     let lz = 127 - a.leading_zeros() as i32;

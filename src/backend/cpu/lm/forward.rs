@@ -134,7 +134,7 @@ pub fn forward(
         if let Some(s) = stats.as_deref_mut() {
             record(&mut s.ln1[l], &y, d);
         }
-        let (xq, sc) = quantize(&y, d, FLN, split);
+        let (xq, sc) = quantize(isa, &y, d, FLN, split);
         let qkv = matmul(isa, split, qkv_w, &xq, &sc, FQKV, QKV_MAX);
         for (i, it) in items.iter().enumerate() {
             let c = &mut caches[it.seq];
@@ -165,7 +165,7 @@ pub fn forward(
                     out,
                 );
             });
-        let (xq, sc) = quantize(&o, d, FQKV, split);
+        let (xq, sc) = quantize(isa, &o, d, FQKV, split);
         let a = matmul(isa, split, attn_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &a);
         // MLP.
@@ -173,13 +173,13 @@ pub fn forward(
         if let Some(s) = stats.as_deref_mut() {
             record(&mut s.ln2[l], &y, d);
         }
-        let (xq, sc) = quantize(&y, d, FLN, split);
+        let (xq, sc) = quantize(isa, &y, d, FLN, split);
         let f = matmul(isa, split, fc_w, &xq, &sc, FGELU, 1 << 15);
         let g: Vec<i64> = f
             .iter()
             .map(|&x| model.tables.gelu[(x.clamp(-32768, 32767) + 32768) as usize] as i64)
             .collect();
-        let (xq, sc) = quantize(&g, 4 * d, FGELU, split);
+        let (xq, sc) = quantize(isa, &g, 4 * d, FGELU, split);
         let p = matmul(isa, split, proj_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &p);
         if let Some(s) = stats.as_deref_mut() {
@@ -203,7 +203,7 @@ pub fn forward(
         return Ok(Vec::new());
     }
     let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q, split);
-    let (xq, sc) = quantize(&y, d, FLN, split);
+    let (xq, sc) = quantize(isa, &y, d, FLN, split);
     Ok(matmul(
         isa,
         split,

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use std::borrow::Cow;
 
-use super::rescale::rescale;
+use super::rescale::{rescale, RowScales};
 use super::split::Split;
 use crate::backend::cpu::Isa;
 use crate::format::lm::model_file::Linear;
@@ -238,51 +238,32 @@ impl VnniRows {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn dots_vnni(&self, r0: usize, r1: usize, xu: &[u8], n: usize, acc: &mut [i32]) {
-        let (g0, g1) = (r0 / 16, r1.div_ceil(16));
-        let mut t = 0;
-        // Four items at a time, four groups (64 rows) per pass: 16 accumulators, each weight
-        // load serving four items.
-        while t + 4 <= n {
-            let mut g = g0;
-            while g + 4 <= g1 {
-                self.block::<4, 4>(g, t, r0, r1, xu, acc);
-                g += 4;
-            }
-            while g < g1 {
-                self.block::<1, 4>(g, t, r0, r1, xu, acc);
-                g += 1;
-            }
-            t += 4;
-        }
-        // One item at a time (the decoder's one-item steps, the LM head's GEMV): eight
-        // independent accumulators hide the latency of `dpbusd`.
-        while t < n {
-            let mut g = g0;
-            while g + 8 <= g1 {
-                self.block::<8, 1>(g, t, r0, r1, xu, acc);
-                g += 8;
-            }
-            while g < g1 {
-                self.block::<1, 1>(g, t, r0, r1, xu, acc);
-                g += 1;
-            }
-            t += 1;
-        }
+        use std::arch::x86_64::*;
+        let mut store = |g: usize, t: usize, v: __m512i| {
+            let row = g * 16;
+            // The rows of the last group that exist (the rest is padding).
+            let live: __mmask16 = if r1 - row >= 16 {
+                !0
+            } else {
+                (1 << (r1 - row)) - 1
+            };
+            let dst = acc.as_mut_ptr().add(t * (r1 - r0) + row - r0);
+            _mm512_mask_storeu_epi32(dst, live, v);
+        };
+        self.each_block((r0 / 16, r1.div_ceil(16)), xu, n, &mut store);
     }
 
-    /// Groups `g0..g0 + G` against items `t0..t0 + T` (see [`VnniRows::dots`]).
+    /// Groups `g0..g0 + G` against items `t0..t0 + T` (see [`VnniRows::dots`]), each
+    /// group's sums stored by `store(group, item, sums)`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn block<const G: usize, const T: usize>(
         &self,
         g0: usize,
         t0: usize,
-        r0: usize,
-        r1: usize,
         xu: &[u8],
-        acc: &mut [i32],
+        store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m512i),
     ) {
         use std::arch::x86_64::*;
         let quads = self.kp / 4;
@@ -304,19 +285,151 @@ impl VnniRows {
             }
         }
         for (g, ag) in a.iter().enumerate() {
-            let row = (g0 + g) * 16;
-            let bias = _mm512_loadu_si512(self.bias.as_ptr().add(row) as *const _);
+            let bias = _mm512_loadu_si512(self.bias.as_ptr().add((g0 + g) * 16) as *const _);
+            for (t, &v) in ag.iter().enumerate() {
+                store(g0 + g, t0 + t, _mm512_sub_epi32(v, bias));
+            }
+        }
+    }
+
+    /// The loop over items and groups of [`VnniRows::dots`], each group's sums given to
+    /// `store(group, item, sums)`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn each_block(
+        &self,
+        (g0, g1): (usize, usize),
+        xu: &[u8],
+        n: usize,
+        store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m512i),
+    ) {
+        let mut t = 0;
+        // Four items at a time, four groups (64 rows) per pass: 16 accumulators, each weight
+        // load serving four items.
+        while t + 4 <= n {
+            let mut g = g0;
+            while g + 4 <= g1 {
+                self.block::<4, 4>(g, t, xu, store);
+                g += 4;
+            }
+            while g < g1 {
+                self.block::<1, 4>(g, t, xu, store);
+                g += 1;
+            }
+            t += 4;
+        }
+        // One item at a time (the decoder's one-item steps, the LM head's GEMV): eight
+        // independent accumulators hide the latency of `dpbusd`.
+        while t < n {
+            let mut g = g0;
+            while g + 8 <= g1 {
+                self.block::<8, 1>(g, t, xu, store);
+                g += 8;
+            }
+            while g < g1 {
+                self.block::<1, 1>(g, t, xu, store);
+                g += 1;
+            }
+            t += 1;
+        }
+    }
+
+    /// [`VnniRows::dots`] with the rescale fused: item `t`'s outputs of rows `r0..r1` (`r0` a
+    /// multiple of 16) rescaled as [`rescale`] does ([`Fused`]) and written to
+    /// `out[t * stride + r]`, straight from the accumulators (no buffer of sums, no second
+    /// pass).
+    ///
+    /// # Safety
+    /// `out` must be valid for writes at `t * stride + r` for every item `t < n` and row
+    /// `r0 <= r < r1`, and no other thread may access those elements meanwhile.
+    pub unsafe fn dots_rescaled(
+        &self,
+        (r0, r1): (usize, usize),
+        xu: &[u8],
+        f: &Fused,
+        out: *mut i32,
+        stride: usize,
+    ) {
+        let n = f.tms.len();
+        assert!(r0.is_multiple_of(16) && r0 <= r1 && r1 <= self.bias.len());
+        assert!(xu.len() >= n * self.kp && f.tes.len() == n && vnni());
+        assert!(f.rows.ms.len() >= r1.next_multiple_of(16) && f.rows.es.len() >= f.rows.ms.len());
+        assert!(f.rows.bias.len() >= f.rows.ms.len());
+        // SAFETY: AVX-512 F/BW/VNNI are present (asserted); reads lie inside the groups of
+        // rows r0..r1 (padded, in this layout and in `f.rows`: asserted) and the n items of
+        // `xu`; the writes are the caller's contract.
+        unsafe { self.dots_rescaled_vnni((r0, r1), xu, f, out, stride) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn dots_rescaled_vnni(
+        &self,
+        (r0, r1): (usize, usize),
+        xu: &[u8],
+        f: &Fused,
+        out: *mut i32,
+        stride: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let n = f.tms.len();
+        // Per item: its multiplier and its exponent less the output fraction, broadcast.
+        let items: Vec<(__m512i, __m512i)> = f
+            .tms
+            .iter()
+            .zip(f.tes)
+            .map(|(&m, &e)| {
+                (
+                    _mm512_set1_epi64(m),
+                    _mm512_set1_epi64(e as i64 - f.out_frac as i64),
+                )
+            })
+            .collect();
+        let (lo, hi) = (_mm512_set1_epi64(-f.clamp), _mm512_set1_epi64(f.clamp));
+        let (zero, one) = (_mm512_setzero_si512(), _mm512_set1_epi64(1));
+        let rows = &f.rows;
+        // Eight rows of one item: `clamp(((a m t_m + 2^(s-1)) >> s) + b)`, with `a m t_m` as
+        // `|a| * (m * t_m)` (unsigned 32 x 32 -> 64 products, exact: `m t_m < 2^32`,
+        // `|a| <= 2^31`), negated where `a < 0` — rescale_fast's integers.
+        let eight = |a: __m256i, row: usize, (tm, sh): (__m512i, __m512i)| {
+            let a = _mm512_cvtepi32_epi64(a);
+            let m = _mm512_loadu_si512(rows.ms.as_ptr().add(row).cast());
+            let e = _mm256_loadu_si256(rows.es.as_ptr().add(row).cast());
+            let b = _mm256_loadu_si256(rows.bias.as_ptr().add(row).cast());
+            let p = _mm512_mul_epu32(_mm512_abs_epi64(a), _mm512_mul_epu32(m, tm));
+            let p = _mm512_mask_sub_epi64(p, _mm512_cmplt_epi64_mask(a, zero), zero, p);
+            let s = _mm512_add_epi64(_mm512_cvtepi32_epi64(e), sh);
+            let x = _mm512_add_epi64(p, _mm512_sllv_epi64(one, _mm512_sub_epi64(s, one)));
+            let v = _mm512_add_epi64(_mm512_srav_epi64(x, s), _mm512_cvtepi32_epi64(b));
+            _mm512_cvtepi64_epi32(_mm512_min_epi64(_mm512_max_epi64(v, lo), hi))
+        };
+        let mut store = |g: usize, t: usize, v: __m512i| {
+            let row = g * 16;
+            let low = eight(_mm512_castsi512_si256(v), row, items[t]);
+            let high = eight(_mm512_extracti64x4_epi64::<1>(v), row + 8, items[t]);
+            let r = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high);
             // The rows of the last group that exist (the rest is padding).
             let live: __mmask16 = if r1 - row >= 16 {
                 !0
             } else {
                 (1 << (r1 - row)) - 1
             };
-            for (t, &v) in ag.iter().enumerate() {
-                let dst = acc.as_mut_ptr().add((t0 + t) * (r1 - r0) + row - r0);
-                _mm512_mask_storeu_epi32(dst, live, _mm512_sub_epi32(v, bias));
-            }
-        }
+            _mm512_mask_storeu_epi32(out.add(t * stride + row), live, r);
+        };
+        self.each_block((r0 / 16, r1.div_ceil(16)), xu, n, &mut store);
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn dots_rescaled_vnni(
+        &self,
+        _: (usize, usize),
+        _: &[u8],
+        _: &Fused,
+        _: *mut i32,
+        _: usize,
+    ) {
+        unreachable!("vnni() is false off x86_64")
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -377,8 +490,18 @@ pub struct CpuLinear<'m> {
     lin: Cow<'m, Linear>,
     kernel: Dot,
     vnni: VnniRows,
-    ms: Vec<i64>,
-    es: Vec<i32>,
+    scales: RowScales,
+}
+
+/// What [`VnniRows::dots_rescaled`] needs to rescale one call's sums in registers: the
+/// layer's rows, the items' scales, the output's fraction and clamp (as [`rescale`] takes
+/// them), for a call that [`RowScales::fast`] admits.
+pub struct Fused<'a> {
+    pub rows: &'a RowScales,
+    pub tms: &'a [i64],
+    pub tes: &'a [i32],
+    pub out_frac: i32,
+    pub clamp: i64,
 }
 
 impl<'m> CpuLinear<'m> {
@@ -414,13 +537,12 @@ impl<'m> CpuLinear<'m> {
         } else {
             VnniRows::default()
         };
-        let (ms, es) = (0..lin.rows).map(|j| lin.m16(j)).unzip();
+        let scales = RowScales::new(&lin);
         CpuLinear {
             lin,
             kernel,
             vnni,
-            ms,
-            es,
+            scales,
         }
     }
 }
@@ -461,9 +583,8 @@ pub fn matmul(
     let n = sc.len();
     let rows = lin.rows;
     debug_assert_eq!(xq.len(), n * k);
-    let mut out = vec![0i32; n * rows];
     if n == 0 || rows == 0 {
-        return out;
+        return vec![0i32; n * rows];
     }
     let xu: Vec<u8> = if cl.kernel == Dot::Vnni {
         cl.vnni.activations(xq, k)
@@ -484,14 +605,44 @@ pub fn matmul(
             .clamp(16, rows.max(16))
             .next_multiple_of(16)
     };
+    let tiles = rows.div_ceil(tile);
+    if cl.kernel == Dot::Vnni && cl.scales.fast(&tms, &tes, out_frac) {
+        // The rescale in the dot kernel's registers: every output written once, in place.
+        let f = Fused {
+            rows: &cl.scales,
+            tms: &tms,
+            tes: &tes,
+            out_frac,
+            clamp,
+        };
+        let mut out: Vec<i32> = Vec::with_capacity(n * rows);
+        let outp = SyncPtr(out.as_mut_ptr());
+        (0..tiles)
+            .into_par_iter()
+            .with_min_len(split.min_len(1))
+            .for_each(|ti| {
+                let j0 = ti * tile;
+                let outp = &outp;
+                // SAFETY: the tile writes item t's rows j0..j1 at t * rows + j of `out`'s
+                // n * rows capacity; tiles are disjoint and end before `out` is used again.
+                unsafe {
+                    cl.vnni
+                        .dots_rescaled((j0, (j0 + tile).min(rows)), &xu, &f, outp.0, rows)
+                };
+            });
+        // SAFETY: the tiles cover every row of every item: all n * rows elements are written.
+        unsafe { out.set_len(n * rows) };
+        return out;
+    }
+    let mut out = vec![0i32; n * rows];
     // `dst[t]` is where item t's outputs of the tile's rows go (w of them).
     let run_tile = |ti: usize, dst: &mut [&mut [i32]]| {
         let j0 = ti * tile;
         let j1 = (j0 + tile).min(rows);
         // acc[r * n + t]: the dots of rows j0.. against every item.
         let mut acc = vec![0i32; (j1 - j0) * n];
-        let (ms, es) = (&cl.ms[j0..j1], &cl.es[j0..j1]);
-        let bias = &lin.bias[j0..j1];
+        let (ms, es) = (&cl.scales.ms[j0..j1], &cl.scales.es[j0..j1]);
+        let bias = &cl.scales.bias[j0..j1];
         if cl.kernel == Dot::Vnni {
             // Item-major sums: each item's row of the output is rescaled as in the one-item
             // case (a transpose of row-major sums cost a fifth of a batched encode).
@@ -522,7 +673,6 @@ pub fn matmul(
             }
         }
     };
-    let tiles = rows.div_ceil(tile);
     if tiles == 1 {
         run_tile(0, &mut out.chunks_exact_mut(rows).collect::<Vec<_>>());
         return out;
@@ -556,6 +706,63 @@ unsafe impl Sync for SyncPtr {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::lm::fixed::quantize_row;
+
+    /// The whole matmul (dots, rescale, tiles) at every level, serial and parallel, equals
+    /// the portable one: real-like scales (the fused rescale of the VNNI kernel), scales
+    /// whose shifts leave 1..=63 (the unfused path), row counts off the groups of 16, one
+    /// item and many, rescale ties and clamps.
+    #[test]
+    fn matmul_at_every_level_equals_the_portable_one() {
+        let mut x = 41u64;
+        let mut rnd = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        for (rows, k, n, e_base) in [
+            (50usize, 128usize, 1usize, 30i32),
+            (1000, 128, 9, 30),
+            (70, 64, 4, 30),
+            (33, 768, 5, 34),
+            (40, 32, 3, -20),
+            (17, 32, 2, 90),
+        ] {
+            let w: Vec<i8> = (0..rows * k).map(|_| rnd() as u8 as i8).collect();
+            let lin = Linear {
+                rows,
+                k,
+                m: (0..rows).map(|_| (1 << 30) + (rnd() as i64 % (1 << 30))).collect(),
+                e: (0..rows).map(|_| e_base + (rnd() % 9) as i32).collect(),
+                bias: (0..rows).map(|_| rnd() as i32 % 5000 - 2500).collect(),
+                row_sum: Linear::row_sums(&w, k),
+                w,
+            };
+            let y: Vec<i64> = (0..n * k)
+                .map(|i| (rnd() as i64 - (1 << 30)) >> (i % 11))
+                .collect();
+            let mut xq = vec![0i8; n * k];
+            let sc: Vec<(i64, i32)> = xq
+                .chunks_exact_mut(k)
+                .zip(y.chunks_exact(k))
+                .map(|(q, y)| quantize_row(y, 26, q))
+                .collect();
+            for clamp in [1 << 20, 3000] {
+                let at = |isa, split| {
+                    let cl = CpuLinear::new(isa, &lin);
+                    matmul(isa, split, &cl, &xq, &sc, 12, clamp)
+                };
+                let want = at(Isa::Portable, Split::SERIAL);
+                for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                    for split in [Split::SERIAL, Split::PARALLEL] {
+                        let got = at(isa, split);
+                        assert_eq!(got, want, "{isa:?} {split:?} rows={rows} k={k} n={n}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_dot_kernel_equals_the_reference() {

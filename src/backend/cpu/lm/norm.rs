@@ -1,11 +1,14 @@
 //! Integer LayerNorm and the per-row int8 quantization that feeds every matmul
-//! (docs/INTEGER_GPT2.md §4). Plain Rust on every level: rows are short and the square root
-//! and reciprocal dominate.
+//! (docs/INTEGER_GPT2.md §4). LayerNorm is plain Rust on every level (rows are short and the
+//! square root and reciprocal dominate); the quantization's per-element division by the row's
+//! largest magnitude has an AVX-512 version (with the shipped model it cost as much as a
+//! layer's matmuls).
 
 use rayon::prelude::*;
 
 use super::split::Split;
 
+use crate::backend::cpu::Isa;
 use crate::format::lm::fixed::{div_recip, isqrt_u128, quantize_row, recip};
 use crate::format::lm::model_file::{LayerNorm, FZ, LN_G};
 
@@ -43,14 +46,137 @@ pub fn layer_norm_row(row: &[i32], ln: &LayerNorm, eps_q: i64, out: &mut [i64]) 
     }
 }
 
-/// Per-row int8 quantization with integer scales.
-pub fn quantize(y: &[i64], d: usize, frac: i32, split: Split) -> (Vec<i8>, Vec<(i64, i32)>) {
+/// Per-row int8 quantization with integer scales ([`quantize_row`] at level `isa`).
+pub fn quantize(
+    isa: Isa,
+    y: &[i64],
+    d: usize,
+    frac: i32,
+    split: Split,
+) -> (Vec<i8>, Vec<(i64, i32)>) {
     let mut q = vec![0i8; y.len()];
     let scales = q
         .par_chunks_mut(d)
         .zip(y.par_chunks(d))
         .with_min_len(split.min_len(8))
-        .map(|(qr, yr)| quantize_row(yr, frac, qr))
+        .map(|(qr, yr)| quantize_row_at(isa, yr, frac, qr))
         .collect();
     (q, scales)
+}
+
+/// [`quantize_row`] at level `isa`: the same integers.
+fn quantize_row_at(isa: Isa, y: &[i64], frac: i32, q: &mut [i8]) -> (i64, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && q.len() == y.len() {
+        // SAFETY: the `Avx512` level implies AVX-512 F (`Isa::available`); the loads and
+        // stores cover whole pieces of 8 inside `y` and `q` (same length, checked).
+        if let Some(scale) = unsafe { x86::quantize_row_avx512(y, frac, q) } {
+            return scale;
+        }
+    }
+    let _ = isa;
+    quantize_row(y, frac, q)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use crate::format::lm::fixed::{quantize_scale, recip};
+
+    /// [`quantize_row`](crate::format::lm::fixed::quantize_row) eight elements per step, for
+    /// rows whose largest magnitude `a` lies in `8..2^55` (`None` for the others: the caller
+    /// runs the definition). There `(r, s) = recip(a)` has `33 <= s <= 84` and
+    /// `r <= 2^30`, and the definition's `x = floor((u r + 2^(s-1)) / 2^s)` of `u = 127 v`
+    /// (|u| < 2^62, a 92-bit product) is computed from its 32-bit halves: with
+    /// `u = uh 2^32 + ul` (`uh = u >> 32` signed, |uh| < 2^30; `0 <= ul < 2^32`),
+    /// `H = uh r` (|H| < 2^60) and `L = ul r` (< 2^62) are exact 32 x 32 -> 64 products, and
+    /// `x = floor((H + floor(L / 2^32) + 2^(s-33)) / 2^(s-32))` exactly (floor of a floor of
+    /// powers of two), every term in i64.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn quantize_row_avx512(y: &[i64], frac: i32, q: &mut [i8]) -> Option<(i64, i32)> {
+        let n8 = y.len() / 8 * 8;
+        let mut mx = _mm512_setzero_si512();
+        for c in y[..n8].chunks_exact(8) {
+            let v = _mm512_loadu_si512(c.as_ptr().cast());
+            // |i64::MIN| is 2^63 as u64, as `unsigned_abs` gives it.
+            mx = _mm512_max_epu64(mx, _mm512_abs_epi64(v));
+        }
+        let a = y[n8..]
+            .iter()
+            .fold(_mm512_reduce_max_epu64(mx), |m, v| m.max(v.unsigned_abs()));
+        if !(8..1 << 55).contains(&a) {
+            return None;
+        }
+        let (r, s) = recip(a as i128);
+        let (r, s) = (r as i64, s);
+        let rv = _mm512_set1_epi64(r);
+        let half = _mm512_set1_epi64(1i64 << (s - 33));
+        let shift = _mm_cvtsi64_si128((s - 32) as i64);
+        let (lo, hi) = (_mm512_set1_epi64(-127), _mm512_set1_epi64(127));
+        for (c, o) in y[..n8].chunks_exact(8).zip(q[..n8].chunks_exact_mut(8)) {
+            let v = _mm512_loadu_si512(c.as_ptr().cast());
+            let u = _mm512_sub_epi64(_mm512_slli_epi64::<7>(v), v);
+            let h = _mm512_mul_epi32(_mm512_srai_epi64::<32>(u), rv);
+            let l = _mm512_srli_epi64::<32>(_mm512_mul_epu32(u, rv));
+            let x = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(h, l), half), shift);
+            let x = _mm512_min_epi64(_mm512_max_epi64(x, lo), hi);
+            _mm512_mask_cvtepi64_storeu_epi8(o.as_mut_ptr().cast(), 0xff, x);
+        }
+        for (o, &v) in q[n8..].iter_mut().zip(&y[n8..]) {
+            let x = ((127 * v) as i128 * r as i128 + (1i128 << (s - 1))) >> s;
+            *o = x.clamp(-127, 127) as i8;
+        }
+        Some(quantize_scale(a as i128, frac))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every level quantizes as the definition: rows of every magnitude class (the fast
+    /// path's bounds 8 and 2^55 on both sides, zero, i64 extremes), lengths off the width.
+    #[test]
+    fn each_level_quantizes_as_the_definition() {
+        let mut x = 29u64;
+        let mut rnd = move || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x
+        };
+        let mut rows: Vec<Vec<i64>> = Vec::new();
+        for len in [1usize, 7, 8, 9, 128, 515, 3072] {
+            for bits in [0u32, 2, 3, 4, 20, 40, 51, 54, 55, 56, 62, 63] {
+                let row: Vec<i64> = (0..len)
+                    .map(|_| {
+                        let v = rnd() as i64;
+                        if bits >= 63 {
+                            v
+                        } else {
+                            v % (1i64 << bits).max(1)
+                        }
+                    })
+                    .collect();
+                rows.push(row);
+            }
+            // The largest magnitude at each bound exactly, with rounding ties around it.
+            for a in [7i64, 8, (1 << 55) - 1, 1 << 55] {
+                let mut row: Vec<i64> = (0..len as i64).map(|i| (i * 977 - 300) % a).collect();
+                row[len / 2] = if len % 2 == 0 { a } else { -a };
+                rows.push(row);
+            }
+            rows.push(vec![0; len]);
+            rows.push((0..len).map(|i| if i % 2 == 0 { i64::MIN } else { i64::MAX }).collect());
+        }
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            for (i, row) in rows.iter().enumerate() {
+                for frac in [12, 26] {
+                    let (mut want, mut got) = (vec![0i8; row.len()], vec![5i8; row.len()]);
+                    let w = quantize_row(row, frac, &mut want);
+                    let g = quantize_row_at(isa, row, frac, &mut got);
+                    assert_eq!((g, &got), (w, &want), "{isa:?} row {i} len {}", row.len());
+                }
+            }
+        }
+    }
 }

@@ -4,6 +4,64 @@
 
 use crate::backend::cpu::Isa;
 use crate::format::lm::fixed::round_shift64;
+use crate::format::lm::model_file::Linear;
+
+/// A layer's per-row rescale factors as the kernels read them, prepared once per session:
+/// the 16-bit multipliers ([`Linear::m16`]: mapped per call, they cost as much as a one-item
+/// GEMV's dots), their exponents and the biases, padded to whole groups of 16 rows (the VNNI
+/// layout's) with multiplier 0 (those outputs are never stored); and the bounds that decide
+/// the exact fast path once per call ([`RowScales::fast`]) instead of by a scan per item.
+#[derive(Clone, Debug, Default)]
+pub struct RowScales {
+    pub ms: Vec<i64>,
+    pub es: Vec<i32>,
+    pub bias: Vec<i32>,
+    /// The least and largest exponent of the real rows, and whether every multiplier lies in
+    /// `0..2^16`.
+    e_range: (i32, i32),
+    ms_small: bool,
+}
+
+impl RowScales {
+    pub fn new(lin: &Linear) -> RowScales {
+        let (mut ms, mut es): (Vec<i64>, Vec<i32>) = (0..lin.rows).map(|j| lin.m16(j)).unzip();
+        let small = |m: i64| (0..1 << 16).contains(&m);
+        let e_range = es
+            .iter()
+            .fold((i32::MAX, i32::MIN), |(lo, hi), &e| (lo.min(e), hi.max(e)));
+        let ms_small = ms.iter().all(|&m| small(m));
+        let padded = lin.rows.next_multiple_of(16);
+        let mut bias = lin.bias.clone();
+        ms.resize(padded, 0);
+        es.resize(padded, e_range.0.max(0));
+        bias.resize(padded, 0);
+        RowScales {
+            ms,
+            es,
+            bias,
+            e_range,
+            ms_small,
+        }
+    }
+
+    /// Whether the items with multipliers `tms` and exponents `tes` take the branch-free
+    /// path at output fraction `out_frac` with every row: every shift `e + t_e - out_frac`
+    /// in 1..=63 and every `m * t_m` below 2^32 (both multipliers non-negative and below 2^16,
+    /// as real scales are), so that `|acc| * m * t_m` is one unsigned 32 x 32 -> 64 multiply
+    /// of a 32 x 32 -> 64 product.
+    pub fn fast(&self, tms: &[i64], tes: &[i32], out_frac: i32) -> bool {
+        let (emin, emax) = self.e_range;
+        let (tmin, tmax) = tes
+            .iter()
+            .fold((i32::MAX, i32::MIN), |(lo, hi), &e| (lo.min(e), hi.max(e)));
+        !tes.is_empty()
+            && emin <= emax
+            && emin as i64 + tmin as i64 - out_frac as i64 >= 1
+            && emax as i64 + tmax as i64 - out_frac as i64 <= 63
+            && self.ms_small
+            && tms.iter().all(|&m| (0..1 << 16).contains(&m))
+    }
+}
 
 /// `res[r][t] = clamp(round_shift(acc[r][t] * m[r] * t_m[t], e[r] + t_e[t] - out_frac) + b[r])`
 /// (docs §4). When every shift is in 1..=63 (always, for real scales) a branch-free loop
