@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use super::attention::attention;
-use super::matmul::{matmul, CpuLinear};
+use super::matmul::{matmul, matmul_tops, CpuLinear};
 use super::norm::{layer_norm, quantize};
 use super::split::Split;
 use crate::backend::cpu::Isa;
@@ -63,8 +63,9 @@ impl<'m> CpuWeights<'m> {
 }
 
 /// Run `items` through the model; returns the logits (Q8, `vocab` per item) of the items that
-/// have a query, in item order. `split` says whether the kernels may use the pool (the caller
-/// runs this inside [`Split::run`]).
+/// have a query, in item order, and each one's largest logit where the head's kernel found it
+/// on the way. `split` says whether the kernels may use the pool (the caller runs this inside
+/// [`Split::run`]).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     isa: Isa,
@@ -74,7 +75,7 @@ pub fn forward(
     caches: &mut [KvCache],
     items: &[Item],
     mut stats: Option<&mut Trace>,
-) -> Result<Vec<i32>> {
+) -> Result<(Vec<i32>, Option<Vec<i32>>)> {
     let d = model.config.n_embd as usize;
     let n = items.len();
     if let Some(t) = stats.as_deref_mut() {
@@ -200,18 +201,13 @@ pub fn forward(
         .flat_map(|(i, _)| h[i * d..(i + 1) * d].iter().copied())
         .collect();
     if hw.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
     let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q, split);
     let (xq, sc) = quantize(isa, &y, d, FLN, split);
-    Ok(matmul(
-        isa,
-        split,
-        &weights.head,
-        &xq,
-        &sc,
-        FLOGIT,
-        LOGIT_MAX,
+    let head = &weights.head;
+    Ok(matmul_tops(
+        isa, split, head, &xq, &sc, FLOGIT, LOGIT_MAX, true,
     ))
 }
 

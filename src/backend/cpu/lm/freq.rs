@@ -31,12 +31,13 @@ struct ByGap {
 }
 
 impl ByGap {
-    fn new(isa: Isa, logits: &[i32], exp40: &[u64]) -> Result<ByGap> {
+    /// The table of `logits`, whose largest is `top` when the caller knows it.
+    fn new(isa: Isa, logits: &[i32], top: Option<i32>, exp40: &[u64]) -> Result<ByGap> {
         let v = logits.len();
         if !(2..=1 << 16).contains(&v) {
             return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
         }
-        let top = freq_scan::top(isa, logits);
+        let top = top.unwrap_or_else(|| freq_scan::top(isa, logits));
         // v <= 2^16 and w <= 2^40: W < 2^56.
         let total_w = freq_scan::weight_sum(isa, logits, top, exp40);
         let r = TOTAL - v as u64;
@@ -106,7 +107,7 @@ fn floor_by_gap(exp40: &[u64], r: u64, total_w: u64) -> impl Iterator<Item = u64
 
 /// Frequencies of every token; `u64` because a one-sided table can hold up to 2^32 - V + 1.
 pub fn frequencies(isa: Isa, logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
-    let g = ByGap::new(isa, logits, exp40)?;
+    let g = ByGap::new(isa, logits, None, exp40)?;
     let mut f: Vec<u64> = logits.iter().map(|&l| g.floor(l)).collect();
     f[g.arg(logits)] += ByGap::rem(f.iter().sum())?;
     Ok(f)
@@ -118,7 +119,7 @@ pub fn frequencies(isa: Isa, logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> 
 /// (The path for an order that is not a permutation of the vocabulary: a token may come
 /// twice, so the sums are checked in u64.)
 pub fn prefix_sums(isa: Isa, logits: &[i32], exp40: &[u64], order: &[u32]) -> Result<Vec<u32>> {
-    let g = ByGap::new(isa, logits, exp40)?;
+    let g = ByGap::new(isa, logits, None, exp40)?;
     if order.iter().fold(0, |a, &id| a.max(id)) as usize >= logits.len() {
         return Err(Error::Invalid(format!(
             "prefix sums: a token beyond the table of {}",
@@ -147,15 +148,18 @@ pub fn prefix_sums(isa: Isa, logits: &[i32], exp40: &[u64], order: &[u32]) -> Re
 /// [`prefix_sums`] of logits that come out of the head already in the order: `logits[p]` is
 /// token `ids[p]`'s (`ids` a permutation of the vocabulary) and the sums run over the first
 /// `len` of them, the order's tokens (the rest are the tokens it leaves out). A sequential
-/// read instead of a random one per token, by the level's [`freq_scan::floor_sums`].
+/// read instead of a random one per token, by the level's [`freq_scan::floor_sums`]. `top`
+/// is the largest logit when the caller knows it (the head's kernel: one pass less).
 ///
 /// The remainder is known only once every floor is summed, so the sums are made without it
 /// and it is added after, with the pieces' offsets, to the sums from its token on. The u32
 /// sums wrap; the floors of all V tokens sum to some `F` in `V..=2^32`, which is therefore
 /// exact from its value mod 2^32 (0 only for 2^32).
+#[allow(clippy::too_many_arguments)]
 pub fn prefix_sums_in_order(
     isa: Isa,
     logits: &[i32],
+    top: Option<i32>,
     ids: &[u32],
     len: usize,
     exp40: &[u64],
@@ -166,7 +170,7 @@ pub fn prefix_sums_in_order(
             "prefix sums: order and logits differ".into(),
         ));
     }
-    let g = ByGap::new(isa, logits, exp40)?;
+    let g = ByGap::new(isa, logits, top, exp40)?;
     // The remainder goes to the lowest id of the largest weight: here a position.
     let arg = g.tops(logits).min_by_key(|&p| ids[p]).unwrap_or(0);
     // Every sum is written below: no zeroing of the 4 (V + 1) bytes first.
@@ -472,15 +476,20 @@ mod tests {
             let by_row: Vec<i32> = ids.iter().map(|&id| logits[id as usize]).collect();
             for isa in levels() {
                 for split in [Split::SERIAL, Split::PARALLEL] {
-                    let got = prefix_sums_in_order(isa, &by_row, &ids, order.len(), &t, split);
+                    let len = order.len();
+                    let got = prefix_sums_in_order(isa, &by_row, None, &ids, len, &t, split);
+                    assert_eq!(got.unwrap(), want, "{isa:?} v={v} ties={ties} {split:?}");
+                    // With the top given, as the head's kernel gives it.
+                    let top = by_row.iter().max().copied();
+                    let got = prefix_sums_in_order(isa, &by_row, top, &ids, len, &t, split);
                     assert_eq!(got.unwrap(), want, "{isa:?} v={v} ties={ties} {split:?}");
                 }
                 // Nothing left out: the sums reach 2^32.
-                let all = prefix_sums_in_order(isa, &by_row, &ids, v, &t, Split::SERIAL);
+                let all = prefix_sums_in_order(isa, &by_row, None, &ids, v, &t, Split::SERIAL);
                 assert!(all.is_err(), "{isa:?} v={v}");
             }
         }
-        let short = prefix_sums_in_order(Isa::Portable, &[1, 2], &[0], 1, &t, Split::SERIAL);
+        let short = prefix_sums_in_order(Isa::Portable, &[1, 2], None, &[0], 1, &t, Split::SERIAL);
         assert!(short.is_err());
     }
 

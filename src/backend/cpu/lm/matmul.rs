@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::rescale::{rescale, RowScales};
 use super::split::Split;
@@ -355,7 +356,8 @@ impl VnniRows {
         assert!(r0.is_multiple_of(16) && r0 <= r1 && r1 <= self.bias.len());
         assert!(xu.len() >= n * self.kp && f.tes.len() == n && vnni());
         assert!(f.rows.ms.len() >= r1.next_multiple_of(16) && f.rows.es.len() >= f.rows.ms.len());
-        assert!(f.rows.bias.len() >= f.rows.ms.len());
+        assert!(f.rows.bias.len() >= f.rows.ms.len() && f.rows.lanes.len() >= 3 * f.rows.ms.len());
+        assert!(f.tops.is_none_or(|t| t.len() == n));
         // SAFETY: AVX-512 F/BW/VNNI are present (asserted); reads lie inside the groups of
         // rows r0..r1 (padded, in this layout and in `f.rows`: asserted) and the n items of
         // `xu`; the writes are the caller's contract.
@@ -374,7 +376,8 @@ impl VnniRows {
     ) {
         use std::arch::x86_64::*;
         let n = f.tms.len();
-        // Per item: its multiplier and its exponent less the output fraction, broadcast.
+        // Per item: its multiplier, and its exponent less the output fraction less 1,
+        // broadcast.
         let items: Vec<(__m512i, __m512i)> = f
             .tms
             .iter()
@@ -382,33 +385,48 @@ impl VnniRows {
             .map(|(&m, &e)| {
                 (
                     _mm512_set1_epi64(m),
-                    _mm512_set1_epi64(e as i64 - f.out_frac as i64),
+                    _mm512_set1_epi64(e as i64 - f.out_frac as i64 - 1),
                 )
             })
             .collect();
         let (lo, hi) = (_mm512_set1_epi64(-f.clamp), _mm512_set1_epi64(f.clamp));
-        let (zero, one) = (_mm512_setzero_si512(), _mm512_set1_epi64(1));
-        let rows = &f.rows;
-        // Eight rows of one item: `clamp(((a m t_m + 2^(s-1)) >> s) + b)`, with `a m t_m` as
-        // `|a| * (m * t_m)` (unsigned 32 x 32 -> 64 products, exact: `m t_m < 2^32`,
-        // `|a| <= 2^31`), negated where `a < 0` — rescale_fast's integers.
-        let eight = |a: __m256i, row: usize, (tm, sh): (__m512i, __m512i)| {
-            let a = _mm512_cvtepi32_epi64(a);
-            let m = _mm512_loadu_si512(rows.ms.as_ptr().add(row).cast());
-            let e = _mm256_loadu_si256(rows.es.as_ptr().add(row).cast());
-            let b = _mm256_loadu_si256(rows.bias.as_ptr().add(row).cast());
-            let p = _mm512_mul_epu32(_mm512_abs_epi64(a), _mm512_mul_epu32(m, tm));
-            let p = _mm512_mask_sub_epi64(p, _mm512_cmplt_epi64_mask(a, zero), zero, p);
-            let s = _mm512_add_epi64(_mm512_cvtepi32_epi64(e), sh);
-            let x = _mm512_add_epi64(p, _mm512_sllv_epi64(one, _mm512_sub_epi64(s, one)));
-            let v = _mm512_add_epi64(_mm512_srav_epi64(x, s), _mm512_cvtepi32_epi64(b));
-            _mm512_cvtepi64_epi32(_mm512_min_epi64(_mm512_max_epi64(v, lo), hi))
+        let (zero, one, bit31) = (
+            _mm512_setzero_si512(),
+            _mm512_set1_epi64(1),
+            _mm512_set1_epi64(1 << 31),
+        );
+        // Each item's largest output so far, where the caller wants it.
+        let mut tops = vec![_mm512_set1_epi32(i32::MIN); if f.tops.is_some() { n } else { 0 }];
+        // Eight rows of one item (the even or the odd rows of a group: `a` holds their sums'
+        // magnitudes in its low halves, `neg` their signs): `clamp(((a m t_m + 2^(s-1)) >>
+        // s) + b)`, rescale_fast's integers, computed as `clamp(((x >> (s-1)) + 1) >> 1) + b)`
+        // (the same floor: the bits below s-1 cannot carry past the halving) of
+        // `x = |a| * (m * t_m)` (unsigned 32 x 32 -> 64 products, exact: `m t_m < 2^32`,
+        // `|a| <= 2^31`), negated where `a < 0`.
+        let eight = |a: __m512i, neg: __mmask8, at: *const i64, (tm, sh): (__m512i, __m512i)| {
+            let m = _mm512_loadu_si512(at.cast());
+            let e = _mm512_loadu_si512(at.add(16).cast());
+            let b = _mm512_loadu_si512(at.add(32).cast());
+            let x = _mm512_mul_epu32(a, _mm512_mul_epu32(m, tm));
+            let x = _mm512_mask_sub_epi64(x, neg, zero, x);
+            let q = _mm512_srav_epi64(x, _mm512_add_epi64(e, sh));
+            let v = _mm512_add_epi64(_mm512_srai_epi64::<1>(_mm512_add_epi64(q, one)), b);
+            _mm512_min_epi64(_mm512_max_epi64(v, lo), hi)
         };
         let mut store = |g: usize, t: usize, v: __m512i| {
             let row = g * 16;
-            let low = eight(_mm512_castsi512_si256(v), row, items[t]);
-            let high = eight(_mm512_extracti64x4_epi64::<1>(v), row + 8, items[t]);
-            let r = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high);
+            // Even rows in the low halves of the 64-bit lanes, odd rows in the high ones:
+            // no widening, and the results interleave back with one blend.
+            let at = f.rows.lanes.as_ptr().add(g * 48);
+            let mag = _mm512_abs_epi32(v);
+            let even = eight(mag, _mm512_test_epi64_mask(v, bit31), at, items[t]);
+            let odd = eight(
+                _mm512_srli_epi64::<32>(mag),
+                _mm512_cmplt_epi64_mask(v, zero),
+                at.add(8),
+                items[t],
+            );
+            let r = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64::<32>(odd));
             // The rows of the last group that exist (the rest is padding).
             let live: __mmask16 = if r1 - row >= 16 {
                 !0
@@ -416,8 +434,16 @@ impl VnniRows {
                 (1 << (r1 - row)) - 1
             };
             _mm512_mask_storeu_epi32(out.add(t * stride + row), live, r);
+            if let Some(top) = tops.get_mut(t) {
+                *top = _mm512_mask_max_epi32(*top, live, *top, r);
+            }
         };
         self.each_block((r0 / 16, r1.div_ceil(16)), xu, n, &mut store);
+        if let Some(all) = f.tops {
+            for (a, &t) in all.iter().zip(&tops) {
+                a.fetch_max(_mm512_reduce_max_epi32(t), Ordering::Relaxed);
+            }
+        }
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -502,6 +528,8 @@ pub struct Fused<'a> {
     pub tes: &'a [i32],
     pub out_frac: i32,
     pub clamp: i64,
+    /// Where each item's largest output goes (`fetch_max`: tiles run in parallel), if wanted.
+    pub tops: Option<&'a [AtomicI32]>,
 }
 
 impl<'m> CpuLinear<'m> {
@@ -578,13 +606,29 @@ pub fn matmul(
     out_frac: i32,
     clamp: i64,
 ) -> Vec<i32> {
+    matmul_tops(isa, split, cl, xq, sc, out_frac, clamp, false).0
+}
+
+/// [`matmul`], and each item's largest output where `want_tops` and the kernel found it on
+/// the way (the fused VNNI rescale: the LM head's logits then need no pass for their top).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_tops(
+    isa: Isa,
+    split: Split,
+    cl: &CpuLinear,
+    xq: &[i8],
+    sc: &[(i64, i32)],
+    out_frac: i32,
+    clamp: i64,
+    want_tops: bool,
+) -> (Vec<i32>, Option<Vec<i32>>) {
     let lin = &*cl.lin;
     let k = lin.k;
     let n = sc.len();
     let rows = lin.rows;
     debug_assert_eq!(xq.len(), n * k);
     if n == 0 || rows == 0 {
-        return vec![0i32; n * rows];
+        return (vec![0i32; n * rows], None);
     }
     let xu: Vec<u8> = if cl.kernel == Dot::Vnni {
         cl.vnni.activations(xq, k)
@@ -608,12 +652,17 @@ pub fn matmul(
     let tiles = rows.div_ceil(tile);
     if cl.kernel == Dot::Vnni && cl.scales.fast(&tms, &tes, out_frac) {
         // The rescale in the dot kernel's registers: every output written once, in place.
+        let tops: Vec<AtomicI32> = match want_tops {
+            true => (0..n).map(|_| AtomicI32::new(i32::MIN)).collect(),
+            false => Vec::new(),
+        };
         let f = Fused {
             rows: &cl.scales,
             tms: &tms,
             tes: &tes,
             out_frac,
             clamp,
+            tops: want_tops.then_some(&tops[..]),
         };
         let mut out: Vec<i32> = Vec::with_capacity(n * rows);
         let outp = SyncPtr(out.as_mut_ptr());
@@ -632,7 +681,8 @@ pub fn matmul(
             });
         // SAFETY: the tiles cover every row of every item: all n * rows elements are written.
         unsafe { out.set_len(n * rows) };
-        return out;
+        let tops = want_tops.then(|| tops.into_iter().map(AtomicI32::into_inner).collect());
+        return (out, tops);
     }
     let mut out = vec![0i32; n * rows];
     // `dst[t]` is where item t's outputs of the tile's rows go (w of them).
@@ -675,7 +725,7 @@ pub fn matmul(
     };
     if tiles == 1 {
         run_tile(0, &mut out.chunks_exact_mut(rows).collect::<Vec<_>>());
-        return out;
+        return (out, None);
     }
     // Each tile writes its rows of every item's output in place (no tile-sized copy).
     let outp = SyncPtr(out.as_mut_ptr());
@@ -694,7 +744,7 @@ pub fn matmul(
                 .collect();
             run_tile(ti, &mut dst);
         });
-    out
+    (out, None)
 }
 
 /// A raw pointer that tasks writing disjoint elements may share.
@@ -733,7 +783,9 @@ mod tests {
             let lin = Linear {
                 rows,
                 k,
-                m: (0..rows).map(|_| (1 << 30) + (rnd() as i64 % (1 << 30))).collect(),
+                m: (0..rows)
+                    .map(|_| (1 << 30) + (rnd() as i64 % (1 << 30)))
+                    .collect(),
                 e: (0..rows).map(|_| e_base + (rnd() % 9) as i32).collect(),
                 bias: (0..rows).map(|_| rnd() as i32 % 5000 - 2500).collect(),
                 row_sum: Linear::row_sums(&w, k),
@@ -758,6 +810,17 @@ mod tests {
                     for split in [Split::SERIAL, Split::PARALLEL] {
                         let got = at(isa, split);
                         assert_eq!(got, want, "{isa:?} {split:?} rows={rows} k={k} n={n}");
+                        // Tops, where the kernel gives them, are each item's largest output.
+                        let cl = CpuLinear::new(isa, &lin);
+                        let (out, tops) = matmul_tops(isa, split, &cl, &xq, &sc, 12, clamp, true);
+                        assert_eq!(out, want);
+                        if let Some(tops) = tops {
+                            let real: Vec<i32> = want
+                                .chunks_exact(rows)
+                                .map(|o| *o.iter().max().unwrap())
+                                .collect();
+                            assert_eq!(tops, real, "{isa:?} {split:?} rows={rows} n={n}: tops");
+                        }
                     }
                 }
             }

@@ -115,14 +115,15 @@ impl<'m> CpuSession<'m> {
     }
 
     /// The forward pass of `items` then `each` of the logits of the items that carry a query
-    /// (`vocab` each, in token order unless `head_order`: then as the head's rows are), in
-    /// item order: the whole step on this thread, or as one job on the pool.
+    /// (`vocab` each, in token order unless `head_order`: then as the head's rows are), with
+    /// their largest logit where the head's kernel found it, in item order: the whole step on
+    /// this thread, or as one job on the pool.
     fn tables<T: Send>(
         &mut self,
         items: &[Item],
         trace: Option<&mut Trace>,
         head_order: bool,
-        each: impl Fn(usize, &[i32], Split) -> Result<T> + Sync + Send,
+        each: impl Fn(usize, &[i32], Option<i32>, Split) -> Result<T> + Sync + Send,
     ) -> Result<(Vec<i32>, Vec<T>)> {
         let split = self.split(items);
         let (isa, model, weights) = (self.isa, self.model, &self.weights);
@@ -130,7 +131,8 @@ impl<'m> CpuSession<'m> {
         let v = model.config.vocab as usize;
         let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
         split.run(|| {
-            let mut logits = forward::forward(isa, split, model, weights, caches, items, trace)?;
+            let (mut logits, tops) =
+                forward::forward(isa, split, model, weights, caches, items, trace)?;
             if let (Some(perm), false) = (perm, head_order) {
                 // Back to token order: row p of the head is token perm[p].
                 logits
@@ -147,7 +149,7 @@ impl<'m> CpuSession<'m> {
                 .par_chunks(v)
                 .enumerate()
                 .with_min_len(split.min_len(1))
-                .map(|(i, l)| each(i, l, split))
+                .map(|(i, l)| each(i, l, tops.as_ref().map(|t| t[i]), split))
                 .collect::<Result<_>>()?;
             Ok((logits, out))
         })
@@ -157,11 +159,12 @@ impl<'m> CpuSession<'m> {
         let (isa, exp40) = (self.isa, &self.model.tables.exp40);
         let queries: Vec<_> = items.iter().filter_map(|it| it.query).collect();
         let traced = trace.is_some();
-        let (logits, answered) = self.tables(items, trace.as_deref_mut(), false, |i, l, _| {
-            let f = freq::table(isa, l, exp40, queries[i].mix)?;
-            let coded = freq::answer(&f, queries[i].find)?;
-            Ok((coded, traced.then_some(f)))
-        })?;
+        let (logits, answered) =
+            self.tables(items, trace.as_deref_mut(), false, |i, l, _, _| {
+                let f = freq::table(isa, l, exp40, queries[i].mix)?;
+                let coded = freq::answer(&f, queries[i].find)?;
+                Ok((coded, traced.then_some(f)))
+            })?;
         if let Some(t) = trace.as_deref_mut() {
             t.logits = logits;
             t.freqs = Vec::with_capacity(answered.len());
@@ -198,7 +201,7 @@ impl LmSession for CpuSession<'_> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
         let (isa, exp40) = (self.isa, &self.model.tables.exp40);
-        let (_, mut tables) = self.tables(&run, None, false, |_, l, _| {
+        let (_, mut tables) = self.tables(&run, None, false, |_, l, _, _| {
             freq::frequencies(isa, l, exp40)
         })?;
         tables
@@ -209,7 +212,7 @@ impl LmSession for CpuSession<'_> {
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
         let (isa, exp40) = (self.isa, &self.model.tables.exp40);
         Ok(self
-            .tables(items, None, false, |_, l, _| {
+            .tables(items, None, false, |_, l, _, _| {
                 freq::frequencies(isa, l, exp40)
             })?
             .1)
@@ -222,12 +225,12 @@ impl LmSession for CpuSession<'_> {
         if self.order_head(order) {
             let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
             let perm = perm.expect("order_head set it");
-            let sums = |_, l: &[i32], split| {
-                freq::prefix_sums_in_order(isa, l, &perm, order.len(), exp40, split)
+            let sums = |_, l: &[i32], top, split| {
+                freq::prefix_sums_in_order(isa, l, top, &perm, order.len(), exp40, split)
             };
             return Ok(self.tables(items, None, true, sums)?.1);
         }
-        let sums = |_, l: &[i32], _| freq::prefix_sums(isa, l, exp40, order);
+        let sums = |_, l: &[i32], _, _| freq::prefix_sums(isa, l, exp40, order);
         Ok(self.tables(items, None, false, sums)?.1)
     }
 }

@@ -141,7 +141,9 @@ mod tests {
     fn each_level_quantizes_as_the_definition() {
         let mut x = 29u64;
         let mut rnd = move || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             x
         };
         let mut rows: Vec<Vec<i64>> = Vec::new();
@@ -166,7 +168,11 @@ mod tests {
                 rows.push(row);
             }
             rows.push(vec![0; len]);
-            rows.push((0..len).map(|i| if i % 2 == 0 { i64::MIN } else { i64::MAX }).collect());
+            rows.push(
+                (0..len)
+                    .map(|i| if i % 2 == 0 { i64::MIN } else { i64::MAX })
+                    .collect(),
+            );
         }
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
             for (i, row) in rows.iter().enumerate() {

@@ -16,6 +16,10 @@ pub struct RowScales {
     pub ms: Vec<i64>,
     pub es: Vec<i32>,
     pub bias: Vec<i32>,
+    /// Per group of 16 rows, the fused VNNI rescale's operands as 64-bit lanes: the even
+    /// rows' multipliers, the odd rows', then the exponents and the biases likewise (48
+    /// values per group).
+    pub lanes: Vec<i64>,
     /// The least and largest exponent of the real rows, and whether every multiplier lies in
     /// `0..2^16`.
     e_range: (i32, i32),
@@ -35,10 +39,18 @@ impl RowScales {
         ms.resize(padded, 0);
         es.resize(padded, e_range.0.max(0));
         bias.resize(padded, 0);
+        let mut lanes = Vec::with_capacity(padded * 3);
+        for g in 0..padded / 16 {
+            let rows = |parity: usize| (0..8).map(move |i| 16 * g + 2 * i + parity);
+            lanes.extend(rows(0).chain(rows(1)).map(|r| ms[r]));
+            lanes.extend(rows(0).chain(rows(1)).map(|r| es[r] as i64));
+            lanes.extend(rows(0).chain(rows(1)).map(|r| bias[r] as i64));
+        }
         RowScales {
             ms,
             es,
             bias,
+            lanes,
             e_range,
             ms_small,
         }
