@@ -299,8 +299,17 @@ pub fn corrupt_streams_error(backend: &dyn Backend) {
         .to_string();
     assert!(e.contains("joint (fast) layout for 64-bit floats"), "{e}");
 
-    let (r, x) = pair_bytes(DType::BF16, 3000, 48, 5);
-    let shape = [3000u64];
+    // One block of the AVX2 level's blocked decode, and several (its checks run per block).
+    for n in [3000, 9000] {
+        corrupt_bf16(backend, n);
+    }
+}
+
+/// Flip one bit at a time in `n`-element bf16 blobs of both layouts: `backend` must fail
+/// where the reference fails and decode the same bytes where it does not.
+fn corrupt_bf16(backend: &dyn Backend, n: usize) {
+    let (r, x) = pair_bytes(DType::BF16, n, 48, 5);
+    let shape = [n as u64];
     let pair = TensorPair {
         dtype: DType::BF16,
         shape: &shape,

@@ -153,8 +153,9 @@ impl Lanes<'_> {
 }
 
 /// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size):
-/// on success every byte of `out` is written.
+/// on success every byte of `out` is written, and `out_crc` (where given) has hashed them.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub fn chunk<T: Word>(
     c: &DecodeChunk,
     reference: &[u8],
@@ -167,7 +168,14 @@ pub fn chunk<T: Word>(
     joint: Option<&JointDec>,
     distance: Option<usize>,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
+    out_crc: Option<&mut crc32fast::Hasher>,
 ) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(table), Isa::Avx2, 16 | 32) = (joint, isa, T::BITS) {
+        return joint_blocked::<T>(
+            c, reference, out, isa, info_fn, signed, table, scratch, out_crc,
+        );
+    }
     let n = reference.len() / T::SIZE;
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
     // Every lane writes its element's code before anything reads it: no clearing memset
@@ -203,7 +211,12 @@ pub fn chunk<T: Word>(
         chain_lanes::<T>(info, codes, &mut states, &mut st, isa, stages, w1, d, d_s)?;
         check_end(&st, &states)?;
     }
-    finish::<T>(c, codes, j_codes, reference, out, isa, signed)
+    finish::<T>(c, codes, j_codes, reference, out, isa, signed)?;
+    if let Some(h) = out_crc {
+        // SAFETY: `finish` succeeded, so it wrote every byte of `out`.
+        h.update(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) });
+    }
+    Ok(())
 }
 
 /// Every lane back in its initial state and every word read: what the encoder started from.
@@ -269,6 +282,136 @@ fn joint_lanes<T: Word>(
         j_codes,
     )?;
     check_end(&st, &states)
+}
+
+/// Elements per block of [`joint_blocked`]: a multiple of `LANES` and of the tail passes'
+/// groups; the block's codes (16 KiB), reference and output stay in L1 from the lanes to
+/// the tail pass, and to the output's CRC-32.
+#[cfg(target_arch = "x86_64")]
+const BLOCK: usize = 4096;
+
+/// A Joint-layout chunk at AVX2, lanes and tail pass block by block: a chunk's codes (1 MiB
+/// of `u32` for its 2^18 elements) went to L2 or beyond between the two passes, and were read
+/// a third time to sum the tail lengths before the tail pass. Here the vector tail pass reads
+/// inside the tail whatever the codes, so only what it leaves to the scalar pass needs its
+/// lengths summed first; the total is checked against the chunk's tail length at the end.
+/// The same bytes as [`joint_lanes`] then [`finish`]: the lanes' order and the tails' bit
+/// order do not depend on where a block ends.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn joint_blocked<T: Word>(
+    c: &DecodeChunk,
+    reference: &[u8],
+    out: &mut [MaybeUninit<u8>],
+    isa: Isa,
+    info_fn: InfoFn,
+    signed: bool,
+    table: &JointDec,
+    scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
+    mut out_crc: Option<&mut crc32fast::Hasher>,
+) -> Result<()> {
+    let n = reference.len() / T::SIZE;
+    let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
+    let j_codes = super::joint::stores_j::<T>();
+    // Every block's lanes write its codes before the tail pass reads them.
+    codes.truncate(BLOCK.min(n));
+    codes.resize(BLOCK.min(n), 0);
+    let mut states = c.states;
+    // The words in place while a step's worth is left, then a padded copy of the rest (as
+    // in `joint_lanes`).
+    let mut st = Stream {
+        words: &c.words,
+        len: c.words.len(),
+        pos: 0,
+    };
+    let mut near_end: Option<Stream> = None;
+    let avail = c.tail_bits.min(c.tail.len() as u64 * 8);
+    let mut tail = BitReader::new(c.tail);
+    for at in (0..n).step_by(BLOCK) {
+        let m = BLOCK.min(n - at);
+        let r = &reference[at * T::SIZE..(at + m) * T::SIZE];
+        let o = &mut out[at * T::SIZE..(at + m) * T::SIZE];
+        let codes = &mut codes[..m];
+        let mut k = 0;
+        if near_end.is_none() {
+            k = joint_vector::<T>(isa, table, r, info_fn, codes, &mut states, &mut st, true)?;
+            if k < m {
+                let left = &c.words[st.pos..];
+                padded.clear();
+                padded.extend_from_slice(left);
+                padded.resize(left.len() + LANES, 0);
+                near_end = Some(Stream {
+                    words: padded,
+                    len: left.len(),
+                    pos: 0,
+                });
+            }
+        }
+        if let Some(st) = near_end.as_mut() {
+            let r = &r[k * T::SIZE..];
+            k += joint_vector::<T>(
+                isa,
+                table,
+                r,
+                info_fn,
+                &mut codes[k..],
+                &mut states,
+                st,
+                false,
+            )?;
+            info_fn.fill::<T>(&reference[(at + k) * T::SIZE..(at + m) * T::SIZE], info);
+            super::joint::decode_lanes(table, info, &mut codes[k..], &mut states, st, j_codes)?;
+        }
+        // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it; the passes
+        // read inside the tail whatever the codes.
+        let (done, bits) = unsafe {
+            if T::BITS == 16 {
+                super::avx2::decode::finish_u16(
+                    codes,
+                    j_codes,
+                    r,
+                    o,
+                    tail.bytes(),
+                    tail.consumed,
+                    signed,
+                )
+            } else {
+                super::avx2::decode::finish_u32(codes, r, o, tail.bytes(), tail.consumed, signed)
+            }
+        };
+        tail.consumed = bits;
+        let rest = &codes[done..];
+        if tail.consumed + tail_need(rest, j_codes) > avail {
+            return Err(bad("raw tail shorter than the bit lengths require"));
+        }
+        finish_scalar::<T>(
+            rest,
+            j_codes,
+            &r[done * T::SIZE..],
+            &mut o[done * T::SIZE..],
+            &mut tail,
+            signed,
+        );
+        if let Some(h) = out_crc.as_deref_mut() {
+            // SAFETY: the block's two passes wrote every byte of `o`.
+            h.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
+        }
+    }
+    check_end(near_end.as_ref().unwrap_or(&st), &states)?;
+    // Bytes past the last whole element (none for a well-formed reference) read as zeros.
+    for o in &mut out[n * T::SIZE..] {
+        o.write(0);
+    }
+    if let Some(h) = out_crc {
+        // SAFETY: just written.
+        let past = &out[n * T::SIZE..];
+        h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
+    }
+    if tail.consumed != c.tail_bits {
+        return Err(bad("raw tail longer than the bit lengths require"));
+    }
+    Ok(())
 }
 
 /// The whole steps a vector decoder does from the start of `codes` (0 where none runs);
@@ -399,16 +542,7 @@ fn finish<T: Word>(
     // In 32 bits (twice the lanes of a 64-bit sum): whatever the codes, a chunk's lengths
     // sum to less than 2^18 × 128.
     const _: () = assert!(crate::format::chunk::CHUNK_ELEMS as u64 * 127 < 1 << 32);
-    let need = if j_codes {
-        // Joint symbols (`j_codes`): `J + 17 = 8·b + …` from J = 7 (b = 3) on, so the tail
-        // length max(b - 3, 0) is `max(J - 7, 0) >> 3`.
-        codes.iter().map(|&j| j.saturating_sub(7) >> 3).sum::<u32>()
-    } else {
-        codes
-            .iter()
-            .map(|&c| (c & 127).saturating_sub(3))
-            .sum::<u32>()
-    } as u64;
+    let need = tail_need(codes, j_codes);
     if need > c.tail_bits.min(c.tail.len() as u64 * 8) {
         return Err(bad("raw tail shorter than the bit lengths require"));
     }
@@ -440,10 +574,11 @@ fn finish<T: Word>(
                     reference,
                     out,
                     tail.bytes(),
+                    0,
                     signed,
                 )
             } else {
-                super::avx2::decode::finish_u32(codes, reference, out, tail.bytes(), signed)
+                super::avx2::decode::finish_u32(codes, reference, out, tail.bytes(), 0, signed)
             }
         };
         done = elems;
@@ -472,13 +607,58 @@ fn finish<T: Word>(
         done = elems;
         tail.consumed = bits;
     }
-    // The scalar pass finishes what the vector passes left, joint symbols included
-    // (`j_codes`: x86 vector levels, 16-bit floats only).
+    // The scalar pass finishes what the vector passes left.
+    finish_scalar::<T>(
+        &codes[done..],
+        j_codes,
+        &reference[done * T::SIZE..],
+        &mut out[done * T::SIZE..],
+        &mut tail,
+        signed,
+    );
+    // Bytes past the last whole element (none for a well-formed reference) read as zeros.
+    for o in &mut out[codes.len().min(reference.len() / T::SIZE) * T::SIZE..] {
+        o.write(0);
+    }
+    if need != c.tail_bits {
+        return Err(bad("raw tail longer than the bit lengths require"));
+    }
+    Ok(())
+}
+
+/// The tail bits `codes` take: their lengths' sum.
+#[inline(always)]
+fn tail_need(codes: &[u32], j_codes: bool) -> u64 {
+    let sum = if j_codes {
+        // Joint symbols (`j_codes`): `J + 17 = 8·b + …` from J = 7 (b = 3) on, so the tail
+        // length max(b - 3, 0) is `max(J - 7, 0) >> 3`.
+        codes.iter().map(|&j| j.saturating_sub(7) >> 3).sum::<u32>()
+    } else {
+        codes
+            .iter()
+            .map(|&c| (c & 127).saturating_sub(3))
+            .sum::<u32>()
+    };
+    sum as u64
+}
+
+/// Raw tails and the inverse transform one element at a time, joint symbols included
+/// (`j_codes`: x86 vector levels, 16-bit floats only); the caller checked that `tail` holds
+/// the bits the codes need ([`tail_need`]).
+#[inline(always)]
+fn finish_scalar<T: Word>(
+    codes: &[u32],
+    j_codes: bool,
+    reference: &[u8],
+    out: &mut [MaybeUninit<u8>],
+    tail: &mut BitReader,
+    signed: bool,
+) {
     let of_j = super::joint::code_of_joint();
-    for ((&code, r), o) in codes[done..]
+    for ((&code, r), o) in codes
         .iter()
-        .zip(reference.chunks_exact(T::SIZE).skip(done))
-        .zip(out.chunks_exact_mut(T::SIZE).skip(done))
+        .zip(reference.chunks_exact(T::SIZE))
+        .zip(out.chunks_exact_mut(T::SIZE))
     {
         let code = if j_codes {
             of_j[code as usize & 255]
@@ -501,12 +681,4 @@ fn finish<T: Word>(
             o.write(b);
         }
     }
-    // Bytes past the last whole element (none for a well-formed reference) read as zeros.
-    for o in &mut out[codes.len().min(reference.len() / T::SIZE) * T::SIZE..] {
-        o.write(0);
-    }
-    if need != c.tail_bits {
-        return Err(bad("raw tail longer than the bit lengths require"));
-    }
-    Ok(())
 }

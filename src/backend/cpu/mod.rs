@@ -443,7 +443,8 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
     let len = job.reference.len();
     let mut out: Vec<u8> = Vec::with_capacity(len);
     // Each chunk's reference bytes are hashed before the chunk is decoded (which brings
-    // them into cache for the lanes and the tail pass), its output right after.
+    // them into cache for the lanes and the tail pass), its output by the decode (right
+    // after it, or block by block while in L1).
     let crcs = out.spare_capacity_mut()[..len]
         .par_chunks_mut(CHUNK_ELEMS * T::SIZE)
         .zip(job.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
@@ -452,6 +453,7 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
             || (Vec::new(), Vec::new(), Vec::new()),
             |scratch, ((o, r), c)| -> Result<[crc32fast::Hasher; 2]> {
                 let mut rh = crc32fast::Hasher::new();
+                let mut oh = crc32fast::Hasher::new();
                 if hash {
                     rh.update(r);
                 }
@@ -471,16 +473,10 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
                             joint.as_ref(),
                             job.distance,
                             scratch,
+                            hash.then_some(&mut oh),
                         )
                     },
                 )?;
-                // SAFETY: the chunk's successful decode wrote all of its bytes
-                // (`decode::chunk`).
-                let o = unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) };
-                let mut oh = crc32fast::Hasher::new();
-                if hash {
-                    oh.update(o);
-                }
                 Ok([rh, oh])
             },
         )

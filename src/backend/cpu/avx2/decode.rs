@@ -395,12 +395,14 @@ pub unsafe fn full_steps<T: Word>(
 /// lane-crossing picks); then the value rebuilt, turned into a displacement and added to the
 /// reference's ordered key. AVX2 has no variable 16-bit shifts: every shift by a lane's own
 /// count is a multiply by a power of two that a byte shuffle looks up (`mullo` shifts left,
-/// `mulhi` right). Does every whole group of 16 while the windows fit the tail and returns
-/// how many elements and tail bits it used; the caller finishes the rest.
+/// `mulhi` right). The first tail starts at bit `bits` of `tail` (a block after the first
+/// continues where the last one ended). Does every whole group of 16 while the windows fit
+/// the tail and returns how many elements it did and the bit where their tails end; the
+/// caller finishes the rest. Every read stays inside `tail` whatever the codes (each group
+/// checks its 32 bytes); whether the tail's length matches the codes is the caller's check.
 ///
 /// # Safety
-/// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
-/// (checked by the caller); the codes must be below 2^16 (every lane writes codes below
+/// The CPU must have AVX2; the codes must be below 2^16 (every lane writes codes below
 /// 2^10 and joint symbols below 2^8).
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 pub unsafe fn finish_u16(
@@ -409,11 +411,12 @@ pub unsafe fn finish_u16(
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
     tail: &[u8],
+    bits: u64,
     signed: bool,
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
     let full = n / 16 * 16;
-    let mut bits = 0u64;
+    let mut bits = bits;
     // Byte tables, looked up by `_mm256_shuffle_epi8` (an index with bit 7 set reads 0):
     let table = |f: fn(usize) -> u8| {
         let t: [u8; 16] = std::array::from_fn(f);
@@ -595,22 +598,22 @@ unsafe fn displacement16(
 /// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of
 /// its bit offset it spans five bytes; the four tails of each 128-bit half (with the 7 bits
 /// before the first: 123 bits) lie in 16 bytes, so each half shuffles its own 16-byte window
-/// inside its lane.
+/// inside its lane. Starts at tail bit `bits`; reads inside `tail` whatever the codes.
 ///
 /// # Safety
-/// The CPU must have AVX2; `tail` must hold the `need` bits the codes' lengths sum to
-/// (checked by the caller).
+/// The CPU must have AVX2.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 pub unsafe fn finish_u32(
     codes: &[u32],
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
     tail: &[u8],
+    bits: u64,
     signed: bool,
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
-    let mut bits = 0u64;
+    let mut bits = bits;
     // Byte 0 of each 32-bit lane spread to all four, then + 0, 1, 2, 3 (the lane's four
     // bytes from its byte offset), or + 4 with the other three bytes made "zero" (bit 7
     // set: the fifth byte).
