@@ -215,8 +215,10 @@ fn drain(sub: &mut [u32], acc: &mut [u64]) {
 /// kernel for it (AVX2, 16- and 32-bit floats, tensors of at least twice as many elements
 /// as counting slots): each piece of a chunk has its displacements and facts written to
 /// `d` and `info` and its slots counted while it is in L1, so neither is read back from
-/// memory, and the exponent range comes from the reference. `None` where not taken, with
-/// nothing written (the caller runs the two passes).
+/// memory, and the exponent range comes from the reference; the pieces are hashed there too,
+/// so the blob's CRC-32s of the reference and the target (returned with the histogram) need
+/// no pass of their own. `None` where not taken, with nothing written (the caller runs the
+/// two passes).
 #[allow(clippy::too_many_arguments)]
 pub fn residual_histogram<T: Word>(
     isa: Isa,
@@ -226,7 +228,7 @@ pub fn residual_histogram<T: Word>(
     width: u32,
     d: &mut [std::mem::MaybeUninit<T>],
     info: &mut [std::mem::MaybeUninit<u16>],
-) -> Option<Hist> {
+) -> Option<(Hist, [u32; 2])> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::avx2::hist::{er_range_of, residual_count};
@@ -248,14 +250,17 @@ pub fn residual_histogram<T: Word>(
             return None;
         }
         let lo2 = 2 * lo as u32;
-        let acc = d
+        type Acc = (Vec<u64>, Vec<(usize, [crc32fast::Hasher; 2])>);
+        let (acc, mut hashes) = d
             .par_chunks_mut(CHUNK_ELEMS)
             .zip(info.par_chunks_mut(CHUNK_ELEMS))
             .zip(reference.par_chunks(CHUNK_ELEMS * T::SIZE))
             .zip(target.par_chunks(CHUNK_ELEMS * T::SIZE))
+            .enumerate()
             .fold(
-                || vec![0u64; size],
-                |mut acc, (((d, i), r), x)| {
+                || -> Acc { (vec![0u64; size], Vec::new()) },
+                |(mut acc, mut hashes), (c, (((d, i), r), x))| {
+                    let mut h = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
                     COUNT_SCRATCH.with(|s| {
                         // Not re-entered: nothing below yields to the rayon pool.
                         let (_, sub) = &mut *s.borrow_mut();
@@ -263,18 +268,43 @@ pub fn residual_histogram<T: Word>(
                         if sub.len() < 4 * size {
                             sub.resize(4 * size, 0);
                         }
-                        // SAFETY: AVX2 as above; `lo2` is the lowest context of the
-                        // reference, whose contexts span `size / FLAT_STRIDE`.
-                        unsafe {
-                            residual_count::<T>(r, x, d, i, info_fn, lo2, &mut sub[..4 * size])
-                        };
+                        let b = FUSED_BLOCK;
+                        for (((d, i), r), x) in d
+                            .chunks_mut(b)
+                            .zip(i.chunks_mut(b))
+                            .zip(r.chunks(b * T::SIZE))
+                            .zip(x.chunks(b * T::SIZE))
+                        {
+                            // SAFETY: AVX2 as above; `lo2` is the lowest context of the
+                            // reference, whose contexts span `size / FLAT_STRIDE`.
+                            unsafe {
+                                residual_count::<T>(r, x, d, i, info_fn, lo2, &mut sub[..4 * size])
+                            };
+                            h[0].update(r);
+                            h[1].update(x);
+                        }
                         drain(sub, &mut acc);
                     });
-                    acc
+                    hashes.push((c, h));
+                    (acc, hashes)
                 },
             )
-            .reduce_with(add_counts)?;
-        Some(fold_rows(&acc, lo2, Space::new(Stage::J, width, false)))
+            .reduce_with(|(a, mut ha), (b, hb)| {
+                ha.extend(hb);
+                (add_counts(a, b), ha)
+            })?;
+        // The chunks' hashes combined in order, whatever order the threads finished in.
+        hashes.sort_unstable_by_key(|&(c, _)| c);
+        let mut crcs = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
+        for (_, [r, x]) in &hashes {
+            crcs[0].combine(r);
+            crcs[1].combine(x);
+        }
+        let crcs = crcs.map(|h| h.finalize());
+        Some((
+            fold_rows(&acc, lo2, Space::new(Stage::J, width, false)),
+            crcs,
+        ))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -282,6 +312,11 @@ pub fn residual_histogram<T: Word>(
         None
     }
 }
+
+/// Elements per piece of [`residual_histogram`]: its inputs (16 or 32 KiB for 16-bit floats)
+/// stay in L1 for their hashes.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const FUSED_BLOCK: usize = 4096;
 
 /// The exponent classes `info` spans, `(0, 0)` when empty.
 #[inline(always)]

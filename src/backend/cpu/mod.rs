@@ -147,6 +147,8 @@ struct CpuResident<'a, T: Word> {
     reference: &'a [u8],
     target: &'a [u8],
     res: std::sync::OnceLock<(Vec<T>, Vec<u16>)>,
+    /// CRC-32s of the reference and the target, where the pass that wrote `res` hashed them.
+    crcs: std::sync::OnceLock<[u32; 2]>,
 }
 
 /// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) when `isa` allows it, else as built.
@@ -195,6 +197,7 @@ impl<'a, T: Word> CpuResident<'a, T> {
             reference: job.reference,
             target: job.target,
             res: std::sync::OnceLock::new(),
+            crcs: std::sync::OnceLock::new(),
         }
     }
 
@@ -258,13 +261,14 @@ impl<'a, T: Word> CpuResident<'a, T> {
                 &mut d.spare_capacity_mut()[..n],
                 &mut info.spare_capacity_mut()[..n],
             );
-            if let Some(h) = fused {
+            if let Some((h, crcs)) = fused {
                 // SAFETY: `residual_histogram` wrote every element of both when it counted.
                 unsafe {
                     d.set_len(n);
                     info.set_len(n);
                 }
                 let _ = self.res.set((d, info));
+                let _ = self.crcs.set(crcs);
                 return h;
             }
         }
@@ -335,6 +339,10 @@ fn residual_chunk<T: Word, const COND: bool, const WIDE: bool>(
 }
 
 impl<T: Word> Resident for CpuResident<'_, T> {
+    fn input_crcs(&self) -> Option<[u32; 2]> {
+        self.crcs.get().copied()
+    }
+
     fn residual_bytes(&self) -> Result<Vec<u8>> {
         let (d, _) = self.res();
         let mut out = vec![0u8; d.len() * T::SIZE];

@@ -193,8 +193,14 @@ pub(in crate::backend::cpu) unsafe fn codes16(
         // 32-bit lanes in the in-lane unpack order: elements 0..4 and 8..12, then 4..8 and
         // 12..16.
         let halves = [
-            (_mm256_unpacklo_epi16(v, zero), _mm256_unpacklo_epi16(neg, zero)),
-            (_mm256_unpackhi_epi16(v, zero), _mm256_unpackhi_epi16(neg, zero)),
+            (
+                _mm256_unpacklo_epi16(v, zero),
+                _mm256_unpacklo_epi16(neg, zero),
+            ),
+            (
+                _mm256_unpackhi_epi16(v, zero),
+                _mm256_unpackhi_epi16(neg, zero),
+            ),
         ];
         let mut c = [zero; 2];
         for (h, &(v, neg)) in halves.iter().enumerate() {
@@ -203,7 +209,10 @@ pub(in crate::backend::cpu) unsafe fn codes16(
             let t = _mm256_max_epi32(_mm256_sub_epi32(e, bias), zero);
             let b = _mm256_srli_epi32::<2>(t);
             c[h] = _mm256_or_si256(
-                _mm256_or_si256(b, _mm256_slli_epi32::<6>(_mm256_and_si256(t, _mm256_set1_epi32(2)))),
+                _mm256_or_si256(
+                    b,
+                    _mm256_slli_epi32::<6>(_mm256_and_si256(t, _mm256_set1_epi32(2))),
+                ),
                 _mm256_or_si256(
                     _mm256_slli_epi32::<8>(_mm256_and_si256(t, one)),
                     _mm256_slli_epi32::<9>(neg),
@@ -227,7 +236,10 @@ pub(in crate::backend::cpu) unsafe fn codes16(
         // SAFETY: 16 `u32` at `at` of `out`; the permutes put elements 0..8 and 8..16
         // back in order.
         unsafe {
-            _mm256_storeu_si256(op.add(at).cast(), _mm256_permute2x128_si256::<0x20>(c[0], c[1]));
+            _mm256_storeu_si256(
+                op.add(at).cast(),
+                _mm256_permute2x128_si256::<0x20>(c[0], c[1]),
+            );
             _mm256_storeu_si256(
                 op.add(at + 8).cast(),
                 _mm256_permute2x128_si256::<0x31>(c[0], c[1]),

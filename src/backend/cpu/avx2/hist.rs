@@ -44,7 +44,10 @@ pub unsafe fn er_range_of<T: Word>(reference: &[u8], (mant, emask): (u32, u32)) 
         // SAFETY: `at + 16 <= n` elements of `reference`.
         let e = unsafe {
             if T::BITS == 16 {
-                _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(rp.add(2 * at).cast()), sh), m)
+                _mm256_and_si256(
+                    _mm256_srl_epi16(_mm256_loadu_si256(rp.add(2 * at).cast()), sh),
+                    m,
+                )
             } else {
                 let a = _mm256_srl_epi32(_mm256_loadu_si256(rp.add(4 * at).cast()), sh);
                 let b = _mm256_srl_epi32(_mm256_loadu_si256(rp.add(4 * at + 32).cast()), sh);
@@ -407,9 +410,14 @@ mod tests {
             vec![MaybeUninit::<T>::uninit(); n],
             vec![MaybeUninit::uninit(); n],
         );
-        let got =
+        let (got, crcs) =
             joint::residual_histogram::<T>(Isa::Avx2, r, x, info_fn, width, &mut d, &mut info)
                 .unwrap_or_else(|| panic!("{what}: fused pass not taken"));
+        assert_eq!(
+            crcs,
+            [crc32fast::hash(r), crc32fast::hash(x)],
+            "{what}: CRC-32s"
+        );
         // SAFETY: `residual_histogram` wrote every element when it returned a histogram.
         let (d, info): (Vec<T>, Vec<u16>) = unsafe {
             (
