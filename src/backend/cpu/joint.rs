@@ -237,14 +237,15 @@ pub fn residual_histogram<T: Word>(
             || !(T::BITS == 16 || T::BITS == 32)
             || info_fn.wide()
             || info.len() != n
-            || reference.len() < n * T::SIZE
-            || target.len() < n * T::SIZE
+            // Whole elements only, so the CRC-32s cover the whole inputs.
+            || reference.len() != n * T::SIZE
+            || target.len() != n * T::SIZE
         {
             return None;
         }
         let params = info_fn.joint_params();
         // SAFETY: `Isa::Avx2` is only ever a level `Isa::available` confirmed on this CPU.
-        let (lo, hi) = unsafe { er_range_of::<T>(&reference[..n * T::SIZE], params) };
+        let (lo, hi) = unsafe { er_range_of::<T>(reference, params) };
         let size = (hi - lo + 1) * 2 * FLAT_STRIDE;
         if n < 2 * size {
             return None;
