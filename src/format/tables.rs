@@ -22,6 +22,8 @@
 //! primary context gets its own row only when that saves more bits than the row costs; the rest
 //! share their backoff row. Decisions use integer cost estimates only (see entropy::freq).
 
+use rayon::prelude::*;
+
 use super::symbols::{joint_alphabet, joint_symbol, Neighbor, RefInfo, Sym, EXP_CLASSES};
 
 use crate::bytes::{varint_len, ByteReader, ByteWriter};
@@ -347,10 +349,17 @@ impl StageTable {
             .map(|g| best_row(&group[g * a..(g + 1) * a]))
             .collect();
 
+        // Each row priced on the pool: for a large tensor, choosing its tables is serial
+        // work of a few percent of its encode, which a second thread could not share.
+        let rows: Vec<(usize, &[u64])> = hist.rows().collect();
+        let priced: Vec<(Vec<u32>, u64)> = rows
+            .par_iter()
+            .with_min_len(8)
+            .map(|(_, counts)| priced_row(counts))
+            .collect();
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
-        for (ctx, counts) in hist.rows() {
-            let (own, own_price) = priced_row(counts);
+        for ((ctx, counts), (own, own_price)) in rows.into_iter().zip(priced) {
             // The row's own cost: its data, its bytes and one byte of context id.
             let keep =
                 !prune || own_price + 8 * COST_ONE_BIT < cost(counts, &group_freqs[ctx % nb]);

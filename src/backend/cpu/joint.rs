@@ -63,11 +63,16 @@ pub fn context(info: u16) -> usize {
 /// lays them out (no per-element table lookup), in four interleaved tables (a run of one
 /// symbol does not wait on its own increments), then folded into J rows once per tensor.
 #[inline(always)]
-pub fn histogram<T: Word>(isa: Isa, d: &[T], info: &[u16], width: u32) -> Hist {
+pub fn histogram<T: Word>(
+    isa: Isa,
+    d: &[T],
+    info: &[u16],
+    (lo, hi): (usize, usize),
+    width: u32,
+) -> Hist {
     // Wider floats never get here (`check_layout`); the indices below assume b <= 32.
     debug_assert!(T::BITS <= 32);
     let space = Space::new(Stage::J, width, false);
-    let (lo, hi) = er_range(info);
     let n_ctx = (hi - lo + 1) * 2;
     let size = n_ctx * FLAT_STRIDE;
     let lo2 = 2 * lo as u32;
@@ -216,8 +221,8 @@ fn drain(sub: &mut [u32], acc: &mut [u64]) {
 /// as counting slots): each piece of a chunk has its displacements and facts written to
 /// `d` and `info` and its slots counted while it is in L1, so neither is read back from
 /// memory, and the exponent range comes from the reference; the pieces are hashed there too,
-/// so the blob's CRC-32s of the reference and the target (returned with the histogram) need
-/// no pass of their own. `None` where not taken, with nothing written (the caller runs the
+/// so the blob's CRC-32s of the reference and the target (returned with the histogram and the
+/// exponent range) need no pass of their own. `None` where not taken, with nothing written (the caller runs the
 /// two passes).
 #[allow(clippy::too_many_arguments)]
 pub fn residual_histogram<T: Word>(
@@ -228,7 +233,7 @@ pub fn residual_histogram<T: Word>(
     width: u32,
     d: &mut [std::mem::MaybeUninit<T>],
     info: &mut [std::mem::MaybeUninit<u16>],
-) -> Option<(Hist, [u32; 2])> {
+) -> Option<(Hist, [u32; 2], (usize, usize))> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::avx2::hist::{er_range_of, residual_count};
@@ -244,8 +249,16 @@ pub fn residual_histogram<T: Word>(
             return None;
         }
         let params = info_fn.joint_params();
-        // SAFETY: `Isa::Avx2` is only ever a level `Isa::available` confirmed on this CPU.
-        let (lo, hi) = unsafe { er_range_of::<T>(reference, params) };
+        // Chunk by chunk on the pool (chunks are never empty): serial passes over a large
+        // tensor are what keeps a second thread from helping.
+        let (lo, hi) = reference
+            .par_chunks(CHUNK_ELEMS * T::SIZE)
+            // SAFETY: `Isa::Avx2` is only ever a level `Isa::available` confirmed on this CPU.
+            .map(|r| unsafe { er_range_of::<T>(r, params) })
+            .reduce(|| (usize::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+        if lo > hi {
+            return None;
+        }
         let size = (hi - lo + 1) * 2 * FLAT_STRIDE;
         if n < 2 * size {
             return None;
@@ -305,6 +318,7 @@ pub fn residual_histogram<T: Word>(
         Some((
             fold_rows(&acc, lo2, Space::new(Stage::J, width, false)),
             crcs,
+            (lo, hi),
         ))
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -320,8 +334,23 @@ pub fn residual_histogram<T: Word>(
 const FUSED_BLOCK: usize = 4096;
 
 /// The exponent classes `info` spans, `(0, 0)` when empty.
+pub fn er_range(info: &[u16]) -> (usize, usize) {
+    // Chunk by chunk on the pool: one serial pass over a large tensor's facts was a few
+    // percent of its encode, and serial work is what keeps a second thread from helping.
+    let (lo, hi) = chunk_ranges(info.len())
+        .into_par_iter()
+        .map(|r| byte_range(&info[r]))
+        .reduce(|| (u8::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+    if lo > hi {
+        (0, 0)
+    } else {
+        (lo as usize, hi as usize)
+    }
+}
+
+/// Minimum and maximum of the low bytes of `info`, `(255, 0)` when empty.
 #[inline(always)]
-fn er_range(info: &[u16]) -> (usize, usize) {
+fn byte_range(info: &[u16]) -> (u8, u8) {
     // As bytes (an exponent class is the low byte): unsigned byte minima and maxima
     // vectorize even at baseline x86-64.
     let (mut lo, mut hi) = (u8::MAX, 0u8);
@@ -329,11 +358,7 @@ fn er_range(info: &[u16]) -> (usize, usize) {
         lo = lo.min(i as u8);
         hi = hi.max(i as u8);
     }
-    if lo > hi {
-        (0, 0)
-    } else {
-        (lo as usize, hi as usize)
-    }
+    (lo, hi)
 }
 
 /// Code one chunk: per-element codes and raw tails as in the other layouts, then one joint
@@ -398,16 +423,33 @@ impl<'a> JointDec<'a> {
     pub fn new(t: &'a StageTable) -> Self {
         let n_rows = t.explicit.len() + t.backoff.len();
         // Written in slot order, without zeroing first (a row's symbols cover its slots in
-        // order: starts are the running sums of the frequencies).
-        let mut slots = Vec::with_capacity(n_rows * PROB_TOTAL as usize);
-        for ri in 0..n_rows {
-            let row = t.row(ri as u32);
-            for (j, &f) in row.freq.iter().enumerate() {
-                slots.extend((0..f).map(|k| j as u32 | (f - 1) << 8 | k << 20));
-            }
-            // Exactly one row's slots whatever the frequencies.
-            slots.resize((ri + 1) * PROB_TOTAL as usize, 0);
-        }
+        // order: starts are the running sums of the frequencies); rows on the pool, as
+        // this was serial work of a few percent of a large tensor's decode.
+        let total = PROB_TOTAL as usize;
+        let mut slots: Vec<u32> = Vec::with_capacity(n_rows * total);
+        slots.spare_capacity_mut()[..n_rows * total]
+            .par_chunks_mut(total)
+            .with_min_len(4)
+            .enumerate()
+            .for_each(|(ri, out)| {
+                let row = t.row(ri as u32);
+                let mut at = 0;
+                for (j, &f) in row.freq.iter().enumerate() {
+                    // A row's frequencies sum to at most its slots (`StageTable` checks
+                    // them); `take` keeps a bad row inside its own slots regardless.
+                    let entries = (0..f).map(|k| j as u32 | (f - 1) << 8 | k << 20);
+                    for (o, e) in out[at..].iter_mut().zip(entries) {
+                        o.write(e);
+                    }
+                    at = (at + f as usize).min(total);
+                }
+                // Exactly one row's slots whatever the frequencies.
+                out[at..].iter_mut().for_each(|o| {
+                    o.write(0);
+                });
+            });
+        // SAFETY: every row's task wrote all `total` of its slots above.
+        unsafe { slots.set_len(n_rows * total) };
         let vector_ok = t.map.len() >= 2 * 256
             && n_rows < (1 << 18)
             && t.map
@@ -503,13 +545,12 @@ pub struct JointFlat {
     allow(dead_code)
 )]
 impl JointFlat {
-    /// The table for the exponent classes of `info` (a tensor's elements); `None` where it
-    /// would have more entries than twice the elements (small tensors: building it would
+    /// The table for the exponent classes `lo..=hi` of a tensor's `n` elements; `None` where
+    /// it would have more entries than twice the elements (small tensors: building it would
     /// cost more than the lookups it saves).
-    pub fn new(t: &EncStage, info: &[u16]) -> Option<JointFlat> {
-        let (lo, hi) = er_range(info);
+    pub fn new(t: &EncStage, n: usize, (lo, hi): (usize, usize)) -> Option<JointFlat> {
         let size = (hi - lo + 1) * 2 * FLAT_STRIDE;
-        if size > 2 * info.len() {
+        if size > 2 * n {
             return None;
         }
         let lut = joint_of_code();

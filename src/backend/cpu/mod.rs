@@ -149,6 +149,9 @@ struct CpuResident<'a, T: Word> {
     res: std::sync::OnceLock<(Vec<T>, Vec<u16>)>,
     /// CRC-32s of the reference and the target, where the pass that wrote `res` hashed them.
     crcs: std::sync::OnceLock<[u32; 2]>,
+    /// The lowest and highest exponent class of the facts (the Joint layout's histogram and
+    /// flat table both need it: one pass, not two).
+    er: std::sync::OnceLock<(usize, usize)>,
 }
 
 /// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) when `isa` allows it, else as built.
@@ -198,7 +201,13 @@ impl<'a, T: Word> CpuResident<'a, T> {
             target: job.target,
             res: std::sync::OnceLock::new(),
             crcs: std::sync::OnceLock::new(),
+            er: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The exponent classes the facts span.
+    fn er_range(&self) -> (usize, usize) {
+        *self.er.get_or_init(|| joint::er_range(self.res().1))
     }
 
     /// Both sides have `n` whole elements (the callers check the lengths are equal; the
@@ -261,7 +270,7 @@ impl<'a, T: Word> CpuResident<'a, T> {
                 &mut d.spare_capacity_mut()[..n],
                 &mut info.spare_capacity_mut()[..n],
             );
-            if let Some((h, crcs)) = fused {
+            if let Some((h, crcs, er)) = fused {
                 // SAFETY: `residual_histogram` wrote every element of both when it counted.
                 unsafe {
                     d.set_len(n);
@@ -269,11 +278,12 @@ impl<'a, T: Word> CpuResident<'a, T> {
                 }
                 let _ = self.res.set((d, info));
                 let _ = self.crcs.set(crcs);
+                let _ = self.er.set(er);
                 return h;
             }
         }
         let (d, info) = self.res();
-        joint::histogram(self.isa, d, info, self.fl.width)
+        joint::histogram(self.isa, d, info, self.er_range(), self.fl.width)
     }
 
     fn w1(&self) -> usize {
@@ -386,11 +396,11 @@ impl<T: Word> Resident for CpuResident<'_, T> {
             // The flat table serves every vector encoder (small tensors: the portable lanes).
             #[cfg(target_arch = "x86_64")]
             let flat = (self.isa >= Isa::Avx2)
-                .then(|| joint::JointFlat::new(&stages[0], all_info))
+                .then(|| joint::JointFlat::new(&stages[0], all_info.len(), self.er_range()))
                 .flatten();
             #[cfg(target_arch = "aarch64")]
             let flat = (self.isa == Isa::Neon)
-                .then(|| joint::JointFlat::new(&stages[0], all_info))
+                .then(|| joint::JointFlat::new(&stages[0], all_info.len(), self.er_range()))
                 .flatten();
             return Ok(chunk_ranges(all_d.len())
                 .into_par_iter()

@@ -410,7 +410,7 @@ mod tests {
             vec![MaybeUninit::<T>::uninit(); n],
             vec![MaybeUninit::uninit(); n],
         );
-        let (got, crcs) =
+        let (got, crcs, er) =
             joint::residual_histogram::<T>(Isa::Avx2, r, x, info_fn, width, &mut d, &mut info)
                 .unwrap_or_else(|| panic!("{what}: fused pass not taken"));
         assert_eq!(
@@ -447,7 +447,8 @@ mod tests {
             "{what}: displacements"
         );
         assert_eq!(info, wi, "{what}: facts");
-        let want = joint::histogram::<T>(Isa::Portable, &wd, &wi, width);
+        assert_eq!(er, joint::er_range(&wi), "{what}: exponent range");
+        let want = joint::histogram::<T>(Isa::Portable, &wd, &wi, er, width);
         assert_eq!(got.dense(), want.dense(), "{what}: histogram");
     }
 
