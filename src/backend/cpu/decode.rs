@@ -191,7 +191,7 @@ pub fn chunk<T: Word>(
     // Where the joint lanes leave joint symbols for the tail pass to expand.
     #[cfg(target_arch = "x86_64")]
     let j_codes =
-        joint.is_some() && matches!(isa, Isa::Avx512 | Isa::Avx2) && super::joint::stores_j::<T>();
+        joint.is_some() && super::joint::stores_j::<T>(isa);
     #[cfg(not(target_arch = "x86_64"))]
     let j_codes = false;
     if let Some(table) = joint {
@@ -319,7 +319,7 @@ fn joint_blocked<T: Word>(
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
-    let j_codes = super::joint::stores_j::<T>();
+    let j_codes = super::joint::stores_j::<T>(isa);
     // Every block's lanes write its codes before the tail pass reads them.
     codes.truncate(BLOCK.min(n));
     codes.resize(BLOCK.min(n), 0);
@@ -383,7 +383,15 @@ fn joint_blocked<T: Word>(
                     signed,
                 )
             } else {
-                super::avx2::decode::finish_u32(codes, r, o, tail.bytes(), tail.consumed, signed)
+                super::avx2::decode::finish_u32(
+                    codes,
+                    j_codes,
+                    r,
+                    o,
+                    tail.bytes(),
+                    tail.consumed,
+                    signed,
+                )
             }
         };
         tail.consumed = bits;
@@ -588,7 +596,15 @@ fn finish<T: Word>(
                     signed,
                 )
             } else {
-                super::avx2::decode::finish_u32(codes, reference, out, tail.bytes(), 0, signed)
+                super::avx2::decode::finish_u32(
+                    codes,
+                    j_codes,
+                    reference,
+                    out,
+                    tail.bytes(),
+                    0,
+                    signed,
+                )
             }
         };
         done = elems;
@@ -653,7 +669,7 @@ fn tail_need(codes: &[u32], j_codes: bool) -> u64 {
 }
 
 /// Raw tails and the inverse transform one element at a time, joint symbols included
-/// (`j_codes`: x86 vector levels, 16-bit floats only); the caller checked that `tail` holds
+/// (`j_codes`: see `joint::stores_j`); the caller checked that `tail` holds
 /// the bits the codes need ([`tail_need`]).
 #[inline(always)]
 fn finish_scalar<T: Word>(

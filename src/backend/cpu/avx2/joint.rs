@@ -10,6 +10,7 @@ use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
 use super::super::joint::{small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
+use super::super::Isa;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, first, gather_flat, load_u16, load_u32, put4, SLACK};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -197,8 +198,8 @@ pub unsafe fn decode<T: Word>(
             // words are left (`guarded`) or padded.
             x[v] = refill(xs, words, &mut pos);
             let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
-            // 16-bit floats: J itself (`stores_j`), for the tail pass to expand 16 at a time.
-            let c = if stores_j::<T>() {
+            // 16- and 32-bit floats: J itself (`stores_j`), for the tail pass to expand.
+            let c = if stores_j::<T>(Isa::Avx2) {
                 j
             } else {
                 code_of(j, small)
