@@ -190,8 +190,7 @@ pub fn chunk<T: Word>(
     codes.resize(n, 0);
     // Where the joint lanes leave joint symbols for the tail pass to expand.
     #[cfg(target_arch = "x86_64")]
-    let j_codes =
-        joint.is_some() && super::joint::stores_j::<T>(isa);
+    let j_codes = joint.is_some() && super::joint::stores_j::<T>(isa);
     #[cfg(not(target_arch = "x86_64"))]
     let j_codes = false;
     if let Some(table) = joint {

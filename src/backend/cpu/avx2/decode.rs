@@ -78,7 +78,10 @@ pub(in crate::backend::cpu) unsafe fn refill(
     // `permutevar8x32` reads the low 3 bits of each index.
     let w = _mm256_permutevar8x32_epi32(w, idx);
     *pos += m.count_ones() as usize;
-    _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32::<16>(x), w), need)
+    // Refilling lanes shift left by 16 and take their word; the others shift by 0 and OR 0
+    // (cheaper than a byte blend, which is three micro-ops on recent Intel cores).
+    let sh = _mm256_and_si256(need, _mm256_set1_epi32(16));
+    _mm256_or_si256(_mm256_sllv_epi32(x, sh), _mm256_and_si256(w, need))
 }
 
 /// Refill the chunk's four vectors in lane order and check the stream did not run dry.
