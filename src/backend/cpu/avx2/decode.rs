@@ -766,3 +766,57 @@ unsafe fn displacement(
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use super::super::super::joint::code_of_joint;
+    use super::super::super::Isa;
+    use super::finish_u32;
+
+    /// The 32-bit tail pass from joint symbols writes what it writes from their per-element
+    /// codes (the form checked against the portable pass by the parity tests): every J of
+    /// 32-bit floats (b <= 32, J < 247) in order, then scrambled, both sign forms.
+    #[test]
+    fn finish_u32_from_j_matches_codes() {
+        if !Isa::Avx2.available() {
+            eprintln!("SKIP: this CPU has no AVX2");
+            return;
+        }
+        let mut js: Vec<u32> = (0..247).collect();
+        js.extend((0..4096u32).map(|k| (k.wrapping_mul(2_654_435_761) >> 7) % 247));
+        let codes: Vec<u32> = js.iter().map(|&j| code_of_joint()[j as usize]).collect();
+        let bytes = |n: usize, seed: u32| -> Vec<u8> {
+            (0..n as u32)
+                .map(|k| (k.wrapping_add(seed).wrapping_mul(2_246_822_519) >> 24) as u8)
+                .collect()
+        };
+        let reference = bytes(js.len() * 4, 1);
+        let tail = bytes(js.len() * 4 + 64, 7);
+        for signed in [true, false] {
+            let mut out = [
+                vec![MaybeUninit::<u8>::uninit(); reference.len()],
+                vec![MaybeUninit::<u8>::uninit(); reference.len()],
+            ];
+            let [a, b] = &mut out;
+            // SAFETY: AVX2 checked above.
+            let (ra, rb) = unsafe {
+                (
+                    finish_u32(&js, true, &reference, a, &tail, 3, signed),
+                    finish_u32(&codes, false, &reference, b, &tail, 3, signed),
+                )
+            };
+            assert_eq!(ra, rb, "elements done and tail bits, signed {signed}");
+            assert!(ra.0 >= 256, "the vector pass ran ({} elements)", ra.0);
+            // SAFETY: both passes wrote their first `ra.0` elements.
+            let (a, b) = unsafe {
+                (
+                    std::slice::from_raw_parts(a.as_ptr().cast::<u8>(), ra.0 * 4),
+                    std::slice::from_raw_parts(b.as_ptr().cast::<u8>(), ra.0 * 4),
+                )
+            };
+            assert_eq!(a, b, "outputs, signed {signed}");
+        }
+    }
+}
