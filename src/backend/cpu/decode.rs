@@ -153,7 +153,8 @@ impl Lanes<'_> {
 }
 
 /// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size):
-/// on success every byte of `out` is written, and `out_crc` (where given) has hashed them.
+/// on success every byte of `out` is written, and `crcs` (where given: reference, output)
+/// have hashed `reference` and `out`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn chunk<T: Word>(
@@ -168,14 +169,19 @@ pub fn chunk<T: Word>(
     joint: Option<&JointDec>,
     distance: Option<usize>,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
-    out_crc: Option<&mut crc32fast::Hasher>,
+    crcs: Option<&mut [crc32fast::Hasher; 2]>,
 ) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if let (Some(table), Isa::Avx2, 16 | 32) = (joint, isa, T::BITS) {
         return joint_blocked::<T>(
-            c, reference, out, isa, info_fn, signed, table, scratch, out_crc,
+            c, reference, out, isa, info_fn, signed, table, scratch, crcs,
         );
     }
+    // The reference hashed first brings it into cache for the lanes and the tail pass.
+    let out_crc = crcs.map(|[r, o]| {
+        r.update(reference);
+        o
+    });
     let n = reference.len() / T::SIZE;
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
     // Every lane writes its element's code before anything reads it: no clearing memset
@@ -184,8 +190,7 @@ pub fn chunk<T: Word>(
     codes.resize(n, 0);
     // Where the joint lanes leave joint symbols for the tail pass to expand.
     #[cfg(target_arch = "x86_64")]
-    let j_codes =
-        joint.is_some() && matches!(isa, Isa::Avx512 | Isa::Avx2) && super::joint::stores_j::<T>();
+    let j_codes = joint.is_some() && super::joint::stores_j::<T>(isa);
     #[cfg(not(target_arch = "x86_64"))]
     let j_codes = false;
     if let Some(table) = joint {
@@ -309,11 +314,11 @@ fn joint_blocked<T: Word>(
     signed: bool,
     table: &JointDec,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
-    mut out_crc: Option<&mut crc32fast::Hasher>,
+    mut crcs: Option<&mut [crc32fast::Hasher; 2]>,
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
-    let j_codes = super::joint::stores_j::<T>();
+    let j_codes = super::joint::stores_j::<T>(isa);
     // Every block's lanes write its codes before the tail pass reads them.
     codes.truncate(BLOCK.min(n));
     codes.resize(BLOCK.min(n), 0);
@@ -377,7 +382,15 @@ fn joint_blocked<T: Word>(
                     signed,
                 )
             } else {
-                super::avx2::decode::finish_u32(codes, r, o, tail.bytes(), tail.consumed, signed)
+                super::avx2::decode::finish_u32(
+                    codes,
+                    j_codes,
+                    r,
+                    o,
+                    tail.bytes(),
+                    tail.consumed,
+                    signed,
+                )
             }
         };
         tail.consumed = bits;
@@ -393,9 +406,12 @@ fn joint_blocked<T: Word>(
             &mut tail,
             signed,
         );
-        if let Some(h) = out_crc.as_deref_mut() {
+        if let Some([rh, oh]) = crcs.as_deref_mut() {
+            // Both while in L1: hashing the chunk's reference from memory before its decode
+            // was most of the CRC-32's time.
+            rh.update(r);
             // SAFETY: the block's two passes wrote every byte of `o`.
-            h.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
+            oh.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
         }
     }
     check_end(near_end.as_ref().unwrap_or(&st), &states)?;
@@ -403,10 +419,11 @@ fn joint_blocked<T: Word>(
     for o in &mut out[n * T::SIZE..] {
         o.write(0);
     }
-    if let Some(h) = out_crc {
+    if let Some([rh, oh]) = crcs {
+        rh.update(&reference[n * T::SIZE..]);
         // SAFETY: just written.
         let past = &out[n * T::SIZE..];
-        h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
+        oh.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
     }
     if tail.consumed != c.tail_bits {
         return Err(bad("raw tail longer than the bit lengths require"));
@@ -578,7 +595,15 @@ fn finish<T: Word>(
                     signed,
                 )
             } else {
-                super::avx2::decode::finish_u32(codes, reference, out, tail.bytes(), 0, signed)
+                super::avx2::decode::finish_u32(
+                    codes,
+                    j_codes,
+                    reference,
+                    out,
+                    tail.bytes(),
+                    0,
+                    signed,
+                )
             }
         };
         done = elems;
@@ -643,7 +668,7 @@ fn tail_need(codes: &[u32], j_codes: bool) -> u64 {
 }
 
 /// Raw tails and the inverse transform one element at a time, joint symbols included
-/// (`j_codes`: x86 vector levels, 16-bit floats only); the caller checked that `tail` holds
+/// (`j_codes`: see `joint::stores_j`); the caller checked that `tail` holds
 /// the bits the codes need ([`tail_need`]).
 #[inline(always)]
 fn finish_scalar<T: Word>(

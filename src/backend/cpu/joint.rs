@@ -509,10 +509,16 @@ pub fn decode_lanes(
 /// Whether the x86 vector joint lanes (AVX2, AVX-512) store joint symbols rather than
 /// per-element codes for `T`: for 16-bit floats, whose vector tail passes turn 16 or 32
 /// symbols into codes in the instructions the lanes would spend on 8 or 16, off the lanes'
-/// state chain (the lanes are bound by instruction count).
+/// state chain (the lanes are bound by instruction count). AVX2 does the same for 32-bit
+/// floats: there the tail pass reads b, the top bits and the sign off `J + 17` in fewer
+/// instructions than it spent on the code, and the lanes skip `code_of`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub const fn stores_j<T: Word>() -> bool {
-    T::BITS == 16
+pub const fn stores_j<T: Word>(isa: Isa) -> bool {
+    match isa {
+        Isa::Avx2 => T::BITS == 16 || T::BITS == 32,
+        Isa::Avx512 => T::BITS == 16,
+        _ => false,
+    }
 }
 
 /// Per-element codes of joint symbols 0..16, for the vector decoders (above 6 the code

@@ -516,9 +516,8 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
     // writes all of its bytes when it succeeds.
     let len = job.reference.len();
     let mut out: Vec<u8> = Vec::with_capacity(len);
-    // Each chunk's reference bytes are hashed before the chunk is decoded (which brings
-    // them into cache for the lanes and the tail pass), its output by the decode (right
-    // after it, or block by block while in L1).
+    // Each chunk's reference and output are hashed by its decode (the reference before it,
+    // or block by block while in L1, as the output).
     let crcs = out.spare_capacity_mut()[..len]
         .par_chunks_mut(CHUNK_ELEMS * T::SIZE)
         .zip(job.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
@@ -526,11 +525,7 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
         .map_init(
             || (Vec::new(), Vec::new(), Vec::new()),
             |scratch, ((o, r), c)| -> Result<[crc32fast::Hasher; 2]> {
-                let mut rh = crc32fast::Hasher::new();
-                let mut oh = crc32fast::Hasher::new();
-                if hash {
-                    rh.update(r);
-                }
+                let mut crcs = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
                 fast(
                     isa,
                     #[inline(always)]
@@ -547,11 +542,11 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
                             joint.as_ref(),
                             job.distance,
                             scratch,
-                            hash.then_some(&mut oh),
+                            hash.then_some(&mut crcs),
                         )
                     },
                 )?;
-                Ok([rh, oh])
+                Ok(crcs)
             },
         )
         .collect::<Result<Vec<_>>>()?;

@@ -10,6 +10,7 @@ use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
 use super::super::joint::{small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
+use super::super::Isa;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, first, gather_flat, load_u16, load_u32, put4, SLACK};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -99,9 +100,9 @@ pub unsafe fn decode<T: Word>(
         _mm_cvtsi32_si128(mant as i32),
         _mm256_set1_epi32(emask as i32),
     );
-    // The rows of the 64 contexts from `table.window`, as bytes (255: none) in four 16-byte
-    // shuffle tables, where every row number fits: a step whose contexts all fall in the
-    // window finds its rows by four byte shuffles and three blends per vector instead of a
+    // The rows of the 64 contexts from `table.window`, as bytes (255: none) in two 32-byte
+    // registers, where every row number fits: a step whose contexts all fall in the window
+    // finds each vector's rows by two dword permutes, a blend and a shift instead of a
     // gather (the map gathers were a fifth of these lanes' samples). Other steps gather.
     let lo = table.window as usize;
     let mut rows_b = [0u8; 64];
@@ -116,19 +117,13 @@ pub unsafe fn decode<T: Word>(
             }
         };
     }
-    let rp_b = rows_b.as_ptr();
     let rt = [
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.cast())),
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.add(16).cast())),
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.add(32).cast())),
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(rp_b.add(48).cast())),
+        _mm256_loadu_si256(rows_b.as_ptr().cast()),
+        _mm256_loadu_si256(rows_b.as_ptr().add(32).cast()),
     ];
     let lo_v = _mm256_set1_epi32(lo as i32);
     let outside = _mm256_set1_epi32(!63);
-    let (byte_none, upper) = (
-        _mm256_set1_epi32(255),
-        _mm256_set1_epi32(0x8080_8000_u32 as i32),
-    );
+    let byte_none = _mm256_set1_epi32(255);
     let mut done = 0;
     while done < full {
         if guarded && st.len - pos < LANES {
@@ -148,26 +143,16 @@ pub unsafe fn decode<T: Word>(
         let mut missing = _mm256_setzero_si256();
         if window_ok && _mm256_testz_si256(any, outside) != 0 {
             for v in 0..NV {
-                // `rel` < 64: byte 0 indexes each table by its low 4 bits, bits 4 and 5
-                // (shifted to bit 7 of the byte) pick the table; bytes 1..3 have bit 7 set
-                // and read 0.
-                let i = _mm256_or_si256(rel[v], upper);
-                // (Spelled out: closures lose this function's target features.)
-                let t = [
-                    _mm256_shuffle_epi8(rt[0], i),
-                    _mm256_shuffle_epi8(rt[1], i),
-                    _mm256_shuffle_epi8(rt[2], i),
-                    _mm256_shuffle_epi8(rt[3], i),
-                ];
-                let (m4, m5) = (
-                    _mm256_slli_epi32::<3>(rel[v]),
-                    _mm256_slli_epi32::<2>(rel[v]),
-                );
-                row[v] = _mm256_blendv_epi8(
-                    _mm256_blendv_epi8(t[0], t[1], m4),
-                    _mm256_blendv_epi8(t[2], t[3], m4),
-                    m5,
-                );
+                // `rel` < 64: the dword holding its byte (`rel >> 2`, the permutes read the
+                // low 3 bits) from both halves, bit 5 picking the half, then the byte.
+                let q = _mm256_srli_epi32::<2>(rel[v]);
+                let d = _mm256_castps_si256(_mm256_blendv_ps(
+                    _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(rt[0], q)),
+                    _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(rt[1], q)),
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<26>(rel[v])),
+                ));
+                let sh = _mm256_slli_epi32::<3>(_mm256_and_si256(rel[v], _mm256_set1_epi32(3)));
+                row[v] = _mm256_and_si256(_mm256_srlv_epi32(d, sh), byte_none);
                 missing = _mm256_or_si256(missing, _mm256_cmpeq_epi32(row[v], byte_none));
             }
         } else {
@@ -197,8 +182,8 @@ pub unsafe fn decode<T: Word>(
             // words are left (`guarded`) or padded.
             x[v] = refill(xs, words, &mut pos);
             let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
-            // 16-bit floats: J itself (`stores_j`), for the tail pass to expand 16 at a time.
-            let c = if stores_j::<T>() {
+            // 16- and 32-bit floats: J itself (`stores_j`), for the tail pass to expand.
+            let c = if stores_j::<T>(Isa::Avx2) {
                 j
             } else {
                 code_of(j, small)

@@ -11,6 +11,7 @@ use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
 use super::super::joint::{small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
+use super::super::Isa;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, gather_flat, put2};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -152,7 +153,7 @@ pub unsafe fn decode<T: Word>(
             x[h] = refill(xs, words, &mut pos);
             let j = _mm512_and_si512(e, _mm512_set1_epi32(255));
             // 16-bit floats: J itself (`stores_j`), for the tail pass to expand 32 at a time.
-            let c = if stores_j::<T>() {
+            let c = if stores_j::<T>(Isa::Avx512) {
                 j
             } else {
                 code_of(j, small)
