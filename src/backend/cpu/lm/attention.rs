@@ -97,15 +97,7 @@ fn attention_body(
         .zip(p.chunks_exact_mut(len))
         .zip(&mut totals)
     {
-        for scs in sc.iter_mut() {
-            *scs = round_shift(*scs as i128 * tables.attn_m as i128, 52) as i64;
-        }
-        let mx = *sc.iter().max().unwrap_or(&0);
-        for (ps, &s) in p.iter_mut().zip(&*sc) {
-            let gap = (mx - s) as usize;
-            *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i32;
-            *total += *ps as i64;
-        }
+        *total = softmax_weights(sc, p, tables);
     }
     let mut acc = vec![0i64; d];
     weighted_values(isa, &p, vc, d, hd, &mut acc);
@@ -114,11 +106,34 @@ fn attention_body(
         .zip(acc.chunks_exact(hd))
         .zip(&totals)
     {
-        let rc = recip(total as i128);
-        for (o, &a) in o.iter_mut().zip(a) {
-            // |a| <= 2^57, r <= 2^30
-            *o = div_recip(a as i128, rc) as i64;
-        }
+        normalize(a, total, o);
+    }
+}
+
+/// One head's scores (`sc`, the dot products, scaled in place) to its integer weights
+/// `p[s] = exp24[max - score]` (<= 2^24); returns their sum.
+#[inline(always)]
+pub(super) fn softmax_weights(sc: &mut [i64], p: &mut [i32], tables: &Tables) -> i64 {
+    for scs in sc.iter_mut() {
+        *scs = round_shift(*scs as i128 * tables.attn_m as i128, 52) as i64;
+    }
+    let mx = *sc.iter().max().unwrap_or(&0);
+    let mut total = 0i64;
+    for (ps, &s) in p.iter_mut().zip(&*sc) {
+        let gap = (mx - s) as usize;
+        *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i32;
+        total += *ps as i64;
+    }
+    total
+}
+
+/// One head's weighted sums of the values divided by the weights' `total`.
+#[inline(always)]
+pub(super) fn normalize(acc: &[i64], total: i64, out: &mut [i64]) {
+    let rc = recip(total as i128);
+    for (o, &a) in out.iter_mut().zip(acc) {
+        // |a| <= 2^57, r <= 2^30
+        *o = div_recip(a as i128, rc) as i64;
     }
 }
 
@@ -141,7 +156,7 @@ fn dots(isa: Isa, q: &[i32], kc: &[i32], d: usize, hd: usize, dots: &mut [i64]) 
 
 /// One head's [`dots`] (channels `off..off + q.len()`), one position at a time (the
 /// definition).
-fn dots_reference(q: &[i32], kc: &[i32], d: usize, off: usize, dots: &mut [i64]) {
+pub(super) fn dots_reference(q: &[i32], kc: &[i32], d: usize, off: usize, dots: &mut [i64]) {
     for (s, dot) in dots.iter_mut().enumerate() {
         let kh = &kc[s * d + off..s * d + off + q.len()];
         *dot = q.iter().zip(kh).map(|(&a, &b)| a as i64 * b as i64).sum();

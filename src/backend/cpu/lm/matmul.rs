@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use super::amx;
 use super::rescale::{rescale, RowScales};
 use super::split::Split;
 use crate::backend::cpu::Isa;
@@ -188,19 +189,38 @@ unsafe fn rows8_avx2(
 /// The activations go in as `x + 128` (u8, `dpbusd` wants them unsigned) and `128 * sum(w)`
 /// is subtracted per row afterwards: exact, and no saturation (`dpbusd` without `s` wraps,
 /// and |sum| stays far below 2^31).
-#[derive(Clone, Debug, Default)]
+///
+/// `k` is padded to a multiple of 64, so that 16 quads of a group are one AMX weight tile
+/// ([`amx`]): calls with at least `amx_from` items run on the tiles where the CPU has them.
+#[derive(Clone, Debug)]
 pub struct VnniRows {
     w: Vec<i8>,
-    /// `k` rounded up to a multiple of 4: the activations' stride in `xu`.
+    /// `k` rounded up to a multiple of 64: the activations' stride in `xu`.
     pub kp: usize,
     /// `128 * row_sum` per row, padded with zeros to whole groups.
     bias: Vec<i32>,
+    /// The least item count that runs on AMX tiles (`usize::MAX`: never).
+    amx_from: usize,
 }
+
+impl Default for VnniRows {
+    fn default() -> VnniRows {
+        VnniRows {
+            w: Vec::new(),
+            kp: 0,
+            bias: Vec::new(),
+            amx_from: usize::MAX,
+        }
+    }
+}
+
+/// Items from which a call takes the AMX tiles rather than the VNNI registers.
+const AMX_FROM: usize = 4;
 
 impl VnniRows {
     pub fn new(w: &[i8], row_sum: &[i32], k: usize) -> VnniRows {
         let rows = row_sum.len();
-        let kp = k.next_multiple_of(4);
+        let kp = k.next_multiple_of(64);
         let (groups, quads) = (rows.div_ceil(16), kp / 4);
         let mut p = vec![0i8; groups * quads * 64];
         for (r, row) in w.chunks_exact(k).enumerate() {
@@ -211,7 +231,25 @@ impl VnniRows {
         }
         let mut bias: Vec<i32> = row_sum.iter().map(|&s| 128 * s).collect();
         bias.resize(groups * 16, 0);
-        VnniRows { w: p, kp, bias }
+        let amx_from = if amx::available() {
+            AMX_FROM
+        } else {
+            usize::MAX
+        };
+        VnniRows {
+            w: p,
+            kp,
+            bias,
+            amx_from,
+        }
+    }
+
+    /// The same layout with calls of at least `items` items on AMX tiles (`usize::MAX`:
+    /// never), where the CPU has them: for tests of either kernel.
+    #[cfg(test)]
+    pub fn with_amx_from(mut self, items: usize) -> VnniRows {
+        self.amx_from = if amx::available() { items } else { usize::MAX };
+        self
     }
 
     /// `xu[t * kp + c] = xs[t * k + c] + 128` as u8, padded with 128 (x = 0).
@@ -305,6 +343,20 @@ impl VnniRows {
         n: usize,
         store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m512i),
     ) {
+        use std::arch::x86_64::*;
+        if n >= self.amx_from {
+            let bias = &self.bias;
+            let mut each = |g: usize, t: usize, sums: &[i32; 16]| {
+                let v = _mm512_loadu_si512(sums.as_ptr().cast());
+                let b = _mm512_loadu_si512(bias.as_ptr().add(g * 16).cast());
+                store(g, t, _mm512_sub_epi32(v, b));
+            };
+            // SAFETY: `amx_from` is finite only where AMX is available (`new`,
+            // `with_amx_from`); the groups lie inside the layout (the callers' asserts) and
+            // `kp` is a multiple of 64.
+            amx::dots(&self.w, self.kp / 4, (g0, g1), xu, n, &mut each);
+            return;
+        }
         let mut t = 0;
         // Four items at a time, four groups (64 rows) per pass: 16 accumulators, each weight
         // load serving four items.
@@ -573,6 +625,19 @@ impl<'m> CpuLinear<'m> {
             scales,
         }
     }
+
+    /// The layer with calls of at least `items` items on AMX tiles, where the CPU has them
+    /// ([`VnniRows::with_amx_from`]).
+    #[cfg(test)]
+    fn with_amx_from(mut self, items: usize) -> CpuLinear<'m> {
+        self.vnni = std::mem::take(&mut self.vnni).with_amx_from(items);
+        self
+    }
+}
+
+/// Whether the matmul of level `isa` runs AMX-INT8 tiles for batched calls here.
+pub fn amx_at(isa: Isa) -> bool {
+    Dot::at(isa) == Dot::Vnni && amx::available()
 }
 
 /// Whether this CPU has the AVX-512 VNNI dot products.
@@ -806,6 +871,16 @@ mod tests {
                     matmul(isa, split, &cl, &xq, &sc, 12, clamp)
                 };
                 let want = at(Isa::Portable, Split::SERIAL);
+                // Both kernels of the AVX-512 level for every item count: VNNI registers
+                // and AMX tiles (where the CPU has them).
+                let both = [1, usize::MAX].into_iter();
+                for amx_from in both.filter(|_| Isa::Avx512.available()) {
+                    for split in [Split::SERIAL, Split::PARALLEL] {
+                        let cl = CpuLinear::new(Isa::Avx512, &lin).with_amx_from(amx_from);
+                        let got = matmul(Isa::Avx512, split, &cl, &xq, &sc, 12, clamp);
+                        assert_eq!(got, want, "amx from {amx_from} {split:?} rows={rows} n={n}");
+                    }
+                }
                 for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                     for split in [Split::SERIAL, Split::PARALLEL] {
                         let got = at(isa, split);
@@ -820,6 +895,65 @@ mod tests {
                                 .map(|o| *o.iter().max().unwrap())
                                 .collect();
                             assert_eq!(tops, real, "{isa:?} {split:?} rows={rows} n={n}: tops");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AMX tiles' sums equal the portable dot products: rows off the groups of 16, `k`
+    /// off the tiles' 64 bytes, item counts off the tiles' 16 and 32 rows, every range of
+    /// groups a matmul tile can ask for, and the extreme values (-128 weights, 127
+    /// activations, the largest `k` of a GPT-2-small layer).
+    #[test]
+    fn amx_dots_equal_the_portable_ones() {
+        if !amx::available() {
+            println!("skipped: this CPU or OS has no AMX-INT8 (nothing to compare)");
+            return;
+        }
+        let mut x = 99u64;
+        let mut rnd = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for (k, rows, ns) in [
+            (1usize, 5usize, &[1usize, 17][..]),
+            (60, 33, &[1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 64, 70]),
+            (64, 16, &[1, 16, 32]),
+            (130, 50, &[5, 20, 40]),
+            (768, 70, &[1, 4, 9, 33]),
+            (3072, 17, &[3, 18]),
+        ] {
+            for &n in ns {
+                for extreme in [false, true] {
+                    let w: Vec<i8> = (0..rows * k)
+                        .map(|_| if extreme { -128 } else { rnd() as u8 as i8 })
+                        .collect();
+                    let xs: Vec<i8> = (0..n * k)
+                        .map(|_| if extreme { 127 } else { (rnd() % 255) as i8 })
+                        .map(|v| v.max(-127))
+                        .collect();
+                    let mut want = vec![0; rows * n];
+                    for (r, a) in want.chunks_mut(n).enumerate() {
+                        dot_rows_generic(&w[r * k..(r + 1) * k], &xs, k, a);
+                    }
+                    let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k).with_amx_from(1);
+                    let xu = v.activations(&xs, k);
+                    for r0 in (0..rows).step_by(16) {
+                        for r1 in [r0 + 1, (r0 + 17).min(rows), (r0 + 40).min(rows), rows] {
+                            let r1 = r1.clamp(r0, rows);
+                            let mut got = vec![0; (r1 - r0) * n];
+                            v.dots(r0, r1, &xu, n, &mut got);
+                            for (r, t) in (r0..r1).flat_map(|r| (0..n).map(move |t| (r, t))) {
+                                assert_eq!(
+                                    got[t * (r1 - r0) + r - r0],
+                                    want[r * n + t],
+                                    "amx k={k} rows {r0}..{r1} n={n} row {r} item {t}"
+                                );
+                            }
                         }
                     }
                 }
