@@ -223,12 +223,18 @@ impl VnniRows {
         let kp = k.next_multiple_of(64);
         let (groups, quads) = (rows.div_ceil(16), kp / 4);
         let mut p = vec![0i8; groups * quads * 64];
-        for (r, row) in w.chunks_exact(k).enumerate() {
-            let (g, lane) = (r / 16, r % 16);
-            for (c, &v) in row.iter().enumerate() {
-                p[(g * quads + c / 4) * 64 + lane * 4 + c % 4] = v;
-            }
-        }
+        // Four bytes at a time, groups on the pool (a session packs a GPT-2-small shape's
+        // 124M weights).
+        p.par_chunks_mut(quads * 64)
+            .zip(w.par_chunks(16 * k))
+            .for_each(|(dst, rows)| {
+                for (lane, row) in rows.chunks_exact(k).enumerate() {
+                    for (q, quad) in row.chunks(4).enumerate() {
+                        let at = q * 64 + lane * 4;
+                        dst[at..at + quad.len()].copy_from_slice(quad);
+                    }
+                }
+            });
         let mut bias: Vec<i32> = row_sum.iter().map(|&s| 128 * s).collect();
         bias.resize(groups * 16, 0);
         let amx_from = if amx::available() {
