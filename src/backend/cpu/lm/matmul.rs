@@ -967,6 +967,38 @@ mod tests {
         }
     }
 
+    /// Not a test: the time of the AMX and the VNNI dots per item count, one thread
+    /// (`cargo test --release --lib amx_vs_vnni_timing -- --ignored --nocapture`), to choose
+    /// `AMX_FROM`.
+    #[test]
+    #[ignore]
+    fn amx_vs_vnni_timing() {
+        if !amx::available() {
+            println!("skipped: this CPU or OS has no AMX-INT8");
+            return;
+        }
+        for (rows, k) in [(2304usize, 768usize), (768, 3072), (4096, 768)] {
+            let w: Vec<i8> = (0..rows * k).map(|i| (i * 7 % 251) as i8).collect();
+            let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k);
+            for n in [1usize, 2, 3, 4, 6, 8, 12, 16, 32, 64] {
+                let xs: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
+                let xu = v.activations(&xs, k);
+                let mut acc = vec![0; rows * n];
+                let mut time = |from: usize| {
+                    let v = v.clone().with_amx_from(from);
+                    let reps = (1usize << 28) / (rows * k * n) + 1;
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        v.dots(0, rows, &xu, n, &mut acc);
+                    }
+                    (rows * k * n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
+                };
+                let (amx, vnni) = (time(1), time(usize::MAX));
+                println!("rows {rows} k {k} n {n}: AMX {amx:.1} GMAC/s, VNNI {vnni:.1} GMAC/s");
+            }
+        }
+    }
+
     #[test]
     fn every_dot_kernel_equals_the_reference() {
         let mut x = 7u64;

@@ -1,6 +1,7 @@
 //! The CPU device's language-model kernels: one file per operation, each readable reference
-//! beside its fast versions (matmul: generic, AVX2, AVX-512 VNNI dot products; rescale;
-//! LayerNorm and quantization; attention; logits to frequencies), chosen by the same
+//! beside its fast versions (matmul: generic, AVX2, AVX-512 VNNI dot products, AMX-INT8 tiles
+//! for batched calls; rescale; LayerNorm and quantization; attention, one item or a run of a
+//! sequence's items; logits to frequencies), chosen by the same
 //! instruction-set level as the delta codec's ([`Isa`]), so pinning a level pins both codecs.
 
 mod amx;
