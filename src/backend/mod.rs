@@ -120,6 +120,12 @@ pub trait Resident {
         all.pop()
             .ok_or_else(|| crate::Error::Invalid("backend answered no histograms".into()))
     }
+    /// CRC-32s of the job's reference and target where the backend computed them on the way
+    /// (the CPU's `--fast` histogram at AVX2 hashes each piece while it is in L1), so the
+    /// blob's header needs no pass of its own over them; `None` otherwise.
+    fn input_crcs(&self) -> Option<[u32; 2]> {
+        None
+    }
     /// Code every chunk: interleaved rANS lanes and the packed raw tail. Each stage's context
     /// form is its table's `space` (`space.neighbor` for B and S); `distance` is the neighbor.
     fn encode(

@@ -235,9 +235,11 @@ fn encode_with(
         dtype,
         shape: pair.shape.to_vec(),
         n_elements: n,
-        reference_crc: crate::bytes::crc32(pair.reference),
-        target_crc: crate::bytes::crc32(pair.target),
+        // Filled in below: the modeled pass may hash both on its way.
+        reference_crc: 0,
+        target_crc: 0,
     };
+    let mut crcs = None;
     let mut report = Report {
         n_elements: n,
         raw_bytes,
@@ -249,7 +251,7 @@ fn encode_with(
         header.mode = Mode::Identical;
     } else if let Some(fl) = dtype.float_layout() {
         header.mode = Mode::Modeled;
-        encode_modeled(pair, fl, opts, backend, &mut payload, &mut report)?;
+        crcs = encode_modeled(pair, fl, opts, backend, &mut payload, &mut report)?;
     } else {
         header.mode = Mode::ZstdXor;
         let xor: Vec<u8> = pair
@@ -263,6 +265,12 @@ fn encode_with(
         payload.blob(&z);
         report.stream_bytes = z.len() as u64;
     }
+    [header.reference_crc, header.target_crc] = crcs.unwrap_or_else(|| {
+        [
+            crate::bytes::crc32(pair.reference),
+            crate::bytes::crc32(pair.target),
+        ]
+    });
     let fallback = allow_fallback || !dtype.is_float();
     if fallback && header.mode != Mode::Identical && payload.len() as u64 >= raw_bytes {
         header.mode = Mode::Raw;
@@ -293,7 +301,7 @@ fn encode_modeled(
     backend: &dyn Backend,
     out: &mut ByteWriter,
     report: &mut Report,
-) -> Result<()> {
+) -> Result<Option<[u32; 2]>> {
     let resident = backend.residuals(&EncodeJob {
         fl,
         reference: pair.reference,
@@ -387,7 +395,7 @@ fn encode_modeled(
     for (i, (t, h)) in chosen.tables.stages.iter().zip(&chosen.hists).enumerate() {
         report.stage_bits[i] = t.data_cost(h) as f64 / COST_ONE_BIT as f64;
     }
-    Ok(())
+    Ok(resident.input_crcs())
 }
 
 /// Decode a blob against the reference tensor's bytes.

@@ -8,11 +8,11 @@ use rayon::prelude::*;
 use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY, PACKED_IDENTITY};
-use super::word::{rs, Word};
+use super::word::{rs, InfoFn, Word};
 use super::Isa;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
-use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
+use crate::format::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
 use crate::format::symbols::{joint_parts, joint_symbol, Sym};
 use crate::format::tables::{Hist, Space, Stage, StageTable};
 use crate::Result;
@@ -67,7 +67,6 @@ pub fn histogram<T: Word>(isa: Isa, d: &[T], info: &[u16], width: u32) -> Hist {
     // Wider floats never get here (`check_layout`); the indices below assume b <= 32.
     debug_assert!(T::BITS <= 32);
     let space = Space::new(Stage::J, width, false);
-    let a = space.alphabet();
     let (lo, hi) = er_range(info);
     let n_ctx = (hi - lo + 1) * 2;
     let size = n_ctx * FLAT_STRIDE;
@@ -92,11 +91,22 @@ pub fn histogram<T: Word>(isa: Isa, d: &[T], info: &[u16], width: u32) -> Hist {
     let acc = chunk_ranges(d.len())
         .into_par_iter()
         .fold(|| vec![0u64; size], count)
-        .reduce_with(|mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            a
-        })
+        .reduce_with(add_counts)
         .unwrap_or_else(|| vec![0u64; size]);
+    fold_rows(&acc, lo2, space)
+}
+
+/// Two threads' counts by (context, code slot), summed.
+fn add_counts(mut a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
+    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+    a
+}
+
+/// The J histogram of `acc`, counts by (context from `lo2`, code slot) as [`JointFlat`] lays
+/// them out.
+fn fold_rows(acc: &[u64], lo2: u32, space: Space) -> Hist {
+    let a = space.alphabet();
+    let n_ctx = acc.len() / FLAT_STRIDE;
     // Code slots -> J, for the contexts that occur (slots of codes the passes never make
     // count nothing). Small tensors see few of the contexts their exponent range spans:
     // rows for all of them were most of the per-tensor cost.
@@ -147,14 +157,7 @@ fn count_chunk<T: Word>(
     idx.truncate(d.len());
     idx.resize(d.len(), 0);
     for ((o, &d), &i) in idx.iter_mut().zip(d).zip(info) {
-        // `word::value` and `word::code` in 32 bits (widths <= 32).
-        let sd = ((d.get() as u32) << (32 - T::BITS)) as i32 >> (32 - T::BITS);
-        let (v, neg) = (sd.unsigned_abs(), (sd < 0) as u32);
-        let b = 32 - v.leading_zeros();
-        let q1 = (v >> b.saturating_sub(2)) & 1 & (b >= 2) as u32;
-        let q2 = (v >> b.saturating_sub(3)) & 1 & (b >= 3) as u32;
-        let ctx = ((i & 255) as u32 * 2 + ((i >> 8) & 1) as u32).wrapping_sub(lo2);
-        *o = ctx * FLAT_STRIDE as u32 + b * 8 + q1 + q2 * 2 + neg * 4;
+        *o = flat_index(d, i, lo2);
     }
     let (s01, s23) = sub.split_at_mut(2 * size);
     let (s0, s1) = s01.split_at_mut(size);
@@ -170,10 +173,7 @@ fn count_chunk<T: Word>(
         s0[k as usize] += 1;
     }
     if idx.len() >= size {
-        for (j, acc) in acc.iter_mut().enumerate() {
-            *acc += (s0[j] + s1[j] + s2[j] + s3[j]) as u64;
-        }
-        sub.fill(0);
+        drain(sub, acc);
     } else {
         // Fewer elements than slots (small tensors): move only the slots they hit.
         for &k in idx.iter() {
@@ -183,6 +183,141 @@ fn count_chunk<T: Word>(
         }
     }
 }
+
+/// An element's slot in the counting tables and [`JointFlat`]: `(context - lo2)·FLAT_STRIDE
+/// + b·8 + q1 + 2·q2 + 4·neg` of its displacement `d` and facts `i` (widths <= 32).
+#[inline(always)]
+pub(super) fn flat_index<T: Word>(d: T, i: u16, lo2: u32) -> u32 {
+    // `word::value` and `word::code` in 32 bits.
+    let sd = ((d.get() as u32) << (32 - T::BITS)) as i32 >> (32 - T::BITS);
+    let (v, neg) = (sd.unsigned_abs(), (sd < 0) as u32);
+    let b = 32 - v.leading_zeros();
+    let q1 = (v >> b.saturating_sub(2)) & 1 & (b >= 2) as u32;
+    let q2 = (v >> b.saturating_sub(3)) & 1 & (b >= 3) as u32;
+    let ctx = ((i & 255) as u32 * 2 + ((i >> 8) & 1) as u32).wrapping_sub(lo2);
+    ctx * FLAT_STRIDE as u32 + b * 8 + q1 + q2 * 2 + neg * 4
+}
+
+/// Add the four counting tables `sub` (each `acc.len()` slots) into `acc`, and zero them.
+#[inline(always)]
+fn drain(sub: &mut [u32], acc: &mut [u64]) {
+    let size = acc.len();
+    let (s01, s23) = sub[..4 * size].split_at_mut(2 * size);
+    let (s0, s1) = s01.split_at_mut(size);
+    let (s2, s3) = s23.split_at_mut(size);
+    for (j, acc) in acc.iter_mut().enumerate() {
+        *acc += (s0[j] + s1[j] + s2[j] + s3[j]) as u64;
+    }
+    sub[..4 * size].fill(0);
+}
+
+/// The residual pass and [`histogram`] in one pass over the tensor, where the level has a
+/// kernel for it (AVX2, 16- and 32-bit floats, tensors of at least twice as many elements
+/// as counting slots): each piece of a chunk has its displacements and facts written to
+/// `d` and `info` and its slots counted while it is in L1, so neither is read back from
+/// memory, and the exponent range comes from the reference; the pieces are hashed there too,
+/// so the blob's CRC-32s of the reference and the target (returned with the histogram) need
+/// no pass of their own. `None` where not taken, with nothing written (the caller runs the
+/// two passes).
+#[allow(clippy::too_many_arguments)]
+pub fn residual_histogram<T: Word>(
+    isa: Isa,
+    reference: &[u8],
+    target: &[u8],
+    info_fn: InfoFn,
+    width: u32,
+    d: &mut [std::mem::MaybeUninit<T>],
+    info: &mut [std::mem::MaybeUninit<u16>],
+) -> Option<(Hist, [u32; 2])> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::avx2::hist::{er_range_of, residual_count};
+        let n = d.len();
+        if isa != Isa::Avx2
+            || !(T::BITS == 16 || T::BITS == 32)
+            || info_fn.wide()
+            || info.len() != n
+            // Whole elements only, so the CRC-32s cover the whole inputs.
+            || reference.len() != n * T::SIZE
+            || target.len() != n * T::SIZE
+        {
+            return None;
+        }
+        let params = info_fn.joint_params();
+        // SAFETY: `Isa::Avx2` is only ever a level `Isa::available` confirmed on this CPU.
+        let (lo, hi) = unsafe { er_range_of::<T>(reference, params) };
+        let size = (hi - lo + 1) * 2 * FLAT_STRIDE;
+        if n < 2 * size {
+            return None;
+        }
+        let lo2 = 2 * lo as u32;
+        type Acc = (Vec<u64>, Vec<(usize, [crc32fast::Hasher; 2])>);
+        let (acc, mut hashes) = d
+            .par_chunks_mut(CHUNK_ELEMS)
+            .zip(info.par_chunks_mut(CHUNK_ELEMS))
+            .zip(reference.par_chunks(CHUNK_ELEMS * T::SIZE))
+            .zip(target.par_chunks(CHUNK_ELEMS * T::SIZE))
+            .enumerate()
+            .fold(
+                || -> Acc { (vec![0u64; size], Vec::new()) },
+                |(mut acc, mut hashes), (c, (((d, i), r), x))| {
+                    let mut h = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
+                    COUNT_SCRATCH.with(|s| {
+                        // Not re-entered: nothing below yields to the rayon pool.
+                        let (_, sub) = &mut *s.borrow_mut();
+                        // Grown with zeros, and left zeroed by every count.
+                        if sub.len() < 4 * size {
+                            sub.resize(4 * size, 0);
+                        }
+                        let b = FUSED_BLOCK;
+                        for (((d, i), r), x) in d
+                            .chunks_mut(b)
+                            .zip(i.chunks_mut(b))
+                            .zip(r.chunks(b * T::SIZE))
+                            .zip(x.chunks(b * T::SIZE))
+                        {
+                            // SAFETY: AVX2 as above; `lo2` is the lowest context of the
+                            // reference, whose contexts span `size / FLAT_STRIDE`.
+                            unsafe {
+                                residual_count::<T>(r, x, d, i, info_fn, lo2, &mut sub[..4 * size])
+                            };
+                            h[0].update(r);
+                            h[1].update(x);
+                        }
+                        drain(sub, &mut acc);
+                    });
+                    hashes.push((c, h));
+                    (acc, hashes)
+                },
+            )
+            .reduce_with(|(a, mut ha), (b, hb)| {
+                ha.extend(hb);
+                (add_counts(a, b), ha)
+            })?;
+        // The chunks' hashes combined in order, whatever order the threads finished in.
+        hashes.sort_unstable_by_key(|&(c, _)| c);
+        let mut crcs = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
+        for (_, [r, x]) in &hashes {
+            crcs[0].combine(r);
+            crcs[1].combine(x);
+        }
+        let crcs = crcs.map(|h| h.finalize());
+        Some((
+            fold_rows(&acc, lo2, Space::new(Stage::J, width, false)),
+            crcs,
+        ))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, reference, target, info_fn, width, d, info);
+        None
+    }
+}
+
+/// Elements per piece of [`residual_histogram`]: its inputs (16 or 32 KiB for 16-bit floats)
+/// stay in L1 for their hashes.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const FUSED_BLOCK: usize = 4096;
 
 /// The exponent classes `info` spans, `(0, 0)` when empty.
 #[inline(always)]

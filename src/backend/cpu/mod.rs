@@ -138,11 +138,17 @@ impl Isa {
 
 /// Residuals of one tensor: the w-bit displacement per element, and the reference facts
 /// (exponent class, sign, top two mantissa bits) the contexts need, two bytes per element.
-struct CpuResident<T: Word> {
+/// Computed on first use: the `--fast` histogram at AVX2 computes them in its own pass
+/// (`joint::residual_histogram`), every other use by the plain residual pass.
+struct CpuResident<'a, T: Word> {
     isa: Isa,
     fl: FloatLayout,
-    d: Vec<T>,
-    info: Vec<u16>,
+    info_fn: InfoFn,
+    reference: &'a [u8],
+    target: &'a [u8],
+    res: std::sync::OnceLock<(Vec<T>, Vec<u16>)>,
+    /// CRC-32s of the reference and the target, where the pass that wrote `res` hashed them.
+    crcs: std::sync::OnceLock<[u32; 2]>,
 }
 
 /// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) when `isa` allows it, else as built.
@@ -177,22 +183,48 @@ fn check_tables(layout: Layout, tables: &Tables) -> Result<()> {
     Ok(())
 }
 
-impl<T: Word> CpuResident<T> {
-    fn new(isa: Isa, job: &EncodeJob) -> Self {
-        let info_fn = InfoFn::new(job.fl, job.condition);
-        let size = T::SIZE;
-        // Both sides have `n` whole elements (the callers check the lengths are equal; the
-        // minimum keeps every chunk below fully written whatever a job holds).
-        let n = job.reference.len().min(job.target.len()) / size;
+/// Buffers for `n` elements' displacements and facts, to be written in full before use.
+fn uninit<T: Word>(n: usize) -> (Vec<T>, Vec<u16>) {
+    (Vec::with_capacity(n), Vec::with_capacity(n))
+}
+
+impl<'a, T: Word> CpuResident<'a, T> {
+    fn new(isa: Isa, job: &EncodeJob<'a>) -> Self {
+        CpuResident {
+            isa,
+            fl: job.fl,
+            info_fn: InfoFn::new(job.fl, job.condition),
+            reference: job.reference,
+            target: job.target,
+            res: std::sync::OnceLock::new(),
+            crcs: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Both sides have `n` whole elements (the callers check the lengths are equal; the
+    /// minimum keeps every chunk below fully written whatever a job holds).
+    fn n(&self) -> usize {
+        self.reference.len().min(self.target.len()) / T::SIZE
+    }
+
+    /// Displacements and facts, from the plain residual pass if nothing computed them yet.
+    fn res(&self) -> (&[T], &[u16]) {
+        let (d, info) = self.res.get_or_init(|| self.residual_pass());
+        (d, info)
+    }
+
+    fn residual_pass(&self) -> (Vec<T>, Vec<u16>) {
+        let (isa, info_fn, size) = (self.isa, self.info_fn, T::SIZE);
+        let n = self.n();
         // Written once, chunk by chunk on the rayon pool, without zeroing first (a zeroed
         // `vec!` was a one-thread memset, 5% of a two-thread encode; zeroing on every thread
         // still cost a pass over both buffers).
-        let (mut d, mut info) = (Vec::<T>::with_capacity(n), Vec::<u16>::with_capacity(n));
+        let (mut d, mut info) = uninit::<T>(n);
         d.spare_capacity_mut()[..n]
             .par_chunks_mut(CHUNK_ELEMS)
             .zip(info.spare_capacity_mut()[..n].par_chunks_mut(CHUNK_ELEMS))
-            .zip(job.reference.par_chunks(CHUNK_ELEMS * size))
-            .zip(job.target.par_chunks(CHUNK_ELEMS * size))
+            .zip(self.reference.par_chunks(CHUNK_ELEMS * size))
+            .zip(self.target.par_chunks(CHUNK_ELEMS * size))
             .for_each(|(((d, info), r), x)| {
                 hist::simd(
                     isa,
@@ -210,12 +242,38 @@ impl<T: Word> CpuResident<T> {
             d.set_len(n);
             info.set_len(n);
         }
-        CpuResident {
-            isa,
-            fl: job.fl,
-            d,
-            info,
+        (d, info)
+    }
+
+    /// The Joint histogram, with the residuals in the same pass where the level has a kernel
+    /// for it and they are not computed yet.
+    fn joint_histogram(&self) -> Hist {
+        if self.res.get().is_none() {
+            let n = self.n();
+            let (mut d, mut info) = uninit::<T>(n);
+            let (r, x) = (self.reference, self.target);
+            let fused = joint::residual_histogram::<T>(
+                self.isa,
+                r,
+                x,
+                self.info_fn,
+                self.fl.width,
+                &mut d.spare_capacity_mut()[..n],
+                &mut info.spare_capacity_mut()[..n],
+            );
+            if let Some((h, crcs)) = fused {
+                // SAFETY: `residual_histogram` wrote every element of both when it counted.
+                unsafe {
+                    d.set_len(n);
+                    info.set_len(n);
+                }
+                let _ = self.res.set((d, info));
+                let _ = self.crcs.set(crcs);
+                return h;
+            }
         }
+        let (d, info) = self.res();
+        joint::histogram(self.isa, d, info, self.fl.width)
     }
 
     fn w1(&self) -> usize {
@@ -232,8 +290,7 @@ impl<T: Word> CpuResident<T> {
     ) -> Result<(Vec<Hist>, Option<Vec<Hist>>)> {
         check_layout(layout, self.fl.width)?;
         if layout == Layout::Joint {
-            let (d, info, w) = (&self.d, &self.info, self.fl.width);
-            return Ok((vec![joint::histogram(self.isa, d, info, w)], None));
+            return Ok((vec![self.joint_histogram()], None));
         }
         let signed = layout == Layout::Signed;
         let neighbor = if signed { distance } else { None };
@@ -249,10 +306,11 @@ impl<T: Word> CpuResident<T> {
                 hist::Acc::new(shape)
             }
         };
-        let acc = chunk_ranges(self.d.len())
+        let (d, info) = self.res();
+        let acc = chunk_ranges(d.len())
             .into_par_iter()
             .fold(new, |mut acc, r| {
-                hist::count(self.isa, &self.d[r.clone()], &self.info[r], &mut acc);
+                hist::count(self.isa, &d[r.clone()], &info[r], &mut acc);
                 acc
             })
             .reduce_with(hist::Acc::merge)
@@ -280,10 +338,15 @@ fn residual_chunk<T: Word, const COND: bool, const WIDE: bool>(
     }
 }
 
-impl<T: Word> Resident for CpuResident<T> {
+impl<T: Word> Resident for CpuResident<'_, T> {
+    fn input_crcs(&self) -> Option<[u32; 2]> {
+        self.crcs.get().copied()
+    }
+
     fn residual_bytes(&self) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.d.len() * T::SIZE];
-        for (o, &d) in out.chunks_exact_mut(T::SIZE).zip(&self.d) {
+        let (d, _) = self.res();
+        let mut out = vec![0u8; d.len() * T::SIZE];
+        for (o, &d) in out.chunks_exact_mut(T::SIZE).zip(d) {
             T::write(d.get(), o);
         }
         Ok(out)
@@ -318,20 +381,21 @@ impl<T: Word> Resident for CpuResident<T> {
         check_tables(layout, tables)?;
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
+        let (all_d, all_info) = self.res();
         if layout == Layout::Joint {
             // The flat table serves every vector encoder (small tensors: the portable lanes).
             #[cfg(target_arch = "x86_64")]
             let flat = (self.isa >= Isa::Avx2)
-                .then(|| joint::JointFlat::new(&stages[0], &self.info))
+                .then(|| joint::JointFlat::new(&stages[0], all_info))
                 .flatten();
             #[cfg(target_arch = "aarch64")]
             let flat = (self.isa == Isa::Neon)
-                .then(|| joint::JointFlat::new(&stages[0], &self.info))
+                .then(|| joint::JointFlat::new(&stages[0], all_info))
                 .flatten();
-            return Ok(chunk_ranges(self.d.len())
+            return Ok(chunk_ranges(all_d.len())
                 .into_par_iter()
                 .map_init(encode::Scratch::default, |scratch, r| {
-                    let (d, info) = (&self.d[r.clone()], &self.info[r]);
+                    let (d, info) = (&all_d[r.clone()], &all_info[r]);
                     #[cfg(target_arch = "x86_64")]
                     if let Some(flat) = &flat {
                         // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever
@@ -362,11 +426,11 @@ impl<T: Word> Resident for CpuResident<T> {
         // The flat tables serve both vector encoders.
         #[cfg(target_arch = "x86_64")]
         let flat = (self.isa >= Isa::Avx2)
-            .then(|| avx512::encode::Flat::new(&stages, self.w1(), &self.info));
-        Ok(chunk_ranges(self.d.len())
+            .then(|| avx512::encode::Flat::new(&stages, self.w1(), all_info));
+        Ok(chunk_ranges(all_d.len())
             .into_par_iter()
             .map_init(encode::Scratch::default, |scratch, r| {
-                let (d, info) = (&self.d[r.clone()], &self.info[r]);
+                let (d, info) = (&all_d[r.clone()], &all_info[r]);
                 #[cfg(target_arch = "x86_64")]
                 if let Some(flat) = &flat {
                     let w1 = self.w1();
@@ -404,11 +468,11 @@ impl<T: Word> Resident for CpuResident<T> {
     }
 }
 
-fn residuals_of<'a, T: Word>(isa: Isa, job: &EncodeJob) -> Box<dyn Resident + 'a> {
+fn residuals_of<'a, T: Word>(isa: Isa, job: &EncodeJob<'a>) -> Box<dyn Resident + 'a> {
     Box::new(CpuResident::<T>::new(isa, job))
 }
 
-fn resident<'a>(isa: Isa, job: &EncodeJob) -> Result<Box<dyn Resident + 'a>> {
+fn resident<'a>(isa: Isa, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
     Ok(match job.fl.width {
         8 => residuals_of::<u8>(isa, job),
         16 => residuals_of::<u16>(isa, job),

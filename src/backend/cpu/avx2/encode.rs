@@ -33,7 +33,7 @@ use std::any::TypeId;
 use super::super::avx512::encode::Flat;
 use super::super::encode::{codes, Scratch};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
-use super::super::word::Word;
+use super::super::word::{self, Word};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::bits::BitWriter;
@@ -153,9 +153,11 @@ fn store_u32(s: &mut [u32], v: __m256i) {
     }
 }
 
-/// `super::super::encode::codes` with the tail for 16-bit elements, 8 at a time: codes by
-/// bit lengths, the raw tails merged pairwise in the vector (two levels, at most 52 bits
-/// each) so the bit writer takes one value per four elements.
+/// `super::super::encode::codes` with the tail for 16-bit elements, 16 at a time: b, Q1 and
+/// Q2 of each magnitude from its float conversion (`4·e + 2·q1 + q2` in the float's top
+/// bits, as in `super::hist`), the raw tails merged in the vector four by four (at most 52
+/// bits) so the bit writer takes one value per four elements; the last partial step as the
+/// portable pass does it.
 ///
 /// # Safety
 /// The CPU must support AVX2 and POPCNT.
@@ -171,36 +173,89 @@ pub(in crate::backend::cpu) unsafe fn codes16(
     out.truncate(n);
     out.resize(n, 0);
     let zero = _mm256_setzero_si256();
-    let mut vals = [0u64; 4];
-    let mut lens = [0u64; 4];
-    for at in (0..n).step_by(8) {
-        let cnt = (n - at).min(8);
-        // Lanes past `cnt` are zero: code 0, no tail bits.
-        let sd = _mm256_cvtepi16_epi32(load_u16(d, at, cnt));
+    let (one, three) = (_mm256_set1_epi32(1), _mm256_set1_epi32(3));
+    let bias = _mm256_set1_epi32(4 * 126);
+    let lo32 = _mm256_set1_epi64x(0xFFFF_FFFF);
+    let mut vals = [[0u64; 4]; 2];
+    let mut lens = [[0u64; 4]; 2];
+    let (dp, op) = (d.as_ptr(), out.as_mut_ptr());
+    let full = n / 16 * 16;
+    for at in (0..full).step_by(16) {
+        // SAFETY: `at + 16 <= n` elements of `d` and `out`.
+        let dv = unsafe { _mm256_loadu_si256(dp.add(at).cast()) };
         let (v, neg) = if signed {
-            (_mm256_abs_epi32(sd), _mm256_cmpgt_epi32(zero, sd))
+            // -2^15 gives 2^15 as unsigned: the right magnitude.
+            (_mm256_abs_epi16(dv), _mm256_srli_epi16::<15>(dv))
         } else {
-            let z = _mm256_xor_si256(_mm256_slli_epi32::<1>(sd), _mm256_srai_epi32::<31>(sd));
-            (_mm256_and_si256(z, _mm256_set1_epi32(0xFFFF)), zero)
+            let z = _mm256_xor_si256(_mm256_slli_epi16::<1>(dv), _mm256_srai_epi16::<15>(dv));
+            (z, zero)
         };
-        // Bit length from the float exponent: `v <= 2^16` converts exactly, and its biased
-        // exponent is `126 + b` for `v >= 1`; 0.0 has exponent field 0, clamped to b = 0.
-        let e = _mm256_srli_epi32::<23>(_mm256_castps_si256(_mm256_cvtepi32_ps(v)));
-        let b = _mm256_max_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(126)), zero);
-        let (c, val, len) = code_and_tail(v, b, neg);
-        store_u32(&mut out[at..at + cnt], c);
-        let lo32 = _mm256_set1_epi64x(0xFFFF_FFFF);
-        let (v_lo, l_lo) = (_mm256_and_si256(val, lo32), _mm256_and_si256(len, lo32));
-        let v2 = _mm256_or_si256(v_lo, _mm256_sllv_epi64(_mm256_srli_epi64::<32>(val), l_lo));
-        let l2 = _mm256_add_epi64(l_lo, _mm256_srli_epi64::<32>(len));
-        let v4 = _mm256_or_si256(v2, _mm256_sllv_epi64(_mm256_bsrli_epi128::<8>(v2), l2));
-        let l4 = _mm256_add_epi64(l2, _mm256_bsrli_epi128::<8>(l2));
-        // SAFETY: 4 `u64` each into `vals` and `lens`.
-        unsafe {
-            _mm256_storeu_si256(vals.as_mut_ptr() as *mut _, v4);
-            _mm256_storeu_si256(lens.as_mut_ptr() as *mut _, l4);
+        // 32-bit lanes in the in-lane unpack order: elements 0..4 and 8..12, then 4..8 and
+        // 12..16.
+        let halves = [
+            (
+                _mm256_unpacklo_epi16(v, zero),
+                _mm256_unpacklo_epi16(neg, zero),
+            ),
+            (
+                _mm256_unpackhi_epi16(v, zero),
+                _mm256_unpackhi_epi16(neg, zero),
+            ),
+        ];
+        let mut c = [zero; 2];
+        for (h, &(v, neg)) in halves.iter().enumerate() {
+            // `4·b + 2·q1 + q2` (0 for v = 0: its float is 0).
+            let e = _mm256_srli_epi32::<21>(_mm256_castps_si256(_mm256_cvtepi32_ps(v)));
+            let t = _mm256_max_epi32(_mm256_sub_epi32(e, bias), zero);
+            let b = _mm256_srli_epi32::<2>(t);
+            c[h] = _mm256_or_si256(
+                _mm256_or_si256(
+                    b,
+                    _mm256_slli_epi32::<6>(_mm256_and_si256(t, _mm256_set1_epi32(2))),
+                ),
+                _mm256_or_si256(
+                    _mm256_slli_epi32::<8>(_mm256_and_si256(t, one)),
+                    _mm256_slli_epi32::<9>(neg),
+                ),
+            );
+            // The raw tail: the low `b - 3` bits (none for b < 4), merged pairwise, then
+            // the pairs of each 128-bit half (elements 4k..4k + 4, in order).
+            let len = _mm256_max_epi32(_mm256_sub_epi32(b, three), zero);
+            let val = _mm256_and_si256(v, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+            let (v_lo, l_lo) = (_mm256_and_si256(val, lo32), _mm256_and_si256(len, lo32));
+            let v2 = _mm256_or_si256(v_lo, _mm256_sllv_epi64(_mm256_srli_epi64::<32>(val), l_lo));
+            let l2 = _mm256_add_epi64(l_lo, _mm256_srli_epi64::<32>(len));
+            let v4 = _mm256_or_si256(v2, _mm256_sllv_epi64(_mm256_bsrli_epi128::<8>(v2), l2));
+            let l4 = _mm256_add_epi64(l2, _mm256_bsrli_epi128::<8>(l2));
+            // SAFETY: 4 `u64` each into `vals[h]` and `lens[h]`.
+            unsafe {
+                _mm256_storeu_si256(vals[h].as_mut_ptr().cast(), v4);
+                _mm256_storeu_si256(lens[h].as_mut_ptr().cast(), l4);
+            }
         }
-        tail.put_many([vals[0], vals[2]], [lens[0] as u32, lens[2] as u32]);
+        // SAFETY: 16 `u32` at `at` of `out`; the permutes put elements 0..8 and 8..16
+        // back in order.
+        unsafe {
+            _mm256_storeu_si256(
+                op.add(at).cast(),
+                _mm256_permute2x128_si256::<0x20>(c[0], c[1]),
+            );
+            _mm256_storeu_si256(
+                op.add(at + 8).cast(),
+                _mm256_permute2x128_si256::<0x31>(c[0], c[1]),
+            );
+        }
+        tail.put_many(
+            [vals[0][0], vals[1][0], vals[0][2], vals[1][2]],
+            [lens[0][0], lens[1][0], lens[0][2], lens[1][2]].map(|l| l as u32),
+        );
+    }
+    for (o, &d) in out[full..].iter_mut().zip(&d[full..]) {
+        let (v, neg) = word::value::<u16>(d as u64, signed);
+        let c = word::code(v, neg);
+        let len = (c & 127).saturating_sub(3);
+        tail.put(v & ((1u64 << len) - 1), len);
+        *o = c;
     }
 }
 
@@ -654,6 +709,32 @@ mod tests {
     use super::super::super::encode::codes;
     use super::codes32;
     use crate::format::bits::BitWriter;
+
+    /// The vector pass gives the portable pass's codes and tail bits for every 16-bit
+    /// pattern, both layouts, and lengths that leave a partial step.
+    #[test]
+    fn codes16_matches_portable() {
+        if !super::super::super::Isa::Avx2.available() {
+            eprintln!("SKIP: this CPU has no AVX2");
+            return;
+        }
+        let mut d: Vec<u16> = (0..=u16::MAX).collect();
+        // Runs of one length, and neighbors far apart, after the ordered patterns.
+        d.extend((0..=u16::MAX).map(|k| k.wrapping_mul(40503)));
+        for signed in [true, false] {
+            for len in [d.len(), d.len() - 7, 15, 16, 17] {
+                let d = &d[..len];
+                let (mut want, mut want_t) = (Vec::new(), BitWriter::default());
+                codes(d, signed, &mut want, Some(&mut want_t));
+                let (mut got, mut got_t) = (Vec::new(), BitWriter::default());
+                // SAFETY: AVX2 checked above.
+                unsafe { super::codes16(d, signed, &mut got, &mut got_t) };
+                assert_eq!(got, want, "codes, signed {signed}, {len} elements");
+                assert_eq!(got_t.bits(), want_t.bits(), "tail bits, signed {signed}");
+                assert_eq!(got_t.bytes(), want_t.bytes(), "tail, signed {signed}");
+            }
+        }
+    }
 
     /// The vector pass gives the portable pass's codes and tail bits for every bit length,
     /// at and around each power of two (where a float conversion could round up), both

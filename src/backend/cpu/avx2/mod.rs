@@ -6,4 +6,5 @@
 
 pub mod decode;
 pub mod encode;
+pub mod hist;
 pub mod joint;
