@@ -191,7 +191,8 @@ unsafe fn rows8_avx2(
 /// and |sum| stays far below 2^31).
 ///
 /// `k` is padded to a multiple of 64, so that 16 quads of a group are one AMX weight tile
-/// ([`amx`]): calls with at least `amx_from` items run on the tiles where the CPU has them.
+/// ([`amx`]): calls of the item counts where the tiles win ([`amx_wins`]) run on them where
+/// the CPU has them.
 #[derive(Clone, Debug)]
 pub struct VnniRows {
     w: Vec<i8>,
@@ -199,8 +200,8 @@ pub struct VnniRows {
     pub kp: usize,
     /// `128 * row_sum` per row, padded with zeros to whole groups.
     bias: Vec<i32>,
-    /// The least item count that runs on AMX tiles (`usize::MAX`: never).
-    amx_from: usize,
+    /// Which calls run on AMX tiles.
+    amx: AmxUse,
 }
 
 impl Default for VnniRows {
@@ -209,13 +210,34 @@ impl Default for VnniRows {
             w: Vec::new(),
             kp: 0,
             bias: Vec::new(),
-            amx_from: usize::MAX,
+            amx: AmxUse::Never,
         }
     }
 }
 
-/// Items from which a call takes the AMX tiles rather than the VNNI registers.
-const AMX_FROM: usize = 4;
+/// Which calls of a [`VnniRows`] take the AMX tiles rather than the VNNI registers.
+#[derive(Clone, Copy, Debug)]
+enum AmxUse {
+    /// None (no AMX here, or a layout for the other kernels).
+    Never,
+    /// Those of the item counts where the tiles are faster ([`amx_wins`]).
+    ByShape,
+    /// Those of at least this many items (tests of either kernel).
+    #[cfg(test)]
+    From(usize),
+}
+
+/// Whether `n` items against rows of `kp` bytes (padded `k`) run faster on the AMX tiles than
+/// on the VNNI registers. Measured on a Sapphire-Rapids-class Xeon (`amx_vs_vnni_timing`,
+/// one thread, the matmul's row tiles; AMX / VNNI time at k = 128 for the tinygpt2 shapes
+/// and k = 768 / 3072 for GPT-2 small's): one item is VNNI's GEMV (AMX 1.1–3.9x slower); at
+/// four items VNNI's 4 x 4 block fits exactly and a 16-item tile is used at a quarter (AMX
+/// 0.92–1.69x, never clearly ahead); two items at k = 128 are a tie or VNNI (1.02–1.26x,
+/// 0.63–0.71x at k = 768). Every other count runs VNNI's one-item remainder loop, where the
+/// tiles win (0.23–0.93x at 3 and 5..16 items; 8 items at k = 128 is a tie, 0.85–1.11x).
+fn amx_wins(n: usize, kp: usize) -> bool {
+    !(n == 1 || n == 4 || (n == 2 && kp <= 128))
+}
 
 impl VnniRows {
     pub fn new(w: &[i8], row_sum: &[i32], k: usize) -> VnniRows {
@@ -237,16 +259,16 @@ impl VnniRows {
             });
         let mut bias: Vec<i32> = row_sum.iter().map(|&s| 128 * s).collect();
         bias.resize(groups * 16, 0);
-        let amx_from = if amx::available() {
-            AMX_FROM
+        let amx = if amx::available() {
+            AmxUse::ByShape
         } else {
-            usize::MAX
+            AmxUse::Never
         };
         VnniRows {
             w: p,
             kp,
             bias,
-            amx_from,
+            amx,
         }
     }
 
@@ -254,7 +276,11 @@ impl VnniRows {
     /// never), where the CPU has them: for tests of either kernel.
     #[cfg(test)]
     pub fn with_amx_from(mut self, items: usize) -> VnniRows {
-        self.amx_from = if amx::available() { items } else { usize::MAX };
+        self.amx = if amx::available() && items < usize::MAX {
+            AmxUse::From(items)
+        } else {
+            AmxUse::Never
+        };
         self
     }
 
@@ -350,14 +376,20 @@ impl VnniRows {
         store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m512i),
     ) {
         use std::arch::x86_64::*;
-        if n >= self.amx_from {
+        let on_amx = match self.amx {
+            AmxUse::Never => false,
+            AmxUse::ByShape => amx_wins(n, self.kp),
+            #[cfg(test)]
+            AmxUse::From(items) => n >= items,
+        };
+        if on_amx {
             let bias = &self.bias;
             let mut each = |g: usize, t: usize, sums: &[i32; 16]| {
                 let v = _mm512_loadu_si512(sums.as_ptr().cast());
                 let b = _mm512_loadu_si512(bias.as_ptr().add(g * 16).cast());
                 store(g, t, _mm512_sub_epi32(v, b));
             };
-            // SAFETY: `amx_from` is finite only where AMX is available (`new`,
+            // SAFETY: `amx` is `Never` where AMX is not available (`new`,
             // `with_amx_from`); the groups lie inside the layout (the callers' asserts) and
             // `kp` is a multiple of 64.
             amx::dots(&self.w, self.kp / 4, (g0, g1), xu, n, &mut each);
@@ -662,6 +694,21 @@ fn vnni() -> bool {
 /// steps through the small layers cost less than waking the pool).
 const SERIAL_MACS: usize = 1 << 18;
 
+/// The rows of one tile of a matmul of `n` items: at most 64 KiB of weights, at least 4
+/// tiles per thread when there is enough work; whole groups of 16 rows, as the VNNI layout
+/// holds them.
+fn tile_rows(rows: usize, k: usize, n: usize, split: Split) -> usize {
+    if rows * k * n <= SERIAL_MACS || (n == 1 && !split.is_parallel()) {
+        rows
+    } else {
+        rows.div_ceil(4 * split.threads())
+            .min((1 << 16) / k)
+            .max(SERIAL_MACS.div_ceil(n * k))
+            .clamp(16, rows.max(16))
+            .next_multiple_of(16)
+    }
+}
+
 /// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
 ///
 /// The weight rows are cut into tiles, one rayon task each in a parallel step (run in order
@@ -708,18 +755,7 @@ pub fn matmul_tops(
     };
     let tms: Vec<i64> = sc.iter().map(|s| s.0).collect();
     let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
-    // Tiles: at most 64 KiB of weights, at least 4 per thread when there is enough work;
-    // whole groups of 16 rows, as the VNNI layout holds them.
-    let threads = split.threads();
-    let tile = if rows * k * n <= SERIAL_MACS || (n == 1 && !split.is_parallel()) {
-        rows
-    } else {
-        rows.div_ceil(4 * threads)
-            .min((1 << 16) / k)
-            .max(SERIAL_MACS.div_ceil(n * k))
-            .clamp(16, rows.max(16))
-            .next_multiple_of(16)
-    };
+    let tile = tile_rows(rows, k, n, split);
     let tiles = rows.div_ceil(tile);
     if cl.kernel == Dot::Vnni && cl.scales.fast(&tms, &tes, out_frac) {
         // The rescale in the dot kernel's registers: every output written once, in place.
@@ -967,9 +1003,11 @@ mod tests {
         }
     }
 
-    /// Not a test: the time of the AMX and the VNNI dots per item count, one thread
-    /// (`cargo test --release --lib amx_vs_vnni_timing -- --ignored --nocapture`), to choose
-    /// `AMX_FROM`.
+    /// Not a test: the time of the AMX and the VNNI dots per item count, one thread, on the
+    /// row tiles a parallel matmul cuts (each tile one call, as the matmul makes them), for
+    /// the tinygpt2 shapes (d = 128) and GPT-2 small's (d = 768), to choose `AMX_FROM`
+    /// (`cargo test --release --lib amx_vs_vnni_timing -- --ignored --nocapture`). Prints
+    /// AMX / VNNI time per item count, the best of five runs of each.
     #[test]
     #[ignore]
     fn amx_vs_vnni_timing() {
@@ -977,25 +1015,45 @@ mod tests {
             println!("skipped: this CPU or OS has no AMX-INT8");
             return;
         }
-        for (rows, k) in [(2304usize, 768usize), (768, 3072), (4096, 768)] {
+        let shapes = [
+            (384usize, 128usize),
+            (512, 128),
+            (128, 512),
+            (50257, 128),
+            (2304, 768),
+            (768, 3072),
+            (50257, 768),
+        ];
+        let split = Split::PARALLEL;
+        for (rows, k) in shapes {
             let w: Vec<i8> = (0..rows * k).map(|i| (i * 7 % 251) as i8).collect();
             let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k);
-            for n in [1usize, 2, 3, 4, 6, 8, 12, 16, 32, 64] {
+            let mut line = format!("{rows:>5} x {k:<4} AMX/VNNI time, n = 1..16:");
+            for n in 1usize..=16 {
                 let xs: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
                 let xu = v.activations(&xs, k);
-                let mut acc = vec![0; rows * n];
-                let mut time = |from: usize| {
+                let tile = tile_rows(rows, k, n, split);
+                let time = |from: usize| {
                     let v = v.clone().with_amx_from(from);
-                    let reps = (1usize << 28) / (rows * k * n) + 1;
-                    let t = std::time::Instant::now();
-                    for _ in 0..reps {
-                        v.dots(0, rows, &xu, n, &mut acc);
-                    }
-                    (rows * k * n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
+                    let reps = (1usize << 25) / (rows * k * n) + 1;
+                    let mut acc = vec![0; rows * n];
+                    (0..5)
+                        .map(|_| {
+                            let t = std::time::Instant::now();
+                            for _ in 0..reps {
+                                for r0 in (0..rows).step_by(tile) {
+                                    let r1 = (r0 + tile).min(rows);
+                                    v.dots(r0, r1, &xu, n, &mut acc[..(r1 - r0) * n]);
+                                }
+                            }
+                            t.elapsed().as_secs_f64()
+                        })
+                        .fold(f64::MAX, f64::min)
                 };
                 let (amx, vnni) = (time(1), time(usize::MAX));
-                println!("rows {rows} k {k} n {n}: AMX {amx:.1} GMAC/s, VNNI {vnni:.1} GMAC/s");
+                line += &format!(" {:.2}", amx / vnni);
             }
+            println!("{line}");
         }
     }
 
