@@ -95,6 +95,28 @@ mod x86 {
         }
     }
 
+    /// Lane `j` of the result: the sum of the eight i64 lanes of `a[j]`. Pairs of vectors are
+    /// added lane-pair-wise, then 128-bit and 256-bit halves: 21 instructions where eight
+    /// reductions take about 56.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn reduce8(a: [__m512i; 8]) -> __m512i {
+        // Each 128-bit lane of `pair(x, y)`: (sum of x's two i64, sum of y's).
+        let pair =
+            |x, y| _mm512_add_epi64(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y));
+        // 128-bit lanes (0, 2) and (1, 3) of x, then of y, added: lanes 0..1 are x's halves'
+        // sums, 2..3 y's.
+        let halves = |x, y| {
+            _mm512_add_epi64(
+                _mm512_shuffle_i64x2::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_i64x2::<0b11_01_11_01>(x, y),
+            )
+        };
+        let (p01, p23) = (pair(a[0], a[1]), pair(a[2], a[3]));
+        let (p45, p67) = (pair(a[4], a[5]), pair(a[6], a[7]));
+        halves(halves(p01, p23), halves(p45, p67))
+    }
+
     /// [`head_many`] with `16 * N` channels per head. Products as in the one-item kernels:
     /// `vpmuldq` of the even channels (low halves of the 64-bit lanes) and, after a shift,
     /// of the odd ones, into exact i64 sums.
@@ -125,7 +147,7 @@ mod x86 {
                 let qe: [__m512i; N] =
                     std::array::from_fn(|b| _mm512_loadu_si512(qp.add(16 * b).cast()));
                 let qo: [__m512i; N] = std::array::from_fn(|b| _mm512_srli_epi64::<32>(qe[b]));
-                for s in s0..end {
+                let product = |s: usize| {
                     let kr = kp.add(s * d);
                     let mut acc = _mm512_setzero_si512();
                     for b in 0..N {
@@ -134,7 +156,19 @@ mod x86 {
                         let ko = _mm512_srli_epi64::<32>(kv);
                         acc = _mm512_add_epi64(acc, _mm512_mul_epi32(qo[b], ko));
                     }
-                    sc[i * lmax + s] = _mm512_reduce_add_epi64(acc);
+                    acc
+                };
+                let mut s = s0;
+                // Eight positions' lane sums reduced together (a third of the shuffles and
+                // adds of eight reductions), stored as one vector.
+                while s + 8 <= end {
+                    let acc: [__m512i; 8] = std::array::from_fn(|j| product(s + j));
+                    let sums = reduce8(acc);
+                    _mm512_storeu_si512(sc.as_mut_ptr().add(i * lmax + s).cast(), sums);
+                    s += 8;
+                }
+                for s in s..end {
+                    sc[i * lmax + s] = _mm512_reduce_add_epi64(product(s));
                 }
             }
         }
