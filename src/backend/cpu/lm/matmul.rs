@@ -1005,7 +1005,7 @@ mod tests {
 
     /// Not a test: the time of the AMX and the VNNI dots per item count, one thread, on the
     /// row tiles a parallel matmul cuts (each tile one call, as the matmul makes them), for
-    /// the tinygpt2 shapes (d = 128) and GPT-2 small's (d = 768), to choose `AMX_FROM`
+    /// the tinygpt2 shapes (d = 128) and GPT-2 small's (d = 768), for [`amx_wins`]
     /// (`cargo test --release --lib amx_vs_vnni_timing -- --ignored --nocapture`). Prints
     /// AMX / VNNI time per item count, the best of five runs of each.
     #[test]
