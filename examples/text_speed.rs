@@ -4,7 +4,8 @@
 //! GPT-2-small-shaped model (12 x 768, vocab 50257), and prints, per model: the adaptive
 //! models alone (encode), with the LM (encode, batched), the decode of one block, the
 //! decode of the same bytes cut into 4 blocks (lockstep), and the encode and decode of 4
-//! strands (shared models, one range coder).
+//! strands (shared models, one range coder). A third argument, `tiny` or `small`, runs only
+//! that model (for profiles).
 
 #[path = "../tests/lm_common/random_model.rs"]
 mod random_model;
@@ -20,12 +21,16 @@ fn main() -> lockstep::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let text = std::fs::read(&args[0]).expect("input");
     let n: usize = args.get(1).map_or(16384, |a| a.parse().expect("BYTES"));
+    let only = args.get(2).map(String::as_str);
     let data = &text[..n.min(text.len())];
     let device = Device::cpu();
     let tiny = Model::from_bytes(&std::fs::read("models/tinygpt2.lsm").expect("model"))?;
     let small = random_model::random_model(12, 768, 12, 1024, 50257, 1);
     println!("device: {}", device.lm()?.describe());
     for (name, model) in [("tinygpt2", &tiny), ("gpt2-small shape", &small)] {
+        if only.is_some_and(|o| !name.starts_with(o) && !name.contains(o)) {
+            continue;
+        }
         let kb = |secs: f64| data.len() as f64 / secs / 1e3;
         let alone = Setup {
             lm: None,

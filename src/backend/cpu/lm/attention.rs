@@ -97,15 +97,7 @@ fn attention_body(
         .zip(p.chunks_exact_mut(len))
         .zip(&mut totals)
     {
-        for scs in sc.iter_mut() {
-            *scs = round_shift(*scs as i128 * tables.attn_m as i128, 52) as i64;
-        }
-        let mx = *sc.iter().max().unwrap_or(&0);
-        for (ps, &s) in p.iter_mut().zip(&*sc) {
-            let gap = (mx - s) as usize;
-            *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i32;
-            *total += *ps as i64;
-        }
+        *total = softmax_weights(sc, p, tables);
     }
     let mut acc = vec![0i64; d];
     weighted_values(isa, &p, vc, d, hd, &mut acc);
@@ -114,11 +106,69 @@ fn attention_body(
         .zip(acc.chunks_exact(hd))
         .zip(&totals)
     {
-        let rc = recip(total as i128);
-        for (o, &a) in o.iter_mut().zip(a) {
-            // |a| <= 2^57, r <= 2^30
-            *o = div_recip(a as i128, rc) as i64;
+        normalize(a, total, o);
+    }
+}
+
+/// One head's scores (`sc`, the dot products, scaled in place) to its integer weights
+/// `p[s] = exp24[max - score]` (<= 2^24); returns their sum.
+#[inline(always)]
+pub(super) fn softmax_weights(sc: &mut [i64], p: &mut [i32], tables: &Tables) -> i64 {
+    scale_scores(sc, tables.attn_m);
+    let mx = *sc.iter().max().unwrap_or(&0);
+    let mut total = 0i64;
+    for (ps, &s) in p.iter_mut().zip(&*sc) {
+        let gap = (mx - s) as usize;
+        *ps = tables.exp24.get(gap).copied().unwrap_or(0) as i32;
+        total += *ps as i64;
+    }
+    total
+}
+
+/// `round_shift(a * m, 52)` of every score `a`, in place (docs §4), exactly; in 64-bit
+/// arithmetic where this head's scores allow, which the compiler vectorizes, else the 128-bit
+/// product per score.
+///
+/// The 64-bit form splits `m = mh * 2^t + ml` (`0 <= ml < 2^t`, `t <= 52`) and computes
+/// `(a * mh + ((a * ml + 2^51) >> t)) >> (52 - t)` (arithmetic shifts: floors). It is the same
+/// integer: with `q = floor((a * ml + 2^51) / 2^t)` and `r = a * ml + 2^51 - q * 2^t` in
+/// `0..2^t`, `a * m + 2^51 = (a * mh + q) * 2^t + r`, so `floor((a * m + 2^51) / 2^52) =
+/// floor(floor(.. / 2^t) / 2^(52 - t)) = floor((a * mh + q) / 2^(52 - t))` (floors of
+/// divisions by positive integers nest). No step overflows: with every `|a| < 2^A` and
+/// `t = min(62 - A, 52)`, `|a * ml| < 2^(A + t) <= 2^62` (plus `2^51`: below 2^63), `|q| <=
+/// 2^A`, and `|a * mh| < 2^(A + B - t)` for `0 <= m < 2^B`, at most 2^62 when `t = 62 - A`
+/// and `B + 2A <= 124`, and below 2^62 when `t = 52` (`A <= 10`, `B <= 63`); so the sum
+/// stays below 2^63. `|q|, |k| <= 2^20` (`QKV_MAX`) bound `|a|` by `hd * 2^40` (A <= 47)
+/// and `attn_m < 2^38` for every head size: the fallback is for scores near that bound or a
+/// model file's odd multiplier.
+#[inline(always)]
+pub(super) fn scale_scores(sc: &mut [i64], m: i64) {
+    // One pass for the bound (vectorized): the largest magnitude's bit length A.
+    let amax = sc.iter().map(|a| a.unsigned_abs()).fold(0, u64::max);
+    let (a_bits, m_bits) = (
+        64 - amax.leading_zeros(),
+        64 - m.unsigned_abs().leading_zeros(),
+    );
+    if m < 0 || a_bits > 62 || m_bits + 2 * a_bits > 124 {
+        for a in sc.iter_mut() {
+            *a = round_shift(*a as i128 * m as i128, 52) as i64;
         }
+        return;
+    }
+    let t = (62 - a_bits).min(52);
+    let (mh, ml) = (m >> t, m & ((1i64 << t) - 1));
+    for a in sc.iter_mut() {
+        *a = (*a * mh + ((*a * ml + (1 << 51)) >> t)) >> (52 - t);
+    }
+}
+
+/// One head's weighted sums of the values divided by the weights' `total`.
+#[inline(always)]
+pub(super) fn normalize(acc: &[i64], total: i64, out: &mut [i64]) {
+    let rc = recip(total as i128);
+    for (o, &a) in out.iter_mut().zip(acc) {
+        // |a| <= 2^57, r <= 2^30
+        *o = div_recip(a as i128, rc) as i64;
     }
 }
 
@@ -141,7 +191,7 @@ fn dots(isa: Isa, q: &[i32], kc: &[i32], d: usize, hd: usize, dots: &mut [i64]) 
 
 /// One head's [`dots`] (channels `off..off + q.len()`), one position at a time (the
 /// definition).
-fn dots_reference(q: &[i32], kc: &[i32], d: usize, off: usize, dots: &mut [i64]) {
+pub(super) fn dots_reference(q: &[i32], kc: &[i32], d: usize, off: usize, dots: &mut [i64]) {
     for (s, dot) in dots.iter_mut().enumerate() {
         let kh = &kc[s * d + off..s * d + off + q.len()];
         *dot = q.iter().zip(kh).map(|(&a, &b)| a as i64 * b as i64).sum();
@@ -296,6 +346,65 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 64-bit score scale equals the 128-bit definition: scores at every bit length up
+    /// to the GPT-2 bound (hd * 2^40, hd <= 128) and beyond (the fallback), both signs, the
+    /// rounding ties, multipliers of every head size and the extremes of i64.
+    #[test]
+    fn scaled_scores_equal_the_128_bit_products() {
+        let mut x = 11u64;
+        let mut rnd = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x
+        };
+        let ms: Vec<i64> = [1u32, 12, 16, 32, 64, 80, 128, 256]
+            .iter()
+            .map(|&hd| Tables::compute(hd).attn_m)
+            .chain([
+                0,
+                1,
+                3,
+                (1 << 40) + 1,
+                (1 << 52) - 1,
+                1 << 61,
+                i64::MAX,
+                -5,
+                i64::MIN,
+            ])
+            .collect();
+        for &m in &ms {
+            for bits in (0..=63).step_by(3).chain([46, 47, 48, 62]) {
+                let top = if bits == 63 {
+                    u64::MAX
+                } else {
+                    (1u64 << bits) - 1
+                };
+                let mut sc: Vec<i64> = (0..64).map(|_| (rnd() & top) as i64).collect();
+                let n = sc.len();
+                for i in 0..n / 2 {
+                    sc[i] = sc[i].wrapping_neg();
+                }
+                // Both extremes of the range, and the scores whose products end in exactly
+                // half a unit (ties) where m allows.
+                sc[0] = top as i64;
+                sc[1] = (top as i64).wrapping_neg();
+                if m > 0 && m.trailing_zeros() < 52 {
+                    let half = 1i64 << (51 - m.trailing_zeros());
+                    sc[2] = half.min(top as i64);
+                    sc[3] = -half.min(top as i64);
+                }
+                let want: Vec<i64> = sc
+                    .iter()
+                    .map(|&a| round_shift(a as i128 * m as i128, 52) as i64)
+                    .collect();
+                let mut got = sc.clone();
+                scale_scores(&mut got, m);
+                assert_eq!(got, want, "m={m} bits={bits}");
+            }
+        }
+    }
 
     #[test]
     fn weighted_values_equal_the_definition() {

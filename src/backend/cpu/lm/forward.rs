@@ -5,6 +5,7 @@
 use rayon::prelude::*;
 
 use super::attention::attention;
+use super::attention_many::{attention_head_many, many_supported, MANY_ITEMS};
 use super::matmul::{matmul, matmul_tops, CpuLinear};
 use super::norm::{layer_norm, quantize};
 use super::split::Split;
@@ -127,6 +128,13 @@ pub fn forward(
             }
         });
     let hd = model.head_dim();
+    // The items of each sequence in order (consecutive positions), in runs of at most
+    // MANY_ITEMS: the multi-item attention's calls.
+    let mut by_seq: Vec<Vec<usize>> = vec![Vec::new(); caches.len()];
+    for (i, it) in items.iter().enumerate() {
+        by_seq[it.seq].push(i);
+    }
+    let runs: Vec<&[usize]> = by_seq.iter().flat_map(|s| s.chunks(MANY_ITEMS)).collect();
     for (l, (blk, [qkv_w, attn_w, fc_w, proj_w])) in
         model.blocks.iter().zip(&weights.blocks).enumerate()
     {
@@ -149,23 +157,51 @@ pub fn forward(
         }
         let caches_ro: &[KvCache] = caches;
         let mut o = vec![0i64; n * d];
-        o.par_chunks_mut(d)
-            .with_min_len(split.min_len(1))
-            .enumerate()
-            .for_each(|(i, out)| {
-                let c = &caches_ro[items[i].seq];
-                attention(
-                    isa,
-                    &qkv[i * 3 * d..i * 3 * d + d],
-                    &c.k[l],
-                    &c.v[l],
-                    pos[i] + 1,
-                    d,
-                    hd,
-                    &model.tables,
-                    out,
-                );
-            });
+        if many_supported(isa, hd) && runs.iter().any(|r| r.len() > 1) {
+            // One task per run of a sequence's items and head: each reads the head's cache
+            // once for the run's items.
+            let tasks: Vec<(usize, usize)> = (0..runs.len())
+                .flat_map(|r| (0..d / hd).map(move |h| (r, h)))
+                .collect();
+            let heads: Vec<Vec<i64>> = tasks
+                .par_iter()
+                .with_min_len(split.min_len(1))
+                .map(|&(r, h)| {
+                    let run = &runs[r];
+                    let c = &caches_ro[items[run[0]].seq];
+                    let qs: Vec<&[i32]> = run.iter().map(|&i| &qkv[i * 3 * d..]).collect();
+                    let lens: Vec<usize> = run.iter().map(|&i| pos[i] + 1).collect();
+                    let mut out = vec![0i64; run.len() * hd];
+                    let (k, v) = (&c.k[l], &c.v[l]);
+                    let dims = (d, hd, h);
+                    attention_head_many(isa, &qs, &lens, k, v, dims, &model.tables, &mut out);
+                    out
+                })
+                .collect();
+            for (&(r, h), out) in tasks.iter().zip(&heads) {
+                for (&i, oh) in runs[r].iter().zip(out.chunks_exact(hd)) {
+                    o[i * d + h * hd..i * d + (h + 1) * hd].copy_from_slice(oh);
+                }
+            }
+        } else {
+            o.par_chunks_mut(d)
+                .with_min_len(split.min_len(1))
+                .enumerate()
+                .for_each(|(i, out)| {
+                    let c = &caches_ro[items[i].seq];
+                    attention(
+                        isa,
+                        &qkv[i * 3 * d..i * 3 * d + d],
+                        &c.k[l],
+                        &c.v[l],
+                        pos[i] + 1,
+                        d,
+                        hd,
+                        &model.tables,
+                        out,
+                    );
+                });
+        }
         let (xq, sc) = quantize(isa, &o, d, FQKV, split);
         let a = matmul(isa, split, attn_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &a);

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use super::amx;
 use super::rescale::{rescale, RowScales};
 use super::split::Split;
 use crate::backend::cpu::Isa;
@@ -188,30 +189,99 @@ unsafe fn rows8_avx2(
 /// The activations go in as `x + 128` (u8, `dpbusd` wants them unsigned) and `128 * sum(w)`
 /// is subtracted per row afterwards: exact, and no saturation (`dpbusd` without `s` wraps,
 /// and |sum| stays far below 2^31).
-#[derive(Clone, Debug, Default)]
+///
+/// `k` is padded to a multiple of 64, so that 16 quads of a group are one AMX weight tile
+/// ([`amx`]): calls of the item counts where the tiles win ([`amx_wins`]) run on them where
+/// the CPU has them.
+#[derive(Clone, Debug)]
 pub struct VnniRows {
     w: Vec<i8>,
-    /// `k` rounded up to a multiple of 4: the activations' stride in `xu`.
+    /// `k` rounded up to a multiple of 64: the activations' stride in `xu`.
     pub kp: usize,
     /// `128 * row_sum` per row, padded with zeros to whole groups.
     bias: Vec<i32>,
+    /// Which calls run on AMX tiles.
+    amx: AmxUse,
+}
+
+impl Default for VnniRows {
+    fn default() -> VnniRows {
+        VnniRows {
+            w: Vec::new(),
+            kp: 0,
+            bias: Vec::new(),
+            amx: AmxUse::Never,
+        }
+    }
+}
+
+/// Which calls of a [`VnniRows`] take the AMX tiles rather than the VNNI registers.
+#[derive(Clone, Copy, Debug)]
+enum AmxUse {
+    /// None (no AMX here, or a layout for the other kernels).
+    Never,
+    /// Those of the item counts where the tiles are faster ([`amx_wins`]).
+    ByShape,
+    /// Those of at least this many items (tests of either kernel).
+    #[cfg(test)]
+    From(usize),
+}
+
+/// Whether `n` items against rows of `kp` bytes (padded `k`) run faster on the AMX tiles than
+/// on the VNNI registers. Measured on a Sapphire-Rapids-class Xeon (`amx_vs_vnni_timing`,
+/// one thread, the matmul's row tiles; AMX / VNNI time at k = 128 for the tinygpt2 shapes
+/// and k = 768 / 3072 for GPT-2 small's): one item is VNNI's GEMV (AMX 1.1–3.9x slower); at
+/// four items VNNI's 4 x 4 block fits exactly and a 16-item tile is used at a quarter (AMX
+/// 0.92–1.69x, never clearly ahead); two items at k = 128 are a tie or VNNI (1.02–1.26x,
+/// 0.63–0.71x at k = 768). Every other count runs VNNI's one-item remainder loop, where the
+/// tiles win (0.23–0.93x at 3 and 5..16 items; 8 items at k = 128 is a tie, 0.85–1.11x).
+fn amx_wins(n: usize, kp: usize) -> bool {
+    !(n == 1 || n == 4 || (n == 2 && kp <= 128))
 }
 
 impl VnniRows {
     pub fn new(w: &[i8], row_sum: &[i32], k: usize) -> VnniRows {
         let rows = row_sum.len();
-        let kp = k.next_multiple_of(4);
+        let kp = k.next_multiple_of(64);
         let (groups, quads) = (rows.div_ceil(16), kp / 4);
         let mut p = vec![0i8; groups * quads * 64];
-        for (r, row) in w.chunks_exact(k).enumerate() {
-            let (g, lane) = (r / 16, r % 16);
-            for (c, &v) in row.iter().enumerate() {
-                p[(g * quads + c / 4) * 64 + lane * 4 + c % 4] = v;
-            }
-        }
+        // Four bytes at a time, groups on the pool (a session packs a GPT-2-small shape's
+        // 124M weights).
+        p.par_chunks_mut(quads * 64)
+            .zip(w.par_chunks(16 * k))
+            .for_each(|(dst, rows)| {
+                for (lane, row) in rows.chunks_exact(k).enumerate() {
+                    for (q, quad) in row.chunks(4).enumerate() {
+                        let at = q * 64 + lane * 4;
+                        dst[at..at + quad.len()].copy_from_slice(quad);
+                    }
+                }
+            });
         let mut bias: Vec<i32> = row_sum.iter().map(|&s| 128 * s).collect();
         bias.resize(groups * 16, 0);
-        VnniRows { w: p, kp, bias }
+        let amx = if amx::available() {
+            AmxUse::ByShape
+        } else {
+            AmxUse::Never
+        };
+        VnniRows {
+            w: p,
+            kp,
+            bias,
+            amx,
+        }
+    }
+
+    /// The same layout with calls of at least `items` items on AMX tiles (`usize::MAX`:
+    /// never), where the CPU has them: for tests of either kernel.
+    #[cfg(test)]
+    pub fn with_amx_from(mut self, items: usize) -> VnniRows {
+        self.amx = if amx::available() && items < usize::MAX {
+            AmxUse::From(items)
+        } else {
+            AmxUse::Never
+        };
+        self
     }
 
     /// `xu[t * kp + c] = xs[t * k + c] + 128` as u8, padded with 128 (x = 0).
@@ -305,6 +375,26 @@ impl VnniRows {
         n: usize,
         store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m512i),
     ) {
+        use std::arch::x86_64::*;
+        let on_amx = match self.amx {
+            AmxUse::Never => false,
+            AmxUse::ByShape => amx_wins(n, self.kp),
+            #[cfg(test)]
+            AmxUse::From(items) => n >= items,
+        };
+        if on_amx {
+            let bias = &self.bias;
+            let mut each = |g: usize, t: usize, sums: &[i32; 16]| {
+                let v = _mm512_loadu_si512(sums.as_ptr().cast());
+                let b = _mm512_loadu_si512(bias.as_ptr().add(g * 16).cast());
+                store(g, t, _mm512_sub_epi32(v, b));
+            };
+            // SAFETY: `amx` is `Never` where AMX is not available (`new`,
+            // `with_amx_from`); the groups lie inside the layout (the callers' asserts) and
+            // `kp` is a multiple of 64.
+            amx::dots(&self.w, self.kp / 4, (g0, g1), xu, n, &mut each);
+            return;
+        }
         let mut t = 0;
         // Four items at a time, four groups (64 rows) per pass: 16 accumulators, each weight
         // load serving four items.
@@ -573,6 +663,19 @@ impl<'m> CpuLinear<'m> {
             scales,
         }
     }
+
+    /// The layer with calls of at least `items` items on AMX tiles, where the CPU has them
+    /// ([`VnniRows::with_amx_from`]).
+    #[cfg(test)]
+    fn with_amx_from(mut self, items: usize) -> CpuLinear<'m> {
+        self.vnni = std::mem::take(&mut self.vnni).with_amx_from(items);
+        self
+    }
+}
+
+/// Whether the matmul of level `isa` runs AMX-INT8 tiles for batched calls here.
+pub fn amx_at(isa: Isa) -> bool {
+    Dot::at(isa) == Dot::Vnni && amx::available()
 }
 
 /// Whether this CPU has the AVX-512 VNNI dot products.
@@ -590,6 +693,21 @@ fn vnni() -> bool {
 /// Multiply-adds below which a matmul stays on the calling thread (the decoder's one-item
 /// steps through the small layers cost less than waking the pool).
 const SERIAL_MACS: usize = 1 << 18;
+
+/// The rows of one tile of a matmul of `n` items: at most 64 KiB of weights, at least 4
+/// tiles per thread when there is enough work; whole groups of 16 rows, as the VNNI layout
+/// holds them.
+fn tile_rows(rows: usize, k: usize, n: usize, split: Split) -> usize {
+    if rows * k * n <= SERIAL_MACS || (n == 1 && !split.is_parallel()) {
+        rows
+    } else {
+        rows.div_ceil(4 * split.threads())
+            .min((1 << 16) / k)
+            .max(SERIAL_MACS.div_ceil(n * k))
+            .clamp(16, rows.max(16))
+            .next_multiple_of(16)
+    }
+}
 
 /// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
 ///
@@ -637,18 +755,7 @@ pub fn matmul_tops(
     };
     let tms: Vec<i64> = sc.iter().map(|s| s.0).collect();
     let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
-    // Tiles: at most 64 KiB of weights, at least 4 per thread when there is enough work;
-    // whole groups of 16 rows, as the VNNI layout holds them.
-    let threads = split.threads();
-    let tile = if rows * k * n <= SERIAL_MACS || (n == 1 && !split.is_parallel()) {
-        rows
-    } else {
-        rows.div_ceil(4 * threads)
-            .min((1 << 16) / k)
-            .max(SERIAL_MACS.div_ceil(n * k))
-            .clamp(16, rows.max(16))
-            .next_multiple_of(16)
-    };
+    let tile = tile_rows(rows, k, n, split);
     let tiles = rows.div_ceil(tile);
     if cl.kernel == Dot::Vnni && cl.scales.fast(&tms, &tes, out_frac) {
         // The rescale in the dot kernel's registers: every output written once, in place.
@@ -806,6 +913,16 @@ mod tests {
                     matmul(isa, split, &cl, &xq, &sc, 12, clamp)
                 };
                 let want = at(Isa::Portable, Split::SERIAL);
+                // Both kernels of the AVX-512 level for every item count: VNNI registers
+                // and AMX tiles (where the CPU has them).
+                let both = [1, usize::MAX].into_iter();
+                for amx_from in both.filter(|_| Isa::Avx512.available()) {
+                    for split in [Split::SERIAL, Split::PARALLEL] {
+                        let cl = CpuLinear::new(Isa::Avx512, &lin).with_amx_from(amx_from);
+                        let got = matmul(Isa::Avx512, split, &cl, &xq, &sc, 12, clamp);
+                        assert_eq!(got, want, "amx from {amx_from} {split:?} rows={rows} n={n}");
+                    }
+                }
                 for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                     for split in [Split::SERIAL, Split::PARALLEL] {
                         let got = at(isa, split);
@@ -824,6 +941,119 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The AMX tiles' sums equal the portable dot products: rows off the groups of 16, `k`
+    /// off the tiles' 64 bytes, item counts off the tiles' 16 and 32 rows, every range of
+    /// groups a matmul tile can ask for, and the extreme values (-128 weights, 127
+    /// activations, the largest `k` of a GPT-2-small layer).
+    #[test]
+    fn amx_dots_equal_the_portable_ones() {
+        if !amx::available() {
+            println!("skipped: this CPU or OS has no AMX-INT8 (nothing to compare)");
+            return;
+        }
+        let mut x = 99u64;
+        let mut rnd = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for (k, rows, ns) in [
+            (1usize, 5usize, &[1usize, 17][..]),
+            (60, 33, &[1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 64, 70]),
+            (64, 16, &[1, 16, 32]),
+            (130, 50, &[5, 20, 40]),
+            (768, 70, &[1, 4, 9, 33]),
+            (3072, 17, &[3, 18]),
+        ] {
+            for &n in ns {
+                for extreme in [false, true] {
+                    let w: Vec<i8> = (0..rows * k)
+                        .map(|_| if extreme { -128 } else { rnd() as u8 as i8 })
+                        .collect();
+                    let xs: Vec<i8> = (0..n * k)
+                        .map(|_| if extreme { 127 } else { (rnd() % 255) as i8 })
+                        .map(|v| v.max(-127))
+                        .collect();
+                    let mut want = vec![0; rows * n];
+                    for (r, a) in want.chunks_mut(n).enumerate() {
+                        dot_rows_generic(&w[r * k..(r + 1) * k], &xs, k, a);
+                    }
+                    let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k).with_amx_from(1);
+                    let xu = v.activations(&xs, k);
+                    for r0 in (0..rows).step_by(16) {
+                        for r1 in [r0 + 1, (r0 + 17).min(rows), (r0 + 40).min(rows), rows] {
+                            let r1 = r1.clamp(r0, rows);
+                            let mut got = vec![0; (r1 - r0) * n];
+                            v.dots(r0, r1, &xu, n, &mut got);
+                            for (r, t) in (r0..r1).flat_map(|r| (0..n).map(move |t| (r, t))) {
+                                assert_eq!(
+                                    got[t * (r1 - r0) + r - r0],
+                                    want[r * n + t],
+                                    "amx k={k} rows {r0}..{r1} n={n} row {r} item {t}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Not a test: the time of the AMX and the VNNI dots per item count, one thread, on the
+    /// row tiles a parallel matmul cuts (each tile one call, as the matmul makes them), for
+    /// the tinygpt2 shapes (d = 128) and GPT-2 small's (d = 768), for [`amx_wins`]
+    /// (`cargo test --release --lib amx_vs_vnni_timing -- --ignored --nocapture`). Prints
+    /// AMX / VNNI time per item count, the best of five runs of each.
+    #[test]
+    #[ignore]
+    fn amx_vs_vnni_timing() {
+        if !amx::available() {
+            println!("skipped: this CPU or OS has no AMX-INT8");
+            return;
+        }
+        let shapes = [
+            (384usize, 128usize),
+            (512, 128),
+            (128, 512),
+            (50257, 128),
+            (2304, 768),
+            (768, 3072),
+            (50257, 768),
+        ];
+        let split = Split::PARALLEL;
+        for (rows, k) in shapes {
+            let w: Vec<i8> = (0..rows * k).map(|i| (i * 7 % 251) as i8).collect();
+            let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k);
+            let mut line = format!("{rows:>5} x {k:<4} AMX/VNNI time, n = 1..16:");
+            for n in 1usize..=16 {
+                let xs: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
+                let xu = v.activations(&xs, k);
+                let tile = tile_rows(rows, k, n, split);
+                let time = |from: usize| {
+                    let v = v.clone().with_amx_from(from);
+                    let reps = (1usize << 25) / (rows * k * n) + 1;
+                    let mut acc = vec![0; rows * n];
+                    (0..5)
+                        .map(|_| {
+                            let t = std::time::Instant::now();
+                            for _ in 0..reps {
+                                for r0 in (0..rows).step_by(tile) {
+                                    let r1 = (r0 + tile).min(rows);
+                                    v.dots(r0, r1, &xu, n, &mut acc[..(r1 - r0) * n]);
+                                }
+                            }
+                            t.elapsed().as_secs_f64()
+                        })
+                        .fold(f64::MAX, f64::min)
+                };
+                let (amx, vnni) = (time(1), time(usize::MAX));
+                line += &format!(" {:.2}", amx / vnni);
+            }
+            println!("{line}");
         }
     }
 

@@ -1,9 +1,12 @@
 //! The CPU device's language-model kernels: one file per operation, each readable reference
-//! beside its fast versions (matmul: generic, AVX2, AVX-512 VNNI dot products; rescale;
-//! LayerNorm and quantization; attention; logits to frequencies), chosen by the same
+//! beside its fast versions (matmul: generic, AVX2, AVX-512 VNNI dot products, AMX-INT8 tiles
+//! for batched calls; rescale; LayerNorm and quantization; attention, one item or a run of a
+//! sequence's items; logits to frequencies), chosen by the same
 //! instruction-set level as the delta codec's ([`Isa`]), so pinning a level pins both codecs.
 
+mod amx;
 mod attention;
+mod attention_many;
 mod forward;
 pub mod freq;
 mod freq_scan;
@@ -41,9 +44,14 @@ impl CpuLm {
 impl LmKernels for CpuLm {
     fn describe(&self) -> String {
         format!(
-            "CPU, {} threads, {}",
+            "CPU, {} threads, {}{}",
             rayon::current_num_threads(),
-            self.0.name()
+            self.0.name(),
+            if matmul::amx_at(self.0) {
+                " + AMX-INT8"
+            } else {
+                ""
+            }
         )
     }
 
