@@ -12,7 +12,9 @@ use super::word::{rs, InfoFn, Word};
 use super::Isa;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
-use crate::format::chunk::{chunk_ranges, EncodedChunk, CHUNK_ELEMS, LANES};
+#[cfg(target_arch = "x86_64")]
+use crate::format::chunk::CHUNK_ELEMS;
+use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::format::symbols::{joint_parts, joint_symbol, Sym};
 use crate::format::tables::{Hist, Space, Stage, StageTable};
 use crate::Result;

@@ -7,6 +7,9 @@
 //! the products are the same exact i64 sums (their order does not matter), the weights and
 //! the normalization the same functions.
 
+// Its kernels are AVX-512 code: elsewhere the module compiles to the checks alone.
+#![cfg_attr(not(target_arch = "x86_64"), allow(unused_imports, unused_variables))]
+
 use super::attention::{normalize, softmax_weights};
 use crate::backend::cpu::Isa;
 use crate::format::lm::model_file::Tables;

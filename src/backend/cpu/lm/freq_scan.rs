@@ -36,6 +36,7 @@ fn gap(top: i32, l: i32) -> u32 {
 
 /// `W`: the sum of `exp40[top - l]` over the logits, 0 for gaps past the table. Exact: with
 /// at most 2^16 logits and weights at most 2^40, `W < 2^56`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn weight_sum(isa: Isa, logits: &[i32], top: i32, exp40: &[u64]) -> u64 {
     debug_assert!(exp40.len() < 1 << 31 && logits.len() <= 1 << 16);
     #[cfg(target_arch = "x86_64")]
@@ -64,6 +65,7 @@ fn weight_sum_portable(logits: &[i32], top: i32, exp40: &[u64]) -> u64 {
 /// `n = by_gap.len() - 1` (the entry shared by every gap past the table); returns the last sum
 /// (0 for no logits). `out` and `logits` have the same length; every element of `out` is
 /// written (so it may start uninitialised).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn floor_sums(
     isa: Isa,
     logits: &[i32],

@@ -134,6 +134,7 @@ pub fn rescale(
 
 /// One element of [`rescale_fast`]: `clamp(((a * m * t_m + 2^(s-1)) >> s) + b)`.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn rescale_one(a: i32, mt: i64, s: i64, b: i64, clamp: i64) -> i32 {
     let prod = a as i64 * mt;
     let v = ((prod + (1i64 << (s - 1))) >> s) + b;
