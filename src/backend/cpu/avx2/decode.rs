@@ -751,13 +751,15 @@ unsafe fn displacement(
         _mm256_set1_epi32(1),
         _mm256_set1_epi32(3),
     );
-    let ge3 = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(2));
-    // Shift counts of 32 or more (the branch not taken) give 0 and are blended away.
+    // `top << (b - 3)` for b >= 3, `top >> (3 - b)` below: the other shift's count wraps
+    // to 2^32 - k (at b = 3 both are `top`), and counts of 32 or more give 0, so an OR
+    // picks the right one (a byte blend is three micro-ops on recent Intel cores).
     let up = _mm256_sllv_epi32(top, _mm256_sub_epi32(b, three));
     let down = _mm256_srlv_epi32(top, _mm256_sub_epi32(three, b));
-    let v = _mm256_or_si256(_mm256_blendv_epi8(down, up, ge3), t);
+    let v = _mm256_or_si256(_mm256_or_si256(down, up), t);
     if signed {
-        _mm256_blendv_epi8(v, _mm256_sub_epi32(zero, v), neg)
+        // -v where `neg` is all ones: (v ^ neg) - neg.
+        _mm256_sub_epi32(_mm256_xor_si256(v, neg), neg)
     } else {
         // ZigZag: (v >> 1) ^ -(v & 1)
         _mm256_xor_si256(
