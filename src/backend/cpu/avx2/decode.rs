@@ -6,7 +6,7 @@
 //!   `movemask` where a count or a table index is needed;
 //! - no expanding load: the refill's "k-th refilling lane takes the k-th next word" is a
 //!   permutation of the next 8 words, its indices looked up by the 8-bit refill mask
-//!   ([`EXPAND`], one packed `u32` per mask);
+//!   ([`EXPAND`], 8 indices per mask);
 //! - no unsigned compares: every compared value here is below 2^31 (states are compared
 //!   through their top half, slots and frequencies are 12–13-bit).
 //!
@@ -37,25 +37,27 @@ pub(in crate::backend::cpu) fn overrun() -> Error {
     )
 }
 
-/// For each 8-bit refill mask, the source word of each lane as a nibble (lane `l` in bits
-/// `4l..4l+4`): the number of refilling lanes below it. Lanes that do not refill get index 0
-/// and are blended away.
-static EXPAND: [u32; 256] = {
-    let mut t = [0u32; 256];
+/// For each 8-bit refill mask, the source word of each lane: the number of refilling lanes
+/// below it, as the 8 indices a `permutevar8x32` takes (one 32-byte load; the 8 KiB stay in
+/// L1). Lanes that do not refill get index 0 and are masked away.
+#[repr(C, align(32))]
+struct Expand([[u32; 8]; 256]);
+
+static EXPAND: Expand = {
+    let mut t = [[0u32; 8]; 256];
     let mut m = 0;
     while m < 256 {
-        let (mut packed, mut k, mut l) = (0u32, 0u32, 0);
+        let (mut k, mut l) = (0u32, 0);
         while l < 8 {
             if (m >> l) & 1 == 1 {
-                packed |= k << (4 * l);
+                t[m][l] = k;
                 k += 1;
             }
             l += 1;
         }
-        t[m] = packed;
         m += 1;
     }
-    t
+    Expand(t)
 };
 
 /// Refill the lanes of `x` whose state fell below `RANS_L` (= 2^16: its top half is zero)
@@ -71,11 +73,9 @@ pub(in crate::backend::cpu) unsafe fn refill(
     // The stream is padded with LANES words and `pos <= len` held after the last stage, so
     // these 8 words are in bounds; the caller checks `pos` against `len` after the stage.
     let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(words.add(*pos).cast()));
-    let idx = _mm256_srlv_epi32(
-        _mm256_set1_epi32(EXPAND[m] as i32),
-        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
-    );
-    // `permutevar8x32` reads the low 3 bits of each index.
+    // (Was one packed `u32` per mask, broadcast and shifted into place: two more micro-ops
+    // on the refill's chain.)
+    let idx = _mm256_load_si256(EXPAND.0[m].as_ptr().cast());
     let w = _mm256_permutevar8x32_epi32(w, idx);
     *pos += m.count_ones() as usize;
     // Refilling lanes shift left by 16 and take their word; the others shift by 0 and OR 0
