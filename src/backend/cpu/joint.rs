@@ -417,6 +417,11 @@ pub struct JointDec<'a> {
     /// few; the top ones hold most weights).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub window: u32,
+    /// The slots of the 64 window contexts in context order (`(context - window)·PROB_TOTAL +
+    /// slot`), [`JointDec::POISON`] in every slot of a context without a row; empty unless
+    /// [`JointDec::with_window_slots`] built it. The AVX2 lanes then index it by context
+    /// straight away: no row lookup (four permutes, a blend and shifts per vector).
+    pub window_slots: Vec<u32>,
 }
 
 impl<'a> JointDec<'a> {
@@ -466,7 +471,27 @@ impl<'a> JointDec<'a> {
             slots,
             vector_ok,
             window,
+            window_slots: Vec::new(),
         }
+    }
+
+    /// No entry of a row: every row's entries have a J below 2^8 - 1.
+    pub const POISON: u32 = u32::MAX;
+
+    /// Builds [`JointDec::window_slots`]: 64 × 16 KiB written, worth it for large tensors.
+    pub fn with_window_slots(mut self) -> Self {
+        let total = PROB_TOTAL as usize;
+        let mut ws = vec![Self::POISON; 64 * total];
+        for (k, out) in ws.chunks_exact_mut(total).enumerate() {
+            match self.map.get(self.window as usize + k) {
+                Some(&r) if r != Self::NONE && (r as usize + 1) * total <= self.slots.len() => {
+                    out.copy_from_slice(&self.slots[r as usize * total..][..total]);
+                }
+                _ => {}
+            }
+        }
+        self.window_slots = ws;
+        self
     }
 }
 

@@ -503,7 +503,16 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
             format!("{} chunks for {n} elements", job.chunks.len()),
         ));
     }
-    let joint = (job.layout == Layout::Joint).then(|| joint::JointDec::new(&job.tables.stages[0]));
+    let joint = (job.layout == Layout::Joint).then(|| {
+        let t = joint::JointDec::new(&job.tables.stages[0]);
+        // The AVX2 lanes' context-ordered slots (see `JointDec::window_slots`): 1 MiB
+        // written per tensor, so for tensors of a million elements or more.
+        if isa == Isa::Avx2 && n >= 1 << 20 {
+            t.with_window_slots()
+        } else {
+            t
+        }
+    });
     let stages: Vec<DecStage> = if joint.is_some() {
         Vec::new()
     } else {

@@ -50,6 +50,40 @@ unsafe fn code_of(j: __m256i, small: __m256i) -> __m256i {
     _mm256_blendv_epi8(c, _mm256_permutevar8x32_epi32(small, j), lt8)
 }
 
+/// The states after decoding the slots' entries `e` (`J | (freq - 1) << 8 | (slot - start)
+/// << 20`), refilled: vectors refill in lane order, as the portable lanes do.
+///
+/// # Safety
+/// AVX2; 8 words readable at `words + pos` (`LANES` left, or padding).
+#[inline(always)]
+unsafe fn step_state(x: __m256i, e: __m256i, words: *const u16, pos: &mut usize) -> __m256i {
+    let f = _mm256_add_epi32(
+        _mm256_and_si256(_mm256_srli_epi32::<8>(e), _mm256_set1_epi32(0xFFF)),
+        _mm256_set1_epi32(1),
+    );
+    let xs = _mm256_add_epi32(
+        _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x)),
+        _mm256_srli_epi32::<20>(e),
+    );
+    refill(xs, words, pos)
+}
+
+/// Store 8 entries' symbols at `to`: for 16- and 32-bit floats J itself (`stores_j`), for
+/// the tail pass to expand; else their per-element codes.
+///
+/// # Safety
+/// AVX2; 8 `u32` writable at `to`.
+#[inline(always)]
+unsafe fn store<T: Word>(to: *mut u32, e: __m256i, small: __m256i) {
+    let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
+    let c = if stores_j::<T>(Isa::Avx2) {
+        j
+    } else {
+        code_of(j, small)
+    };
+    _mm256_storeu_si256(to.cast(), c);
+}
+
 /// The J contexts of elements `j..j + 8` of `reference` (as the AVX-512 `ref_contexts`).
 #[inline(always)]
 unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: __m256i) -> __m256i {
@@ -124,6 +158,8 @@ pub unsafe fn decode<T: Word>(
     let lo_v = _mm256_set1_epi32(lo as i32);
     let outside = _mm256_set1_epi32(!63);
     let byte_none = _mm256_set1_epi32(255);
+    let (by_ctx, wslots) = (!table.window_slots.is_empty(), table.window_slots.as_ptr());
+    let poison = _mm256_set1_epi32(JointDec::POISON as i32);
     let mut done = 0;
     while done < full {
         if guarded && st.len - pos < LANES {
@@ -139,9 +175,31 @@ pub unsafe fn decode<T: Word>(
             rel[v] = _mm256_sub_epi32(ctx[v], lo_v);
             any = _mm256_or_si256(any, rel[v]);
         }
+        let in_window = _mm256_testz_si256(any, outside) != 0;
+        if by_ctx && in_window {
+            // Slots by context: no row lookup; a context without a row reads `POISON`.
+            let mut poisoned = _mm256_setzero_si256();
+            for v in 0..NV {
+                let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
+                // In bounds: `rel` < 64, slots below 2^12.
+                let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(rel[v]), slot);
+                let e = _mm256_i32gather_epi32::<4>(wslots.cast(), idx);
+                poisoned = _mm256_or_si256(poisoned, _mm256_cmpeq_epi32(e, poison));
+                x[v] = step_state(x[v], e, words, &mut pos);
+                store::<T>(cp.add(base + 8 * v), e, small);
+            }
+            if _mm256_testz_si256(poisoned, poisoned) == 0 {
+                return Err(no_row());
+            }
+            if pos > st.len {
+                return Err(overrun());
+            }
+            done += LANES;
+            continue;
+        }
         let mut row = [_mm256_setzero_si256(); NV];
         let mut missing = _mm256_setzero_si256();
-        if window_ok && _mm256_testz_si256(any, outside) != 0 {
+        if window_ok && in_window {
             for v in 0..NV {
                 // `rel` < 64: the dword holding its byte (`rel >> 2`, the permutes read the
                 // low 3 bits) from both halves, bit 5 picking the half, then the byte.
@@ -170,25 +228,8 @@ pub unsafe fn decode<T: Word>(
             // In bounds: rows are below the row count (`vector_ok`), slots below 2^12.
             let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(row[v]), slot);
             let e = _mm256_i32gather_epi32::<4>(slots.cast(), idx);
-            let f = _mm256_add_epi32(
-                _mm256_and_si256(_mm256_srli_epi32::<8>(e), _mm256_set1_epi32(0xFFF)),
-                _mm256_set1_epi32(1),
-            );
-            let xs = _mm256_add_epi32(
-                _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v])),
-                _mm256_srli_epi32::<20>(e),
-            );
-            // Vectors refill in lane order, as the portable lanes do. In bounds: `LANES`
-            // words are left (`guarded`) or padded.
-            x[v] = refill(xs, words, &mut pos);
-            let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
-            // 16- and 32-bit floats: J itself (`stores_j`), for the tail pass to expand.
-            let c = if stores_j::<T>(Isa::Avx2) {
-                j
-            } else {
-                code_of(j, small)
-            };
-            _mm256_storeu_si256(cp.add(base + 8 * v).cast(), c);
+            x[v] = step_state(x[v], e, words, &mut pos);
+            store::<T>(cp.add(base + 8 * v), e, small);
         }
         if pos > st.len {
             return Err(overrun());
