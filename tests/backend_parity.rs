@@ -340,6 +340,104 @@ fn corrupt_bf16(backend: &dyn Backend, n: usize) {
     }
 }
 
+/// `--fast` on tensors of a million elements and more, where the AVX2 lanes index their
+/// slots by context (`JointDec::window_slots`): the reference's blob and bytes, and decoded
+/// against a reference with exponent classes the blob has no rows for, inside the lanes'
+/// window of contexts and below it: the reference backend's error or bytes.
+pub fn large_fast(backend: &dyn Backend, max_len: usize) {
+    let n = (1 << 20) + 37;
+    if n > max_len {
+        return;
+    }
+    let fast = EncodeOptions {
+        layout: LayoutChoice::Fast,
+        ..EncodeOptions::default()
+    };
+    for (i, dtype) in [DType::BF16, DType::F32].into_iter().enumerate() {
+        let (r, x) = pair_bytes(dtype, n, 48, 31 + i as u64);
+        let shape = [n as u64];
+        let pair = TensorPair {
+            dtype,
+            shape: &shape,
+            reference: &r,
+            target: &x,
+        };
+        let (blob, _) = encode_tensor(&pair, &fast, backend).unwrap();
+        let (want, _) = encode_tensor(&pair, &fast, &ReferenceBackend).unwrap();
+        assert!(
+            blob == want,
+            "{dtype}: {} coded another blob",
+            backend.name()
+        );
+        assert!(decode_tensor(&blob, &r, backend).unwrap() == x, "{dtype}");
+        // The lanes straight from the reference's tables and chunks (a blob would refuse the
+        // other reference by its CRC-32 before decoding).
+        let fl = dtype.float_layout().unwrap();
+        let resident = ReferenceBackend
+            .residuals(&EncodeJob {
+                fl,
+                reference: &r,
+                target: &x,
+                condition: true,
+            })
+            .unwrap();
+        let hist = resident.histograms(Layout::Joint, None).unwrap();
+        let tables = Tables {
+            stages: hist.iter().map(|h| StageTable::select(h, true)).collect(),
+        };
+        let chunks = resident.encode(Layout::Joint, &tables, None).unwrap();
+        drop(resident);
+        let views = lockstep::format::chunk::views(&chunks);
+        let size = dtype.size();
+        // Only the explicit rows mapped (no backoff): a context they do not cover has no row.
+        let mut tables = tables;
+        let t = &mut tables.stages[0];
+        let explicit: Vec<u32> = t.explicit.iter().map(|&(c, _)| c).collect();
+        for (c, r) in t.map.iter_mut().enumerate() {
+            if !explicit.contains(&(c as u32)) {
+                *r = u32::MAX;
+            }
+        }
+        // Exponents 4 and 40 below the lowest the pair has (inside the lanes' window of
+        // contexts and below it), so not among the explicit rows.
+        let mut errors = 0;
+        for below in [4u64, 40] {
+            let mut other = r.clone();
+            let bias = (1u64 << (fl.exponent_bits - 1)) - 1;
+            let m = (1u64 << fl.mantissa_bits) - 1;
+            for e in other.chunks_exact_mut(size).step_by(997) {
+                let mut v = [0u8; 8];
+                v[..size].copy_from_slice(e);
+                let v = u64::from_le_bytes(v);
+                let sign = v & (1 << (size * 8 - 1));
+                let v = sign | (bias - 6 - below) << fl.mantissa_bits | (v & m);
+                e.copy_from_slice(&v.to_le_bytes()[..size]);
+            }
+            let job = DecodeJob {
+                fl,
+                layout: Layout::Joint,
+                condition: true,
+                distance: None,
+                tables: &tables,
+                chunks: &views,
+                reference: &other,
+            };
+            let want = ReferenceBackend.decode(&job);
+            let got = backend.decode(&job);
+            assert_eq!(
+                want.is_ok(),
+                got.is_ok(),
+                "{dtype} {below}: {want:?} vs {got:?}"
+            );
+            errors += want.is_err() as usize;
+            if let (Ok(a), Ok(b)) = (want, got) {
+                assert!(a == b, "{dtype} {below}: other bytes");
+            }
+        }
+        assert!(errors > 0, "{dtype}: no missing row was met");
+    }
+}
+
 use common::golden_cases as golden;
 
 /// Encode every golden case on `backend`: exactly the golden bytes; decode every golden blob
@@ -534,6 +632,13 @@ macro_rules! parity_tests {
             fn random_tensors_every_dtype_and_odd_length() {
                 if let Some(d) = device() {
                     random_every_dtype(d.delta().unwrap(), $max_len);
+                }
+            }
+
+            #[test]
+            fn large_fast_layout() {
+                if let Some(d) = device() {
+                    large_fast(d.delta().unwrap(), $max_len);
                 }
             }
 
