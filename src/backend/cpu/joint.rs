@@ -420,7 +420,8 @@ pub struct JointDec<'a> {
     /// The slots of the 64 window contexts in context order (`(context - window)·PROB_TOTAL +
     /// slot`), [`JointDec::POISON`] in every slot of a context without a row; empty unless
     /// [`JointDec::with_window_slots`] built it. The AVX2 lanes then index it by context
-    /// straight away: no row lookup (four permutes, a blend and shifts per vector).
+    /// straight away: no row lookup (two permutes, a blend and shifts per vector).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub window_slots: Vec<u32>,
 }
 
