@@ -373,7 +373,7 @@ mod tests {
                     .map(|(i, &x)| match i % 7 {
                         0 => i16::MIN as i32,
                         1 => i16::MAX as i32,
-                        _ => x >> 5,
+                        _ => (x >> 5).clamp(i16::MIN as i32, i16::MAX as i32),
                     })
                     .collect()
             };
