@@ -27,17 +27,33 @@ pub fn many_supported(isa: Isa, hd: usize) -> bool {
         && (16..=128).contains(&hd)
 }
 
+/// A sequence's cached keys and values of one layer (`d` per position): as stored, or the
+/// same integers as i16 where every one of them fits (`KvCache`'s narrow copy: half the
+/// bytes to read).
+#[derive(Clone, Copy)]
+pub enum Kv<'a> {
+    Wide(&'a [i32], &'a [i32]),
+    Narrow(&'a [i16], &'a [i16]),
+}
+
+impl Kv<'_> {
+    fn len(&self) -> (usize, usize) {
+        match self {
+            Kv::Wide(k, v) => (k.len(), v.len()),
+            Kv::Narrow(k, v) => (k.len(), v.len()),
+        }
+    }
+}
+
 /// Head `h` of the causal attention of items with queries `qs[i]` (`d` channels each) over
-/// `lens[i]` cached positions of the keys `kc` and values `vc` (`d` per position): item `i`'s
-/// `hd` outputs go to `out[i * hd..]`, equal to the head-`h` outputs of
-/// [`super::attention::attention`] for that item. Requires [`many_supported`].
-#[allow(clippy::too_many_arguments)]
+/// `lens[i]` cached positions of the keys and values `kv`: item `i`'s `hd` outputs go to
+/// `out[i * hd..]`, equal to the head-`h` outputs of [`super::attention::attention`] for
+/// that item. Requires [`many_supported`].
 pub fn attention_head_many(
     isa: Isa,
     qs: &[&[i32]],
     lens: &[usize],
-    kc: &[i32],
-    vc: &[i32],
+    kv: Kv,
     (d, hd, h): (usize, usize, usize),
     tables: &Tables,
     out: &mut [i64],
@@ -45,12 +61,19 @@ pub fn attention_head_many(
     assert!(many_supported(isa, hd) && Isa::Avx512.available());
     assert!(qs.len() == lens.len() && out.len() >= qs.len() * hd && (h + 1) * hd <= d);
     let lmax = lens.iter().copied().max().unwrap_or(0);
-    assert!(qs.iter().all(|q| q.len() >= d) && kc.len() >= lmax * d && vc.len() >= lmax * d);
+    let (kl, vl) = kv.len();
+    assert!(qs.iter().all(|q| q.len() >= d) && kl >= lmax * d && vl >= lmax * d);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX-512 F is present (asserted: the level implies it); every row read lies
-    // inside `kc` / `vc` (lmax rows, asserted), every query inside its slice (asserted).
+    // inside the keys / values (lmax rows, asserted), every query inside its slice (asserted).
     unsafe {
-        x86::head_many(qs, lens, kc, vc, (d, hd, h), tables, out)
+        let dims = (d, hd, h);
+        match kv {
+            Kv::Wide(k, v) => x86::head_many(qs, lens, (k.as_ptr(), v.as_ptr()), dims, tables, out),
+            Kv::Narrow(k, v) => {
+                x86::head_many(qs, lens, (k.as_ptr(), v.as_ptr()), dims, tables, out)
+            }
+        }
     }
 }
 
@@ -63,25 +86,72 @@ mod x86 {
     /// 512 B) stay in L1 while every item reads them.
     const BLOCK: usize = 16;
 
+    /// A cached value as the kernels read it: 16 of them widened to i32 lanes.
+    pub trait Cached: Copy {
+        /// Bytes per value.
+        const SIZE: usize;
+        /// The 16 values from `p` as i32 lanes.
+        unsafe fn load16(p: *const Self) -> __m512i;
+        /// The 16 values from `p` as they are, where they are i16 (`SIZE == 2`).
+        unsafe fn raw16(p: *const Self) -> __m256i;
+    }
+
+    impl Cached for i32 {
+        const SIZE: usize = 4;
+        #[inline(always)]
+        unsafe fn load16(p: *const i32) -> __m512i {
+            _mm512_loadu_si512(p.cast())
+        }
+        #[inline(always)]
+        unsafe fn raw16(_: *const i32) -> __m256i {
+            unreachable!("only an i16 cache is read as pairs")
+        }
+    }
+
+    impl Cached for i16 {
+        const SIZE: usize = 2;
+        #[inline(always)]
+        unsafe fn load16(p: *const i16) -> __m512i {
+            _mm512_cvtepi16_epi32(_mm256_loadu_si256(p.cast()))
+        }
+        #[inline(always)]
+        unsafe fn raw16(p: *const i16) -> __m256i {
+            _mm256_loadu_si256(p.cast())
+        }
+    }
+
+    /// The 16 query channels of `q` as i16 when each lies in `-32767..=32767`. Against keys in
+    /// i16 `vpmaddwd` then gives each pair's sum exactly: `|q k| <= 32767 * 32768 < 2^30`, so
+    /// a pair is below 2^31 (the one pair that wraps, -32768 four times, is excluded).
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn head_many(
+    #[inline]
+    fn query16(q: __m512i) -> Option<__m256i> {
+        let (hi, lo) = (_mm512_set1_epi32(32767), _mm512_set1_epi32(-32767));
+        let out = _mm512_cmpgt_epi32_mask(q, hi) | _mm512_cmplt_epi32_mask(q, lo);
+        (out == 0).then(|| _mm512_cvtepi32_epi16(q))
+    }
+
+    /// # Safety
+    /// AVX-512 F; `kc` / `vc` hold `max(lens) * d` values; each query `d`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn head_many<C: Cached>(
         qs: &[&[i32]],
         lens: &[usize],
-        kc: &[i32],
-        vc: &[i32],
+        (kc, vc): (*const C, *const C),
         (d, hd, h): (usize, usize, usize),
         tables: &Tables,
         out: &mut [i64],
     ) {
+        let cache = (kc, vc);
         match hd / 16 {
-            1 => head_many_n::<1>(qs, lens, kc, vc, (d, h), tables, out),
-            2 => head_many_n::<2>(qs, lens, kc, vc, (d, h), tables, out),
-            3 => head_many_n::<3>(qs, lens, kc, vc, (d, h), tables, out),
-            4 => head_many_n::<4>(qs, lens, kc, vc, (d, h), tables, out),
-            5 => head_many_n::<5>(qs, lens, kc, vc, (d, h), tables, out),
-            6 => head_many_n::<6>(qs, lens, kc, vc, (d, h), tables, out),
-            7 => head_many_n::<7>(qs, lens, kc, vc, (d, h), tables, out),
-            _ => head_many_n::<8>(qs, lens, kc, vc, (d, h), tables, out),
+            1 => head_many_n::<1, C>(qs, lens, cache, (d, h), tables, out),
+            2 => head_many_n::<2, C>(qs, lens, cache, (d, h), tables, out),
+            3 => head_many_n::<3, C>(qs, lens, cache, (d, h), tables, out),
+            4 => head_many_n::<4, C>(qs, lens, cache, (d, h), tables, out),
+            5 => head_many_n::<5, C>(qs, lens, cache, (d, h), tables, out),
+            6 => head_many_n::<6, C>(qs, lens, cache, (d, h), tables, out),
+            7 => head_many_n::<7, C>(qs, lens, cache, (d, h), tables, out),
+            _ => head_many_n::<8, C>(qs, lens, cache, (d, h), tables, out),
         }
     }
 
@@ -89,11 +159,17 @@ mod x86 {
     /// `16 * N` channels from `at`, rows `d` apart) while this one is worked on: the rows are
     /// 3 KiB apart in a GPT-2-small cache, a stride the hardware prefetcher follows badly.
     #[inline(always)]
-    unsafe fn prefetch_block<const N: usize>(at: *const i32, d: usize, s0: usize, lmax: usize) {
+    unsafe fn prefetch_block<const N: usize, C: Cached>(
+        at: *const C,
+        d: usize,
+        s0: usize,
+        lmax: usize,
+    ) {
         for s in s0..(s0 + BLOCK).min(lmax) {
-            for line in 0..N {
+            for line in 0..(16 * N * C::SIZE).div_ceil(64) {
                 // Only a hint: an address past the cache is never dereferenced.
-                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(s * d + 16 * line).cast());
+                let p = at.wrapping_add(s * d).cast::<u8>().wrapping_add(64 * line);
+                _mm_prefetch::<_MM_HINT_T0>(p.cast());
             }
         }
     }
@@ -125,22 +201,21 @@ mod x86 {
     /// of the odd ones, into exact i64 sums.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn head_many_n<const N: usize>(
+    unsafe fn head_many_n<const N: usize, C: Cached>(
         qs: &[&[i32]],
         lens: &[usize],
-        kc: &[i32],
-        vc: &[i32],
+        (kc, vc): (*const C, *const C),
         (d, h): (usize, usize),
         tables: &Tables,
         out: &mut [i64],
     ) {
         let (m, hd, off) = (qs.len(), 16 * N, 16 * N * h);
         let lmax = lens.iter().copied().max().unwrap_or(0);
-        let (kp, vp) = (kc.as_ptr().add(off), vc.as_ptr().add(off));
+        let (kp, vp) = (kc.add(off), vc.add(off));
         // Scores, item i's at i * lmax.
         let mut sc = vec![0i64; m * lmax];
         for s0 in (0..lmax).step_by(BLOCK) {
-            prefetch_block::<N>(kp, d, s0 + BLOCK, lmax);
+            prefetch_block::<N, C>(kp, d, s0 + BLOCK, lmax);
             for (i, q) in qs.iter().enumerate() {
                 let end = (s0 + BLOCK).min(lens[i]);
                 if end <= s0 {
@@ -150,11 +225,32 @@ mod x86 {
                 let qe: [__m512i; N] =
                     std::array::from_fn(|b| _mm512_loadu_si512(qp.add(16 * b).cast()));
                 let qo: [__m512i; N] = std::array::from_fn(|b| _mm512_srli_epi64::<32>(qe[b]));
+                // Narrow keys and queries: pairs of i16 products summed by `vpmaddwd` (exact,
+                // see `query16`), widened to i64 lanes: half the instructions per position.
+                let mut q16 = (C::SIZE == 2).then_some([_mm256_setzero_si256(); N]);
+                if let Some(q16v) = q16.as_mut() {
+                    for (b, v) in q16v.iter_mut().enumerate() {
+                        match query16(qe[b]) {
+                            Some(x) => *v = x,
+                            None => {
+                                q16 = None;
+                                break;
+                            }
+                        }
+                    }
+                }
                 let product = |s: usize| {
                     let kr = kp.add(s * d);
                     let mut acc = _mm512_setzero_si512();
+                    if let Some(q16) = q16 {
+                        for (b, &qb) in q16.iter().enumerate() {
+                            let pairs = _mm256_madd_epi16(qb, C::raw16(kr.add(16 * b)));
+                            acc = _mm512_add_epi64(acc, _mm512_cvtepi32_epi64(pairs));
+                        }
+                        return acc;
+                    }
                     for b in 0..N {
-                        let kv = _mm512_loadu_si512(kr.add(16 * b).cast());
+                        let kv = C::load16(kr.add(16 * b));
                         acc = _mm512_add_epi64(acc, _mm512_mul_epi32(qe[b], kv));
                         let ko = _mm512_srli_epi64::<32>(kv);
                         acc = _mm512_add_epi64(acc, _mm512_mul_epi32(qo[b], ko));
@@ -188,7 +284,7 @@ mod x86 {
         let mut even = vec![[_mm512_setzero_si512(); N]; m];
         let mut odd = vec![[_mm512_setzero_si512(); N]; m];
         for s0 in (0..lmax).step_by(BLOCK) {
-            prefetch_block::<N>(vp, d, s0 + BLOCK, lmax);
+            prefetch_block::<N, C>(vp, d, s0 + BLOCK, lmax);
             for i in 0..m {
                 let end = (s0 + BLOCK).min(lens[i]);
                 if end <= s0 {
@@ -199,7 +295,7 @@ mod x86 {
                     let w = _mm512_set1_epi32(p[i * lmax + s]);
                     let vr = vp.add(s * d);
                     for b in 0..N {
-                        let v = _mm512_loadu_si512(vr.add(16 * b).cast());
+                        let v = C::load16(vr.add(16 * b));
                         e[b] = _mm512_add_epi64(e[b], _mm512_mul_epi32(v, w));
                         let vo = _mm512_srli_epi64::<32>(v);
                         o[b] = _mm512_add_epi64(o[b], _mm512_mul_epi32(vo, w));
@@ -269,26 +365,48 @@ mod tests {
                 .map(|_| (0..d).map(|c| val(c / 3) >> (c % 4)).collect())
                 .collect();
             let qs: Vec<&[i32]> = qv.iter().map(Vec::as_slice).collect();
-            let want: Vec<Vec<i64>> = qs
-                .iter()
-                .zip(&lens)
-                .map(|(q, &len)| {
-                    let mut o = vec![0i64; d];
-                    attention(Isa::Portable, q, &kc, &vc, len, d, hd, &tables, &mut o);
-                    o
-                })
-                .collect();
-            for h in 0..d / hd {
-                let mut got = vec![7i64; lens.len() * hd];
-                let dims = (d, hd, h);
-                attention_head_many(Isa::Avx512, &qs, &lens, &kc, &vc, dims, &tables, &mut got);
-                for (i, w) in want.iter().enumerate() {
-                    assert_eq!(
-                        &got[i * hd..(i + 1) * hd],
-                        &w[h * hd..(h + 1) * hd],
-                        "d={d} hd={hd} head {h} item {i} len {}",
-                        lens[i]
-                    );
+            // The cache as stored (i32), and a cache of values inside i16 (its extremes
+            // included) read both ways: from i32 and from its i16 copy.
+            let narrow = |c: &[i32]| -> Vec<i32> {
+                c.iter()
+                    .enumerate()
+                    .map(|(i, &x)| match i % 7 {
+                        0 => i16::MIN as i32,
+                        1 => i16::MAX as i32,
+                        _ => (x >> 5).clamp(i16::MIN as i32, i16::MAX as i32),
+                    })
+                    .collect()
+            };
+            let (kn, vn) = (narrow(&kc), narrow(&vc));
+            let to16 = |c: &[i32]| -> Vec<i16> { c.iter().map(|&x| x as i16).collect() };
+            let (k16, v16) = (to16(&kn), to16(&vn));
+            for (kc, vc, kv) in [
+                (&kc, &vc, Kv::Wide(&kc, &vc)),
+                (&kn, &vn, Kv::Wide(&kn, &vn)),
+                (&kn, &vn, Kv::Narrow(&k16, &v16)),
+            ] {
+                let want: Vec<Vec<i64>> = qs
+                    .iter()
+                    .zip(&lens)
+                    .map(|(q, &len)| {
+                        let mut o = vec![0i64; d];
+                        attention(Isa::Portable, q, kc, vc, len, d, hd, &tables, &mut o);
+                        o
+                    })
+                    .collect();
+                for h in 0..d / hd {
+                    let mut got = vec![7i64; lens.len() * hd];
+                    let dims = (d, hd, h);
+                    attention_head_many(Isa::Avx512, &qs, &lens, kv, dims, &tables, &mut got);
+                    for (i, w) in want.iter().enumerate() {
+                        assert_eq!(
+                            &got[i * hd..(i + 1) * hd],
+                            &w[h * hd..(h + 1) * hd],
+                            "d={d} hd={hd} head {h} item {i} len {} narrow {}",
+                            lens[i],
+                            matches!(kv, Kv::Narrow(..))
+                        );
+                    }
                 }
             }
         }

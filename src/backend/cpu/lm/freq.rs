@@ -25,8 +25,9 @@ pub const TOTAL: u64 = 1 << 32;
 struct ByGap {
     isa: Isa,
     top: i32,
-    /// `1 + floor(w * (2^32 - V) / W)` per gap, then 1 for every gap past the table. Each is
-    /// below 2^32: `w <= W` makes the floor at most `2^32 - V` and `V >= 2`.
+    /// `1 + floor(w * (2^32 - V) / W)` per gap up to the last whose floor is not 0, then 1
+    /// for every gap after (those past the table too). Each is below 2^32: `w <= W` makes
+    /// the floor at most `2^32 - V` and `V >= 2`.
     by_gap: Vec<u32>,
 }
 
@@ -41,7 +42,14 @@ impl ByGap {
         // v <= 2^16 and w <= 2^40: W < 2^56.
         let total_w = freq_scan::weight_sum(isa, logits, top, exp40);
         let r = TOTAL - v as u64;
-        let mut by_gap: Vec<u32> = floor_by_gap(exp40, r, total_w)
+        // Past the last weight with `w * r >= W` every floor is 0, as past the table: those
+        // gaps share the last entry (1), which leaves a third of the table's divisions out and
+        // the table smaller for the passes' gathers.
+        let live = exp40
+            .iter()
+            .rposition(|&w| w as u128 * r as u128 >= total_w as u128)
+            .map_or(0, |i| i + 1);
+        let mut by_gap: Vec<u32> = floor_by_gap(&exp40[..live], r, total_w)
             .map(|q| 1 + q as u32)
             .collect();
         by_gap.push(1);
