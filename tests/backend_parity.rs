@@ -16,7 +16,8 @@ use lockstep::delta::{
     decode_tensor, encode_batched, encode_tensor, EncodeOptions, Layout, LayoutChoice, TensorPair,
     CHUNK_ELEMS, LANES,
 };
-use lockstep::dtype::DType;
+use lockstep::dtype::{DType, FloatLayout};
+use lockstep::format::chunk::EncodedChunk;
 use lockstep::format::tables::{StageTable, Tables};
 
 const DATA: &str = concat!(
@@ -340,6 +341,29 @@ fn corrupt_bf16(backend: &dyn Backend, n: usize) {
     }
 }
 
+/// The Joint layout's tables and lanes of `backend` for one pair, coded directly (no blob).
+fn joint_lanes(
+    backend: &dyn Backend,
+    fl: FloatLayout,
+    r: &[u8],
+    x: &[u8],
+) -> (Tables, Vec<EncodedChunk>) {
+    let resident = backend
+        .residuals(&EncodeJob {
+            fl,
+            reference: r,
+            target: x,
+            condition: true,
+        })
+        .unwrap();
+    let hist = resident.histograms(Layout::Joint, None).unwrap();
+    let tables = Tables {
+        stages: hist.iter().map(|h| StageTable::select(h, true)).collect(),
+    };
+    let chunks = resident.encode(Layout::Joint, &tables, None).unwrap();
+    (tables, chunks)
+}
+
 /// `--fast` on tensors of a million elements and more, where the AVX2 lanes index their
 /// slots by context (`JointDec::window_slots`): the reference's blob and bytes, and decoded
 /// against a reference with exponent classes the blob has no rows for, inside the lanes'
@@ -373,20 +397,7 @@ pub fn large_fast(backend: &dyn Backend, max_len: usize) {
         // The lanes straight from the reference's tables and chunks (a blob would refuse the
         // other reference by its CRC-32 before decoding).
         let fl = dtype.float_layout().unwrap();
-        let resident = ReferenceBackend
-            .residuals(&EncodeJob {
-                fl,
-                reference: &r,
-                target: &x,
-                condition: true,
-            })
-            .unwrap();
-        let hist = resident.histograms(Layout::Joint, None).unwrap();
-        let tables = Tables {
-            stages: hist.iter().map(|h| StageTable::select(h, true)).collect(),
-        };
-        let chunks = resident.encode(Layout::Joint, &tables, None).unwrap();
-        drop(resident);
+        let (tables, chunks) = joint_lanes(&ReferenceBackend, fl, &r, &x);
         let views = lockstep::format::chunk::views(&chunks);
         let size = dtype.size();
         // Only the explicit rows mapped (no backoff): a context they do not cover has no row.
@@ -571,20 +582,7 @@ pub fn quiet_chunks(backend: &dyn Backend) {
         let mut per_backend = Vec::new();
         // This backend's lanes and the reference's, each decoded by this backend.
         for b in [backend, &ReferenceBackend as &dyn Backend] {
-            let resident = b
-                .residuals(&EncodeJob {
-                    fl,
-                    reference: &r,
-                    target: &x,
-                    condition: true,
-                })
-                .unwrap();
-            let hist = resident.histograms(Layout::Joint, None).unwrap();
-            let tables = Tables {
-                stages: hist.iter().map(|h| StageTable::select(h, true)).collect(),
-            };
-            let chunks = resident.encode(Layout::Joint, &tables, None).unwrap();
-            drop(resident);
+            let (tables, chunks) = joint_lanes(b, fl, &r, &x);
             assert!(
                 chunks[0].words.len() < LANES,
                 "{dtype}: {} words, not a quiet chunk",
