@@ -212,15 +212,11 @@ mod x86 {
         let (m, hd, off) = (qs.len(), 16 * N, 16 * N * h);
         let lmax = lens.iter().copied().max().unwrap_or(0);
         let (kp, vp) = (kc.add(off), vc.add(off));
-        // Scores, item i's at i * lmax.
-        let mut sc = vec![0i64; m * lmax];
-        for s0 in (0..lmax).step_by(BLOCK) {
-            prefetch_block::<N, C>(kp, d, s0 + BLOCK, lmax);
-            for (i, q) in qs.iter().enumerate() {
-                let end = (s0 + BLOCK).min(lens[i]);
-                if end <= s0 {
-                    continue;
-                }
+        // Each item's query channels, prepared once for every block: even channels, odd
+        // ones shifted down, and, against narrow keys, the channels as i16 where they fit.
+        let queries: Vec<_> = qs
+            .iter()
+            .map(|q| {
                 let qp = q.as_ptr().add(off);
                 let qe: [__m512i; N] =
                     std::array::from_fn(|b| _mm512_loadu_si512(qp.add(16 * b).cast()));
@@ -238,6 +234,18 @@ mod x86 {
                             }
                         }
                     }
+                }
+                (qe, qo, q16)
+            })
+            .collect();
+        // Scores, item i's at i * lmax.
+        let mut sc = vec![0i64; m * lmax];
+        for s0 in (0..lmax).step_by(BLOCK) {
+            prefetch_block::<N, C>(kp, d, s0 + BLOCK, lmax);
+            for (i, &(qe, qo, q16)) in queries.iter().enumerate() {
+                let end = (s0 + BLOCK).min(lens[i]);
+                if end <= s0 {
+                    continue;
                 }
                 let product = |s: usize| {
                     let kr = kp.add(s * d);
