@@ -149,6 +149,7 @@ unsafe fn pass<const ITEMS2: bool, const GROUPS2: bool>(
     each: &mut impl FnMut(usize, usize, &[i32; 16]),
 ) {
     use std::arch::asm;
+    use std::mem::MaybeUninit;
     let kp = quads * 4;
     let (wg, xt) = (w.as_ptr().add(g * quads * 64), xu.as_ptr().add(t * kp));
     // SAFETY (every asm below): tiles configured by the caller; loads read 16 x 64 weight
@@ -197,9 +198,10 @@ unsafe fn pass<const ITEMS2: bool, const GROUPS2: bool>(
             }
         }
     }
-    let mut s = Sums([[0; 16]; 16]);
-    let mut out = |tile: usize, g: usize, t: usize, m: usize, s: &mut Sums| {
-        let p = s.0.as_mut_ptr();
+    // Not zeroed first (a 1 KiB memset per pass): each tile's store writes the m rows read.
+    let mut s = MaybeUninit::<Sums>::uninit();
+    let mut out = |tile: usize, g: usize, t: usize, m: usize, s: &mut MaybeUninit<Sums>| {
+        let p = s.as_mut_ptr().cast::<[i32; 16]>();
         match tile {
             0 => asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) p, s = in(reg) 64usize,
                 options(nostack, preserves_flags)),
@@ -210,8 +212,9 @@ unsafe fn pass<const ITEMS2: bool, const GROUPS2: bool>(
             _ => asm!("tilestored [{p} + {s}*1], tmm3", p = in(reg) p, s = in(reg) 64usize,
                 options(nostack, preserves_flags)),
         }
-        for (i, row) in s.0[..m].iter().enumerate() {
-            each(g, t + i, row);
+        for i in 0..m {
+            // SAFETY: `tilestored` wrote rows 0..m (the tile's configured rows) of `s`.
+            each(g, t + i, &*p.add(i));
         }
     };
     out(0, g, t, m0, &mut s);

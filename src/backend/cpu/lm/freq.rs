@@ -25,6 +25,9 @@ pub const TOTAL: u64 = 1 << 32;
 struct ByGap {
     isa: Isa,
     top: i32,
+    /// The positions of the logits equal to `top`, in order (at least one when `top` is the
+    /// largest logit).
+    at_top: Vec<usize>,
     /// `1 + floor(w * (2^32 - V) / W)` per gap up to the last whose floor is not 0, then 1
     /// for every gap after (those past the table too). Each is below 2^32: `w <= W` makes
     /// the floor at most `2^32 - V` and `V >= 2`.
@@ -39,40 +42,28 @@ impl ByGap {
             return Err(Error::Invalid(format!("frequencies: vocabulary of {v}")));
         }
         let top = top.unwrap_or_else(|| freq_scan::top(isa, logits));
+        let mut at_top = Vec::new();
         // v <= 2^16 and w <= 2^40: W < 2^56.
-        let total_w = freq_scan::weight_sum(isa, logits, top, exp40);
+        let total_w = freq_scan::weight_sum(isa, logits, top, exp40, &mut at_top);
         let r = TOTAL - v as u64;
         // Past the last weight with `w * r >= W` every floor is 0, as past the table: those
         // gaps share the last entry (1), which leaves a third of the table's divisions out and
-        // the table smaller for the passes' gathers.
-        let live = exp40
-            .iter()
-            .rposition(|&w| w as u128 * r as u128 >= total_w as u128)
-            .map_or(0, |i| i + 1);
-        let mut by_gap: Vec<u32> = floor_by_gap(&exp40[..live], r, total_w)
-            .map(|q| 1 + q as u32)
-            .collect();
-        by_gap.push(1);
-        Ok(ByGap { isa, top, by_gap })
-    }
-
-    /// The positions of the largest weight in `logits`, in order: a compare-only pass over
-    /// pieces of 64 (which vectorizes), then a look inside the few that hold one.
-    fn tops<'a>(&self, logits: &'a [i32]) -> impl Iterator<Item = usize> + 'a {
-        let top = self.top;
-        logits
-            .chunks(64)
-            .enumerate()
-            .filter(move |(_, c)| c.iter().fold(false, |a, &l| a | (l == top)))
-            .flat_map(move |(i, c)| {
-                let at = c.iter().enumerate().filter(move |(_, &l)| l == top);
-                at.map(move |(j, _)| i * 64 + j)
-            })
+        // the table smaller for the passes' gathers. For an integer `w`, `w * r >= W` is
+        // `w >= ceil(W / r)`: one division, then compares (`r >= 2^32 - 2^16 > 0`).
+        let least = total_w.div_ceil(r);
+        let live = exp40.iter().rposition(|&w| w >= least).map_or(0, |i| i + 1);
+        let by_gap = floors_plus_one(isa, &exp40[..live], r, total_w);
+        Ok(ByGap {
+            isa,
+            top,
+            at_top,
+            by_gap,
+        })
     }
 
     /// The lowest id of the largest weight: the remainder's token.
-    fn arg(&self, logits: &[i32]) -> usize {
-        self.tops(logits).next().unwrap_or(0)
+    fn arg(&self) -> usize {
+        self.at_top.first().copied().unwrap_or(0)
     }
 
     /// The frequency of a token with logit `l`, without the remainder.
@@ -113,11 +104,85 @@ fn floor_by_gap(exp40: &[u64], r: u64, total_w: u64) -> impl Iterator<Item = u64
     })
 }
 
+/// `1 + floor(w * r / W)` for every weight of `exp40` ([`floor_by_gap`]), then a last entry
+/// of 1: the table [`ByGap`] looks floors up in. On AVX-512 with IFMA, eight at a time.
+fn floors_plus_one(isa: Isa, exp40: &[u64], r: u64, total_w: u64) -> Vec<u32> {
+    let mut by_gap = Vec::with_capacity(exp40.len() + 1);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && x86::ifma() && total_w > r {
+        // SAFETY: AVX-512 F/DQ/IFMA are present (checked by `ifma`) and `W > r` (checked).
+        unsafe { x86::floors_plus_one_ifma(exp40, r, total_w, &mut by_gap) };
+    }
+    let done = by_gap.len();
+    by_gap.extend(floor_by_gap(&exp40[done..], r, total_w).map(|q| 1 + q as u32));
+    by_gap.push(1);
+    let _ = isa;
+    by_gap
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::sync::LazyLock;
+
+    /// Whether this CPU has AVX-512 IFMA (52-bit multiplies) and DQ (64-bit low multiplies).
+    pub fn ifma() -> bool {
+        static HAS: LazyLock<bool> = LazyLock::new(|| {
+            std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512dq")
+                && std::is_x86_feature_detected!("avx512ifma")
+        });
+        *HAS
+    }
+
+    /// [`super::floor_by_gap`] plus one, as u32 (truncated as there), of the weights of
+    /// `exp40` in whole groups of eight, up to the first group with a weight of 2^52 or more
+    /// (none in the specification's table), appended to `out`; the caller does the rest.
+    ///
+    /// With `inv = floor(r 2^52 / W)` (below 2^52 as `W > r`), `q = floor(w inv / 2^52)`
+    /// (`vpmadd52huq`: exact for `w, inv < 2^52`). `w inv / 2^52` falls short of `w r / W` by
+    /// `w (r 2^52 / W - inv) / 2^52 < w / 2^52 < 1`, so `q` is the floor of `w r / W` or one
+    /// less, and the remainder `w r - q W`, in `0..2W` and so exact in wrapping u64 arithmetic
+    /// (`W < 2^56`), says which, as in the scalar version.
+    ///
+    /// # Safety
+    /// AVX-512 F, DQ and IFMA must be present and `total_w > r`.
+    #[target_feature(enable = "avx512f,avx512dq,avx512ifma")]
+    pub unsafe fn floors_plus_one_ifma(exp40: &[u64], r: u64, total_w: u64, out: &mut Vec<u32>) {
+        let inv = (((r as u128) << 52) / total_w as u128) as u64;
+        let (inv_v, r_v, w_v) = (
+            _mm512_set1_epi64(inv as i64),
+            _mm512_set1_epi64(r as i64),
+            _mm512_set1_epi64(total_w as i64),
+        );
+        let one = _mm512_set1_epi64(1);
+        let whole = exp40.len() / 8 * 8;
+        out.reserve(whole);
+        let dst = out.spare_capacity_mut();
+        let (mut done, wide) = (0, _mm512_set1_epi64(1 << 52));
+        for (c, o) in exp40[..whole].chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            let w = _mm512_loadu_si512(c.as_ptr().cast());
+            if _mm512_cmpge_epu64_mask(w, wide) != 0 {
+                break;
+            }
+            let q = _mm512_madd52hi_epu64(_mm512_setzero_si512(), w, inv_v);
+            let left = _mm512_sub_epi64(_mm512_mullo_epi64(w, r_v), _mm512_mullo_epi64(q, w_v));
+            let short = _mm512_cmpge_epu64_mask(left, w_v);
+            let f = _mm512_add_epi64(_mm512_mask_add_epi64(q, short, q, one), one);
+            // The low halves: `as u32`.
+            _mm256_storeu_si256(o.as_mut_ptr().cast(), _mm512_cvtepi64_epi32(f));
+            done += 8;
+        }
+        // SAFETY: the loop wrote the `done` elements after the old length.
+        unsafe { out.set_len(out.len() + done) };
+    }
+}
+
 /// Frequencies of every token; `u64` because a one-sided table can hold up to 2^32 - V + 1.
 pub fn frequencies(isa: Isa, logits: &[i32], exp40: &[u64]) -> Result<Vec<u64>> {
     let g = ByGap::new(isa, logits, None, exp40)?;
     let mut f: Vec<u64> = logits.iter().map(|&l| g.floor(l)).collect();
-    f[g.arg(logits)] += ByGap::rem(f.iter().sum())?;
+    f[g.arg()] += ByGap::rem(f.iter().sum())?;
     Ok(f)
 }
 
@@ -135,7 +200,7 @@ pub fn prefix_sums(isa: Isa, logits: &[i32], exp40: &[u64], order: &[u32]) -> Re
         )));
     }
     let rem = ByGap::rem(logits.iter().map(|&l| g.floor(l)).sum())?;
-    let arg = g.arg(logits);
+    let arg = g.arg();
     // A random read of the logits per token (the head's rows are in token order).
     let at = |i: usize| {
         let id = order[i] as usize;
@@ -180,7 +245,12 @@ pub fn prefix_sums_in_order(
     }
     let g = ByGap::new(isa, logits, top, exp40)?;
     // The remainder goes to the lowest id of the largest weight: here a position.
-    let arg = g.tops(logits).min_by_key(|&p| ids[p]).unwrap_or(0);
+    let arg = g
+        .at_top
+        .iter()
+        .copied()
+        .min_by_key(|&p| ids[p])
+        .unwrap_or(0);
     // Every sum is written below: no zeroing of the 4 (V + 1) bytes first.
     let mut cum: Vec<u32> = Vec::with_capacity(len + 1);
     let spare = &mut cum.spare_capacity_mut()[..len + 1];
@@ -403,6 +473,39 @@ mod tests {
                 let want = (w as u128 * r as u128 / total_w as u128) as u64;
                 if total_w > r {
                     assert_eq!(floor_by_gap(&[w], r, total_w).next(), Some(want), "{w}");
+                }
+            }
+        }
+    }
+
+    /// The lookup table of floors plus one at every level equals the scalar floors, for the
+    /// sums and rates of `floors_by_reciprocal_equal_the_division`, tables off the vector
+    /// width, weights of 2^52 and more (the scalar path from there), and `W <= r`.
+    #[test]
+    fn floor_tables_equal_the_scalar_floors() {
+        let t = exp_table(40);
+        let mut x = 17u64;
+        let mut rnd = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            x >> 11
+        };
+        let mut wide = t[..77].to_vec();
+        wide[21] = (1 << 52) + 3;
+        wide[60] = u64::MAX >> 9;
+        let tables = [&t[..], &t[..1], &t[..13], &t[3000..], &wide[..]];
+        let mut sums = vec![1 << 40, t[0] << 16, (t[0] << 16) - 1, 3 << 40, 5, 1 << 31];
+        sums.extend((0..50).map(|_| (1 << 40) + rnd() % (t[0] << 16)));
+        for isa in levels() {
+            for table in tables {
+                for &total_w in &sums {
+                    for r in [TOTAL - 2, TOTAL - 50257, 1 << 31] {
+                        let mut want: Vec<u32> = floor_by_gap(table, r, total_w)
+                            .map(|q| 1 + q as u32)
+                            .collect();
+                        want.push(1);
+                        let got = floors_plus_one(isa, table, r, total_w);
+                        assert_eq!(got, want, "{isa:?} W={total_w} r={r} {}", table.len());
+                    }
                 }
             }
         }

@@ -34,31 +34,61 @@ fn gap(top: i32, l: i32) -> u32 {
     (top as u32).wrapping_sub(l as u32)
 }
 
-/// `W`: the sum of `exp40[top - l]` over the logits, 0 for gaps past the table. Exact: with
-/// at most 2^16 logits and weights at most 2^40, `W < 2^56`.
+/// `W`: the sum of `exp40[top - l]` over the logits, 0 for gaps past the table, and the
+/// positions of the logits equal to `top`, in order, appended to `at_top` (the remainder's
+/// token is one of them: found here, the caller needs no pass of its own). Exact: with at most
+/// 2^16 logits and weights at most 2^40, `W < 2^56`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-pub fn weight_sum(isa: Isa, logits: &[i32], top: i32, exp40: &[u64]) -> u64 {
+pub fn weight_sum(
+    isa: Isa,
+    logits: &[i32],
+    top: i32,
+    exp40: &[u64],
+    at_top: &mut Vec<usize>,
+) -> u64 {
     debug_assert!(exp40.len() < 1 << 31 && logits.len() <= 1 << 16);
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 {
             // SAFETY: the `Avx512` level implies F, BW and VL (`Isa::available`); the gathers
             // read only indices below `exp40.len()` (masked).
-            return unsafe { x86::weight_sum_avx512(logits, top, exp40) };
+            return unsafe { x86::weight_sum_avx512(logits, top, exp40, at_top) };
         }
         if isa == Isa::Avx2 {
             // SAFETY: as in `top`; the gathers read only indices below `exp40.len()`.
-            return unsafe { x86::weight_sum_avx2(logits, top, exp40) };
+            return unsafe { x86::weight_sum_avx2(logits, top, exp40, at_top) };
         }
     }
-    weight_sum_portable(logits, top, exp40)
+    weight_sum_portable(logits, 0, top, exp40, at_top)
 }
 
-fn weight_sum_portable(logits: &[i32], top: i32, exp40: &[u64]) -> u64 {
-    logits
-        .iter()
-        .map(|&l| exp40.get(gap(top, l) as usize).copied().unwrap_or(0))
-        .sum()
+/// [`weight_sum`] of `logits`, which start at position `from` of the table.
+fn weight_sum_portable(
+    logits: &[i32],
+    from: usize,
+    top: i32,
+    exp40: &[u64],
+    at_top: &mut Vec<usize>,
+) -> u64 {
+    let mut w = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        let g = gap(top, l);
+        w += exp40.get(g as usize).copied().unwrap_or(0);
+        if g == 0 {
+            at_top.push(from + i);
+        }
+    }
+    w
+}
+
+/// The positions `from + i` of the set bits `i` of `mask`, in order.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn push_bits(mut mask: u32, from: usize, at_top: &mut Vec<usize>) {
+    while mask != 0 {
+        at_top.push(from + mask.trailing_zeros() as usize);
+        mask &= mask - 1;
+    }
 }
 
 /// `out[i] = by_gap[min(top - l_0, n)] + ... + by_gap[min(top - l_i, n)]` (wrapping u32),
@@ -116,7 +146,12 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn weight_sum_avx512(logits: &[i32], top: i32, exp40: &[u64]) -> u64 {
+    pub unsafe fn weight_sum_avx512(
+        logits: &[i32],
+        top: i32,
+        exp40: &[u64],
+        at_top: &mut Vec<usize>,
+    ) -> u64 {
         let (top_v, n_v) = (
             _mm512_set1_epi32(top),
             _mm512_set1_epi32(exp40.len() as i32),
@@ -124,9 +159,14 @@ mod x86 {
         let mut acc = [_mm512_setzero_si512(); 2];
         let chunks = logits.chunks_exact(16);
         let rest = chunks.remainder();
-        for c in chunks {
+        for (i, c) in chunks.enumerate() {
             let l = _mm512_loadu_si512(c.as_ptr().cast());
             let g = _mm512_sub_epi32(top_v, l);
+            // The top's positions: in a few of the chunks only.
+            let zero = _mm512_cmpeq_epi32_mask(g, _mm512_setzero_si512());
+            if zero != 0 {
+                super::push_bits(zero as u32, 16 * i, at_top);
+            }
             // Gaps inside the table: below n < 2^31, so the signed gather indices are right.
             let inside = _mm512_cmplt_epu32_mask(g, n_v);
             for (h, a) in acc.iter_mut().enumerate() {
@@ -146,11 +186,17 @@ mod x86 {
             }
         }
         let sum = _mm512_reduce_add_epi64(_mm512_add_epi64(acc[0], acc[1])) as u64;
-        sum + super::weight_sum_portable(rest, top, exp40)
+        let from = logits.len() - rest.len();
+        sum + super::weight_sum_portable(rest, from, top, exp40, at_top)
     }
 
     #[target_feature(enable = "avx2")]
-    pub unsafe fn weight_sum_avx2(logits: &[i32], top: i32, exp40: &[u64]) -> u64 {
+    pub unsafe fn weight_sum_avx2(
+        logits: &[i32],
+        top: i32,
+        exp40: &[u64],
+        at_top: &mut Vec<usize>,
+    ) -> u64 {
         let (top_v, n_v) = (
             _mm256_set1_epi32(top),
             _mm256_set1_epi32(exp40.len() as i32),
@@ -158,9 +204,16 @@ mod x86 {
         let mut acc = [_mm256_setzero_si256(); 2];
         let chunks = logits.chunks_exact(8);
         let rest = chunks.remainder();
-        for c in chunks {
+        for (i, c) in chunks.enumerate() {
             let l = _mm256_loadu_si256(c.as_ptr().cast());
             let g = _mm256_sub_epi32(top_v, l);
+            let zero = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                g,
+                _mm256_setzero_si256(),
+            )));
+            if zero != 0 {
+                super::push_bits(zero as u32, 8 * i, at_top);
+            }
             // Clamped to n (< 2^31), the gap compares as signed: inside the table below n.
             let idx = _mm256_min_epu32(g, n_v);
             let inside = _mm256_cmpgt_epi32(n_v, idx);
@@ -184,7 +237,8 @@ mod x86 {
         }
         let mut lanes = [0u64; 4];
         _mm256_storeu_si256(lanes.as_mut_ptr().cast(), _mm256_add_epi64(acc[0], acc[1]));
-        lanes.iter().sum::<u64>() + super::weight_sum_portable(rest, top, exp40)
+        let from = logits.len() - rest.len();
+        lanes.iter().sum::<u64>() + super::weight_sum_portable(rest, from, top, exp40, at_top)
     }
 
     /// Sixteen floors per step: gathered, summed within the vector in four shifted adds, then
@@ -293,6 +347,18 @@ mod tests {
         }
         out.push(vec![i32::MAX, i32::MIN, 0, i32::MAX, -1, i32::MIN + 1, 7]);
         out.push(vec![i32::MIN; 19]);
+        // Ties on the top inside and across the vector widths, and in the tail.
+        out.push(
+            (0..100)
+                .map(|i| {
+                    if i % 13 == 3 || i == 16 || i == 99 {
+                        50
+                    } else {
+                        i % 7
+                    }
+                })
+                .collect(),
+        );
         out
     }
 
@@ -309,11 +375,15 @@ mod tests {
                 let t = top(isa, &logits);
                 let at = format!("{isa:?} v={}", logits.len());
                 assert_eq!(t, top_portable(&logits), "{at}: top");
+                let (mut got, mut want) = (Vec::new(), Vec::new());
                 assert_eq!(
-                    weight_sum(isa, &logits, t, &exp40),
-                    weight_sum_portable(&logits, t, &exp40),
+                    weight_sum(isa, &logits, t, &exp40, &mut got),
+                    weight_sum_portable(&logits, 0, t, &exp40, &mut want),
                     "{at}: W"
                 );
+                assert_eq!(got, want, "{at}: the top's positions");
+                let tops = (0..logits.len()).filter(|&i| logits[i] == t);
+                assert!(tops.eq(want), "{at}: the top's positions");
                 let n = logits.len();
                 let (mut got, mut want) =
                     (vec![MaybeUninit::new(7); n], vec![MaybeUninit::new(0); n]);

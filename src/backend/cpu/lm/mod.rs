@@ -153,11 +153,19 @@ impl<'m> CpuSession<'m> {
                         }
                     });
             }
+            // Several tables share the threads between them: each one's passes then run on
+            // one thread, whole (a table cut into pieces costs a pass more, for the pieces'
+            // offsets).
+            let each_split = if logits.len() > v {
+                Split::SERIAL
+            } else {
+                split
+            };
             let out = logits
                 .par_chunks(v)
                 .enumerate()
                 .with_min_len(split.min_len(1))
-                .map(|(i, l)| each(i, l, tops.as_ref().map(|t| t[i]), split))
+                .map(|(i, l)| each(i, l, tops.as_ref().map(|t| t[i]), each_split))
                 .collect::<Result<_>>()?;
             Ok((logits, out))
         })
