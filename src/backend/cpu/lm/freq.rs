@@ -106,6 +106,7 @@ fn floor_by_gap(exp40: &[u64], r: u64, total_w: u64) -> impl Iterator<Item = u64
 
 /// `1 + floor(w * r / W)` for every weight of `exp40` ([`floor_by_gap`]), then a last entry
 /// of 1: the table [`ByGap`] looks floors up in. On AVX-512 with IFMA, eight at a time.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn floors_plus_one(isa: Isa, exp40: &[u64], r: u64, total_w: u64) -> Vec<u32> {
     let mut by_gap = Vec::with_capacity(exp40.len() + 1);
     #[cfg(target_arch = "x86_64")]
@@ -116,7 +117,6 @@ fn floors_plus_one(isa: Isa, exp40: &[u64], r: u64, total_w: u64) -> Vec<u32> {
     let done = by_gap.len();
     by_gap.extend(floor_by_gap(&exp40[done..], r, total_w).map(|q| 1 + q as u32));
     by_gap.push(1);
-    let _ = isa;
     by_gap
 }
 
@@ -398,6 +398,14 @@ mod tests {
         f
     }
 
+    /// A small deterministic generator (Knuth's MMIX LCG): the state after each step.
+    fn lcg(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            x
+        }
+    }
+
     /// The levels this CPU runs: every test below runs at each.
     fn levels() -> impl Iterator<Item = Isa> {
         Isa::ALL.into_iter().filter(|i| i.available())
@@ -406,7 +414,7 @@ mod tests {
     #[test]
     fn tables_by_gap_equal_the_definition() {
         let t = exp_table(40);
-        let mut x = 11u64;
+        let mut next = lcg(11);
         let mut cases: Vec<Vec<i32>> = [
             (2usize, 10i64),
             (50257, 3000),
@@ -416,10 +424,7 @@ mod tests {
         .into_iter()
         .map(|(v, spread)| {
             (0..v)
-                .map(|_| {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                    ((x >> 33) as i64 % spread - spread / 2) as i32
-                })
+                .map(|_| ((next() >> 33) as i64 % spread - spread / 2) as i32)
                 .collect()
         })
         .collect();
@@ -445,11 +450,8 @@ mod tests {
     #[test]
     fn floors_by_reciprocal_equal_the_division() {
         let t = exp_table(40);
-        let mut x = 7u64;
-        let mut rnd = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-            x >> 11
-        };
+        let mut next = lcg(7);
+        let mut rnd = || next() >> 11;
         let mut sums = vec![
             1 << 40,
             (1 << 40) + 1,
@@ -484,11 +486,8 @@ mod tests {
     #[test]
     fn floor_tables_equal_the_scalar_floors() {
         let t = exp_table(40);
-        let mut x = 17u64;
-        let mut rnd = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-            x >> 11
-        };
+        let mut next = lcg(17);
+        let mut rnd = || next() >> 11;
         let mut wide = t[..77].to_vec();
         wide[21] = (1 << 52) + 3;
         wide[60] = u64::MAX >> 9;
@@ -514,11 +513,8 @@ mod tests {
     #[test]
     fn prefix_sums_equal_those_of_the_table() {
         let t = exp_table(40);
-        let mut x = 5u64;
-        let mut rnd = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-            x >> 33
-        };
+        let mut next = lcg(5);
+        let mut rnd = || next() >> 33;
         for (v, spread) in [(2usize, 10i64), (50257, 3000), (50257, 40000), (9000, 600)] {
             let logits: Vec<i32> = (0..v)
                 .map(|_| (rnd() as i64 % spread - spread / 2) as i32)
@@ -546,11 +542,8 @@ mod tests {
     #[test]
     fn sums_of_ordered_logits_equal_those_of_the_table() {
         let t = exp_table(40);
-        let mut x = 9u64;
-        let mut rnd = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-            x >> 33
-        };
+        let mut next = lcg(9);
+        let mut rnd = || next() >> 33;
         for (v, spread, ties, top_left_out) in [
             (50257usize, 3000i64, 5usize, false),
             (50257, 3000, 0, true),
