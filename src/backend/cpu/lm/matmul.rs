@@ -968,6 +968,10 @@ mod tests {
             (1usize, 5usize, &[1usize, 17][..]),
             (60, 33, &[1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 64, 70]),
             (64, 16, &[1, 16, 32]),
+            // k = 128 and k padded to 128: the resident activation tiles, item blocks of
+            // 16 + 0..16 items, several blocks, a last one of other sizes.
+            (128, 50, &[1, 5, 16, 17, 21, 32, 33, 47, 64, 70]),
+            (100, 33, &[3, 21, 40]),
             (130, 50, &[5, 20, 40]),
             (768, 70, &[1, 4, 9, 33]),
             (3072, 17, &[3, 18]),
@@ -1058,6 +1062,77 @@ mod tests {
             }
             println!("{line}");
         }
+    }
+
+    /// Not a test: one thread's time of the LM head's fused dots and rescale (tinygpt2's
+    /// shape, 50,257 x 128) per item count, over the row tiles the parallel matmul cuts
+    /// (`cargo test --release --lib head_timing -- --ignored --nocapture`): the best of nine
+    /// runs, in us per call of the whole head.
+    #[test]
+    #[ignore]
+    fn head_timing() {
+        if !vnni() {
+            println!("skipped: no AVX-512 VNNI");
+            return;
+        }
+        let (rows, k) = (50257usize, 128usize);
+        let mut x = 5u64;
+        let mut rnd = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        let w: Vec<i8> = (0..rows * k).map(|_| rnd() as u8 as i8).collect();
+        let lin = Linear {
+            rows,
+            k,
+            m: (0..rows)
+                .map(|_| (1 << 30) + (rnd() as i64 % (1 << 30)))
+                .collect(),
+            e: (0..rows).map(|_| 30 + (rnd() % 9) as i32).collect(),
+            bias: (0..rows).map(|_| rnd() as i32 % 5000 - 2500).collect(),
+            row_sum: Linear::row_sums(&w, k),
+            w,
+        };
+        let cl = CpuLinear::new(Isa::Avx512, &lin);
+        let mut line = String::from("head us/call:");
+        for n in [8usize, 16, 21, 32, 64] {
+            let xs: Vec<i8> = (0..n * k).map(|_| rnd() as u8 as i8).collect();
+            let xu = cl.vnni.activations(&xs, k);
+            let (tms, tes) = (vec![(1i64 << 15) + 4321; n], vec![20i32; n]);
+            let tops: Vec<AtomicI32> = (0..n).map(|_| AtomicI32::new(i32::MIN)).collect();
+            let f = Fused {
+                rows: &cl.scales,
+                tms: &tms,
+                tes: &tes,
+                out_frac: 16,
+                clamp: 1 << 20,
+                tops: Some(&tops),
+            };
+            assert!(cl.scales.fast(&tms, &tes, 16));
+            let tile = tile_rows(rows, k, n, Split::PARALLEL);
+            let mut out = vec![0i32; rows * n];
+            let reps = 2000 / n + 1;
+            let best = (0..9)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        for r0 in (0..rows).step_by(tile) {
+                            let r1 = (r0 + tile).min(rows);
+                            // SAFETY: `out` holds n * rows outputs; one thread.
+                            unsafe {
+                                cl.vnni
+                                    .dots_rescaled((r0, r1), &xu, &f, out.as_mut_ptr(), rows)
+                            };
+                        }
+                    }
+                    t.elapsed().as_secs_f64() / reps as f64
+                })
+                .fold(f64::MAX, f64::min);
+            line += &format!(" n={n} {:.0}", best * 1e6);
+        }
+        println!("{line}");
     }
 
     #[test]
