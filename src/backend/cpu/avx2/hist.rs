@@ -161,7 +161,7 @@ unsafe fn count16(a: __m256i, b: __m256i, size: usize, t: [*mut u32; 4]) {
 /// 2^15): one multiply-add per pair, low and high halves in the in-lane unpack order.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn slot_ctx(slot: __m256i, ctx: __m256i) -> (__m256i, __m256i) {
+pub(super) fn slot_ctx(slot: __m256i, ctx: __m256i) -> (__m256i, __m256i) {
     let w = _mm256_set1_epi32(1 | (FLAT_STRIDE as i32) << 16);
     (
         _mm256_madd_epi16(_mm256_unpacklo_epi16(slot, ctx), w),
@@ -169,10 +169,20 @@ fn slot_ctx(slot: __m256i, ctx: __m256i) -> (__m256i, __m256i) {
     )
 }
 
+/// The J contexts `er·2 + rs` of 16 elements' reference facts (16-bit lanes).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn contexts16(inf: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_slli_epi16::<1>(_mm256_and_si256(inf, _mm256_set1_epi16(255))),
+        _mm256_and_si256(_mm256_srli_epi16::<8>(inf), _mm256_set1_epi16(1)),
+    )
+}
+
 /// `8·b + q1 + 2·q2 + 4·neg` from `t = 4·b + 2·q1 + q2` and `neg` (0 or 1), 16-bit lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
+pub(super) fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
     let one = _mm256_set1_epi16(1);
     _mm256_or_si256(
         _mm256_or_si256(
@@ -301,7 +311,7 @@ fn key32(u: __m256i) -> __m256i {
 /// `4·e + 2·q1 + q2` of 8 values below 2^24 (32-bit lanes): their float's top bits.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn exp_q(v: __m256i) -> __m256i {
+pub(super) fn exp_q(v: __m256i) -> __m256i {
     _mm256_srli_epi32::<21>(_mm256_castps_si256(_mm256_cvtepi32_ps(v)))
 }
 
