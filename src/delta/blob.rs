@@ -246,12 +246,24 @@ fn encode_with(
         ..Report::default()
     };
 
-    let mut payload = ByteWriter::new();
+    // The payload is written after room for the header it will most likely have (a
+    // modeled or zstd blob's: the same length whatever the CRCs), filled in at the end, so
+    // the payload is not copied behind the header.
+    let mut w = ByteWriter::new();
+    write_header(
+        &mut w,
+        &BlobHeader {
+            mode: Mode::Modeled,
+            ..header.clone()
+        },
+    );
+    let head_len = w.len();
+    let payload = &mut w;
     if pair.reference == pair.target && allow_fallback {
         header.mode = Mode::Identical;
     } else if let Some(fl) = dtype.float_layout() {
         header.mode = Mode::Modeled;
-        crcs = encode_modeled(pair, fl, opts, backend, &mut payload, &mut report)?;
+        crcs = encode_modeled(pair, fl, opts, backend, payload, &mut report)?;
     } else {
         header.mode = Mode::ZstdXor;
         let xor: Vec<u8> = pair
@@ -272,21 +284,30 @@ fn encode_with(
         ]
     });
     let fallback = allow_fallback || !dtype.is_float();
-    if fallback && header.mode != Mode::Identical && payload.len() as u64 >= raw_bytes {
+    if fallback && header.mode != Mode::Identical && (w.len() - head_len) as u64 >= raw_bytes {
         header.mode = Mode::Raw;
         header.reference_crc = 0;
-        payload = ByteWriter::new();
-        payload.bytes(pair.target);
+        w = ByteWriter::new();
+        write_header(&mut w, &header);
+        w.bytes(pair.target);
         report = Report {
             n_elements: n,
             raw_bytes,
             stream_bytes: raw_bytes,
             ..Report::default()
         };
+    } else {
+        let mut head = ByteWriter::new();
+        write_header(&mut head, &header);
+        if head.len() == head_len {
+            w.buf[..head_len].copy_from_slice(&head.buf);
+        } else {
+            // Only a raw blob's header differs in length (written above); kept correct
+            // should another mode come to differ.
+            head.bytes(&w.buf[head_len..]);
+            w = head;
+        }
     }
-    let mut w = ByteWriter::new();
-    write_header(&mut w, &header);
-    w.bytes(&payload.buf);
     let crc = crate::bytes::crc32(&w.buf);
     w.u32(crc);
     report.mode = Some(header.mode);
@@ -374,6 +395,15 @@ fn encode_modeled(
             out.u32(s);
         }
     }
+    // Room for every chunk's words and tail at once: growing by doubling copied them.
+    out.buf.reserve(
+        chunks
+            .iter()
+            .map(|c| 2 * c.words.len() + c.tail.len())
+            .sum::<usize>()
+            // The blob's trailing CRC-32.
+            + 4,
+    );
     let mut stream = 0u64;
     for c in &chunks {
         if cfg!(target_endian = "little") {

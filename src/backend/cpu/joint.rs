@@ -209,20 +209,32 @@ pub(super) fn flat_index<T: Word>(d: T, i: u16, lo2: u32) -> u32 {
 #[inline(always)]
 fn drain(sub: &mut [u32], acc: &mut [u64]) {
     let size = acc.len();
-    let (s01, s23) = sub[..4 * size].split_at_mut(2 * size);
-    let (s0, s1) = s01.split_at_mut(size);
-    let (s2, s3) = s23.split_at_mut(size);
+    drain_part(sub, size, 0, acc);
+}
+
+/// Add slots `from..from + acc.len()` of the four counting tables `sub` (`stride` slots
+/// each) into `acc`, and zero them.
+#[inline(always)]
+fn drain_part(sub: &mut [u32], stride: usize, from: usize, acc: &mut [u64]) {
+    let size = acc.len();
+    let (s01, s23) = sub[..4 * stride].split_at_mut(2 * stride);
+    let (s0, s1) = s01.split_at_mut(stride);
+    let (s2, s3) = s23.split_at_mut(stride);
+    let [s0, s1, s2, s3] = [s0, s1, s2, s3].map(|t| &mut t[from..from + size]);
     for (j, acc) in acc.iter_mut().enumerate() {
         *acc += (s0[j] + s1[j] + s2[j] + s3[j]) as u64;
     }
-    sub[..4 * size].fill(0);
+    for t in [s0, s1, s2, s3] {
+        t.fill(0);
+    }
 }
 
 /// The residual pass and [`histogram`] in one pass over the tensor, where the level has a
 /// kernel for it (AVX2, 16- and 32-bit floats, tensors of at least twice as many elements
 /// as counting slots): each piece of a chunk has its displacements and facts written to
 /// `d` and `info` and its slots counted while it is in L1, so neither is read back from
-/// memory, and the exponent range comes from the reference; the pieces are hashed there too,
+/// memory, and the exponent range is found on the way (counted by absolute context, the
+/// chunk's classes drained); the pieces are hashed there too,
 /// so the blob's CRC-32s of the reference and the target (returned with the histogram and the
 /// exponent range) need no pass of their own. `None` where not taken, with nothing written (the caller runs the
 /// two passes).
@@ -251,22 +263,20 @@ pub fn residual_histogram<T: Word>(
             return None;
         }
         let params = info_fn.joint_params();
-        // Chunk by chunk on the pool (chunks are never empty): serial passes over a large
-        // tensor are what keeps a second thread from helping.
-        let (lo, hi) = reference
-            .par_chunks(CHUNK_ELEMS * T::SIZE)
+        let size_of = |(lo, hi): (usize, usize)| (hi - lo + 1) * CLASS_SLOTS;
+        if n < 2 * size_of((0, 255)) {
+            // Small enough that the counting tables could outweigh the elements: the
+            // tensor's exponent range first, to decide.
             // SAFETY: `Isa::Avx2` is only ever a level `Isa::available` confirmed on this CPU.
-            .map(|r| unsafe { er_range_of::<T>(r, params) })
-            .reduce(|| (usize::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
-        if lo > hi {
-            return None;
+            let (lo, hi) = reference
+                .par_chunks(CHUNK_ELEMS * T::SIZE)
+                .map(|r| unsafe { er_range_of::<T>(r, params) })
+                .reduce(|| (usize::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+            if lo > hi || n < 2 * size_of((lo, hi)) {
+                return None;
+            }
         }
-        let size = (hi - lo + 1) * 2 * FLAT_STRIDE;
-        if n < 2 * size {
-            return None;
-        }
-        let lo2 = 2 * lo as u32;
-        type Acc = (Vec<u64>, Vec<(usize, [crc32fast::Hasher; 2])>);
+        type Acc = (ClassCounts, Vec<(usize, [crc32fast::Hasher; 2])>);
         let (acc, mut hashes) = d
             .par_chunks_mut(CHUNK_ELEMS)
             .zip(info.par_chunks_mut(CHUNK_ELEMS))
@@ -274,8 +284,12 @@ pub fn residual_histogram<T: Word>(
             .zip(target.par_chunks(CHUNK_ELEMS * T::SIZE))
             .enumerate()
             .fold(
-                || -> Acc { (vec![0u64; size], Vec::new()) },
+                || -> Acc { (ClassCounts::default(), Vec::new()) },
                 |(mut acc, mut hashes), (c, (((d, i), r), x))| {
+                    // Counted by absolute context (every class's rows, only those of
+                    // the chunk's classes touched), its exponent classes found on the way
+                    // and only their rows drained: no pass over the reference first.
+                    let size = size_of((0, 255));
                     let mut h = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
                     COUNT_SCRATCH.with(|s| {
                         // Not re-entered: nothing below yields to the rayon pool.
@@ -284,6 +298,7 @@ pub fn residual_histogram<T: Word>(
                         if sub.len() < 4 * size {
                             sub.resize(4 * size, 0);
                         }
+                        let (mut lo, mut hi) = (u8::MAX, 0u8);
                         let b = FUSED_BLOCK;
                         for (((d, i), r), x) in d
                             .chunks_mut(b)
@@ -291,15 +306,18 @@ pub fn residual_histogram<T: Word>(
                             .zip(r.chunks(b * T::SIZE))
                             .zip(x.chunks(b * T::SIZE))
                         {
-                            // SAFETY: AVX2 as above; `lo2` is the lowest context of the
-                            // reference, whose contexts span `size / FLAT_STRIDE`.
-                            unsafe {
-                                residual_count::<T>(r, x, d, i, info_fn, lo2, &mut sub[..4 * size])
+                            // SAFETY: AVX2 as above; contexts are below 512, so every
+                            // one of them is inside the tables from context 0.
+                            let (l, h_) = unsafe {
+                                residual_count::<T>(r, x, d, i, info_fn, 0, &mut sub[..4 * size])
                             };
+                            (lo, hi) = (lo.min(l), hi.max(h_));
                             h[0].update(r);
                             h[1].update(x);
                         }
-                        drain(sub, &mut acc);
+                        // Chunks are never empty: `lo <= hi`.
+                        let (lo, hi) = (lo as usize, hi as usize);
+                        drain_part(sub, size, lo * CLASS_SLOTS, acc.classes(lo, hi));
                     });
                     hashes.push((c, h));
                     (acc, hashes)
@@ -307,7 +325,7 @@ pub fn residual_histogram<T: Word>(
             )
             .reduce_with(|(a, mut ha), (b, hb)| {
                 ha.extend(hb);
-                (add_counts(a, b), ha)
+                (a.merge(b), ha)
             })?;
         // The chunks' hashes combined in order, whatever order the threads finished in.
         hashes.sort_unstable_by_key(|&(c, _)| c);
@@ -317,8 +335,13 @@ pub fn residual_histogram<T: Word>(
             crcs[1].combine(x);
         }
         let crcs = crcs.map(|h| h.finalize());
+        let (lo, hi) = acc.range();
         Some((
-            fold_rows(&acc, lo2, Space::new(Stage::J, width, false)),
+            fold_rows(
+                &acc.counts,
+                2 * lo as u32,
+                Space::new(Stage::J, width, false),
+            ),
             crcs,
             (lo, hi),
         ))
@@ -327,6 +350,57 @@ pub fn residual_histogram<T: Word>(
     {
         let _ = (isa, reference, target, info_fn, width, d, info);
         None
+    }
+}
+
+/// Counting slots per exponent class: both reference signs' contexts.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const CLASS_SLOTS: usize = 2 * FLAT_STRIDE;
+
+/// [`residual_histogram`]'s counts by (context, code slot) over the exponent classes from
+/// `lo`, grown as chunks with other classes come.
+#[derive(Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct ClassCounts {
+    lo: usize,
+    counts: Vec<u64>,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl ClassCounts {
+    /// The lowest and highest class covered (meaningless while empty).
+    fn range(&self) -> (usize, usize) {
+        (
+            self.lo,
+            (self.lo + self.counts.len() / CLASS_SLOTS).wrapping_sub(1),
+        )
+    }
+
+    /// The slots of classes `lo..=hi`, covering them first.
+    fn classes(&mut self, lo: usize, hi: usize) -> &mut [u64] {
+        let (old_lo, old_hi) = self.range();
+        if self.counts.is_empty() {
+            self.lo = lo;
+            self.counts = vec![0; (hi - lo + 1) * CLASS_SLOTS];
+        } else if lo < old_lo || hi > old_hi {
+            let (new_lo, new_hi) = (lo.min(old_lo), hi.max(old_hi));
+            let mut c = vec![0; (new_hi - new_lo + 1) * CLASS_SLOTS];
+            c[(old_lo - new_lo) * CLASS_SLOTS..][..self.counts.len()].copy_from_slice(&self.counts);
+            (self.lo, self.counts) = (new_lo, c);
+        }
+        &mut self.counts[(lo - self.lo) * CLASS_SLOTS..][..(hi - lo + 1) * CLASS_SLOTS]
+    }
+
+    /// Two threads' counts, summed.
+    fn merge(mut self, other: ClassCounts) -> ClassCounts {
+        if !other.counts.is_empty() {
+            let (lo, hi) = other.range();
+            self.classes(lo, hi)
+                .iter_mut()
+                .zip(&other.counts)
+                .for_each(|(a, b)| *a += b);
+        }
+        self
     }
 }
 

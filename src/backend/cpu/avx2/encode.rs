@@ -32,8 +32,10 @@ use std::any::TypeId;
 
 use super::super::avx512::encode::Flat;
 use super::super::encode::{codes, Scratch};
+use super::super::joint::{flat_index, FLAT_STRIDE};
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::{self, Word};
+use super::hist::{contexts16, exp_q, slot_ctx, slot_of};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::bits::BitWriter;
@@ -168,6 +170,42 @@ pub(in crate::backend::cpu) unsafe fn codes16(
     out: &mut Vec<u32>,
     tail: &mut BitWriter,
 ) {
+    // SAFETY: the caller's features.
+    unsafe { codes16_as::<false>(d, signed, &[], 0, out, tail) }
+}
+
+/// [`codes16`] for the Joint layout (signed): instead of each element's code, its slot in
+/// `joint::JointFlat` (`joint::flat_index` of its displacement and facts `info`, `lo2` the
+/// table's lowest context), so the lanes gather their symbols without context arithmetic.
+/// Contexts and slots are computed 16 to a vector here, where the lanes would take 8.
+///
+/// # Safety
+/// The CPU must support AVX2 and POPCNT; `info` holds at least `d.len()` facts.
+#[target_feature(enable = "avx2,popcnt")]
+pub(in crate::backend::cpu) unsafe fn flat_slots16(
+    d: &[u16],
+    info: &[u16],
+    lo2: u32,
+    out: &mut Vec<u32>,
+    tail: &mut BitWriter,
+) {
+    assert!(info.len() >= d.len());
+    // SAFETY: the caller's features; `info` checked above.
+    unsafe { codes16_as::<true>(d, true, info, lo2, out, tail) }
+}
+
+/// [`codes16`] (`FLAT` false) or [`flat_slots16`] (`FLAT` true: `signed` and `info.len() >=
+/// d.len()`).
+#[inline]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn codes16_as<const FLAT: bool>(
+    d: &[u16],
+    signed: bool,
+    info: &[u16],
+    lo2: u32,
+    out: &mut Vec<u32>,
+    tail: &mut BitWriter,
+) {
     let n = d.len();
     // Every slot is written below; no clearing memset when the buffer is already as long.
     out.truncate(n);
@@ -176,9 +214,10 @@ pub(in crate::backend::cpu) unsafe fn codes16(
     let (one, three) = (_mm256_set1_epi32(1), _mm256_set1_epi32(3));
     let bias = _mm256_set1_epi32(4 * 126);
     let lo32 = _mm256_set1_epi64x(0xFFFF_FFFF);
+    let lo2_v = _mm256_set1_epi16(lo2 as i16);
     let mut vals = [[0u64; 4]; 2];
     let mut lens = [[0u64; 4]; 2];
-    let (dp, op) = (d.as_ptr(), out.as_mut_ptr());
+    let (dp, ip, op) = (d.as_ptr(), info.as_ptr(), out.as_mut_ptr());
     let full = n / 16 * 16;
     for at in (0..full).step_by(16) {
         // SAFETY: `at + 16 <= n` elements of `d` and `out`.
@@ -203,21 +242,24 @@ pub(in crate::backend::cpu) unsafe fn codes16(
             ),
         ];
         let mut c = [zero; 2];
+        let mut e = [zero; 2];
         for (h, &(v, neg)) in halves.iter().enumerate() {
             // `4·b + 2·q1 + q2` (0 for v = 0: its float is 0).
-            let e = _mm256_srli_epi32::<21>(_mm256_castps_si256(_mm256_cvtepi32_ps(v)));
-            let t = _mm256_max_epi32(_mm256_sub_epi32(e, bias), zero);
+            e[h] = exp_q(v);
+            let t = _mm256_max_epi32(_mm256_sub_epi32(e[h], bias), zero);
             let b = _mm256_srli_epi32::<2>(t);
-            c[h] = _mm256_or_si256(
-                _mm256_or_si256(
-                    b,
-                    _mm256_slli_epi32::<6>(_mm256_and_si256(t, _mm256_set1_epi32(2))),
-                ),
-                _mm256_or_si256(
-                    _mm256_slli_epi32::<8>(_mm256_and_si256(t, one)),
-                    _mm256_slli_epi32::<9>(neg),
-                ),
-            );
+            if !FLAT {
+                c[h] = _mm256_or_si256(
+                    _mm256_or_si256(
+                        b,
+                        _mm256_slli_epi32::<6>(_mm256_and_si256(t, _mm256_set1_epi32(2))),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_slli_epi32::<8>(_mm256_and_si256(t, one)),
+                        _mm256_slli_epi32::<9>(neg),
+                    ),
+                );
+            }
             // The raw tail: the low `b - 3` bits (none for b < 4), merged pairwise, then
             // the pairs of each 128-bit half (elements 4k..4k + 4, in order).
             let len = _mm256_max_epi32(_mm256_sub_epi32(b, three), zero);
@@ -232,6 +274,16 @@ pub(in crate::backend::cpu) unsafe fn codes16(
                 _mm256_storeu_si256(vals[h].as_mut_ptr().cast(), v4);
                 _mm256_storeu_si256(lens[h].as_mut_ptr().cast(), l4);
             }
+        }
+        if FLAT {
+            // The slot and the context in 16-bit lanes, joined by one multiply-add per
+            // pair into the same unpack order as the codes above.
+            // SAFETY: `at + 16 <= n <= info.len()`.
+            let inf = unsafe { _mm256_loadu_si256(ip.add(at).cast()) };
+            let tq = _mm256_subs_epu16(_mm256_packus_epi32(e[0], e[1]), _mm256_set1_epi16(4 * 126));
+            let slot = slot_of(tq, _mm256_srli_epi16::<15>(dv));
+            let ctx = _mm256_sub_epi16(contexts16(inf), lo2_v);
+            (c[0], c[1]) = slot_ctx(slot, ctx);
         }
         // SAFETY: 16 `u32` at `at` of `out`; the permutes put elements 0..8 and 8..16
         // back in order.
@@ -250,12 +302,16 @@ pub(in crate::backend::cpu) unsafe fn codes16(
             [lens[0][0], lens[1][0], lens[0][2], lens[1][2]].map(|l| l as u32),
         );
     }
-    for (o, &d) in out[full..].iter_mut().zip(&d[full..]) {
+    for (j, (o, &d)) in out[full..].iter_mut().zip(&d[full..]).enumerate() {
         let (v, neg) = word::value::<u16>(d as u64, signed);
         let c = word::code(v, neg);
         let len = (c & 127).saturating_sub(3);
         tail.put(v & ((1u64 << len) - 1), len);
-        *o = c;
+        *o = if FLAT {
+            flat_index(d, info[full + j], lo2)
+        } else {
+            c
+        };
     }
 }
 
@@ -272,6 +328,39 @@ pub(in crate::backend::cpu) unsafe fn codes32(
     out: &mut Vec<u32>,
     tail: &mut BitWriter,
 ) {
+    // SAFETY: the caller's features.
+    unsafe { codes32_as::<false>(d, signed, &[], 0, out, tail) }
+}
+
+/// [`flat_slots16`] for 32-bit elements.
+///
+/// # Safety
+/// The CPU must support AVX2 and POPCNT; `info` holds at least `d.len()` facts.
+#[target_feature(enable = "avx2,popcnt")]
+pub(in crate::backend::cpu) unsafe fn flat_slots32(
+    d: &[u32],
+    info: &[u16],
+    lo2: u32,
+    out: &mut Vec<u32>,
+    tail: &mut BitWriter,
+) {
+    assert!(info.len() >= d.len());
+    // SAFETY: the caller's features; `info` checked above.
+    unsafe { codes32_as::<true>(d, true, info, lo2, out, tail) }
+}
+
+/// [`codes32`] (`FLAT` false) or [`flat_slots32`] (`FLAT` true: `signed` and `info.len() >=
+/// d.len()`).
+#[inline]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn codes32_as<const FLAT: bool>(
+    d: &[u32],
+    signed: bool,
+    info: &[u16],
+    lo2: u32,
+    out: &mut Vec<u32>,
+    tail: &mut BitWriter,
+) {
     let n = d.len();
     // Every slot is written below; no clearing memset when the buffer is already as long.
     out.truncate(n);
@@ -279,6 +368,9 @@ pub(in crate::backend::cpu) unsafe fn codes32(
     let zero = _mm256_setzero_si256();
     let mut vals = [0u64; 4];
     let mut lens = [0u64; 4];
+    // `slot + ctx·FLAT_STRIDE` from `slot | ctx << 16` by one multiply-add.
+    let w = _mm256_set1_epi32(1 | (FLAT_STRIDE as i32) << 16);
+    let lo2_v = _mm256_set1_epi32(lo2 as i32);
     for at in (0..n).step_by(8) {
         let cnt = (n - at).min(8);
         // Lanes past `cnt` are zero: code 0, no tail bits.
@@ -302,6 +394,25 @@ pub(in crate::backend::cpu) unsafe fn codes32(
         let b = _mm256_max_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(126)), zero);
         let b = _mm256_blendv_epi8(b, _mm256_set1_epi32(32), _mm256_srai_epi32::<31>(v));
         let (c, val, len) = code_and_tail(v, b, neg);
+        let c = if FLAT {
+            // `8·b + q1 + 2·q2 + 4·neg` (the code's bits 7..10) at the context's row; the
+            // contexts of `info`, all at least `lo2`, are below 2^9 (and the slots 2^9).
+            let i = _mm256_cvtepu16_epi32(load_u16(info, at, cnt));
+            let ctx = _mm256_sub_epi32(
+                _mm256_or_si256(
+                    _mm256_slli_epi32::<1>(_mm256_and_si256(i, _mm256_set1_epi32(255))),
+                    _mm256_and_si256(_mm256_srli_epi32::<8>(i), _mm256_set1_epi32(1)),
+                ),
+                lo2_v,
+            );
+            let slot = _mm256_or_si256(
+                _mm256_slli_epi32::<3>(b),
+                _mm256_and_si256(_mm256_srli_epi32::<7>(c), _mm256_set1_epi32(7)),
+            );
+            _mm256_madd_epi16(_mm256_or_si256(slot, _mm256_slli_epi32::<16>(ctx)), w)
+        } else {
+            c
+        };
         store_u32(&mut out[at..at + cnt], c);
         let lo32 = _mm256_set1_epi64x(0xFFFF_FFFF);
         let (v_lo, l_lo) = (_mm256_and_si256(val, lo32), _mm256_and_si256(len, lo32));

@@ -84,7 +84,8 @@ pub unsafe fn er_range_of<T: Word>(reference: &[u8], (mant, emask): (u32, u32)) 
 /// One chunk: `d` and `info` of the elements whose bytes are `r` (reference) and `x`
 /// (target), as `super::super::residual_chunk` writes them, and each element's slot
 /// counted into the four tables of `sub` (`sub.len() / 4` slots each, `lo2` the lowest
-/// context of the tensor's reference).
+/// context of the tensor's reference); returns the lowest and highest exponent class of
+/// `r`'s elements (`(255, 0)` when none).
 ///
 /// # Safety
 /// The CPU must have AVX2; `T` is `u16` or `u32` (others return at once), `info_fn` not
@@ -100,7 +101,7 @@ pub unsafe fn residual_count<T: Word>(
     info_fn: InfoFn,
     lo2: u32,
     sub: &mut [u32],
-) {
+) -> (u8, u8) {
     let n = d
         .len()
         .min(info.len())
@@ -108,18 +109,18 @@ pub unsafe fn residual_count<T: Word>(
         .min(x.len() / T::SIZE);
     let size = sub.len() / 4;
     if size == 0 {
-        return;
+        return (u8::MAX, 0);
     }
     let s = sub.as_mut_ptr();
     let tables = [s, s.add(size), s.add(2 * size), s.add(3 * size)];
     let (dp, ip) = (d.as_mut_ptr(), info.as_mut_ptr().cast::<u16>());
     // SAFETY (both): `n` elements of every buffer; `T` checked to be the width used.
-    let done = if TypeId::of::<T>() == TypeId::of::<u16>() {
+    let (done, mut lo, mut hi) = if TypeId::of::<T>() == TypeId::of::<u16>() {
         unsafe { step16(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables) }
     } else if TypeId::of::<T>() == TypeId::of::<u32>() {
         unsafe { step32(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables) }
     } else {
-        return;
+        return (u8::MAX, 0);
     };
     // The last partial step, as the portable passes do it.
     let cond = info_fn.condition();
@@ -136,9 +137,28 @@ pub unsafe fn residual_count<T: Word>(
         } as u16;
         d[j].write(T::from_u64(k));
         info[j].write(i);
+        (lo, hi) = (lo.min(i as u8), hi.max(i as u8));
         let slot = (flat_index(T::from_u64(k), i, lo2) as usize).min(size - 1);
         *tables[0].add(slot) += 1;
     }
+    (lo, hi)
+}
+
+/// The lowest and highest of the low bytes of `lo` and `hi` (16-bit lanes, `(255, 0)` before
+/// any step).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn byte_min_max(lo: __m256i, hi: __m256i) -> (u8, u8) {
+    let (mut l, mut h) = ([0u16; 16], [0u16; 16]);
+    // SAFETY: 16 `u16` each.
+    unsafe {
+        _mm256_storeu_si256(l.as_mut_ptr().cast(), lo);
+        _mm256_storeu_si256(h.as_mut_ptr().cast(), hi);
+    }
+    (
+        l.iter().map(|&v| v as u8).min().unwrap_or(u8::MAX),
+        h.iter().map(|&v| v as u8).max().unwrap_or(0),
+    )
 }
 
 /// Count 16 slots (two vectors of 8 `u32`), four per table in turn, clamped to `size`.
@@ -161,7 +181,7 @@ unsafe fn count16(a: __m256i, b: __m256i, size: usize, t: [*mut u32; 4]) {
 /// 2^15): one multiply-add per pair, low and high halves in the in-lane unpack order.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn slot_ctx(slot: __m256i, ctx: __m256i) -> (__m256i, __m256i) {
+pub(super) fn slot_ctx(slot: __m256i, ctx: __m256i) -> (__m256i, __m256i) {
     let w = _mm256_set1_epi32(1 | (FLAT_STRIDE as i32) << 16);
     (
         _mm256_madd_epi16(_mm256_unpacklo_epi16(slot, ctx), w),
@@ -169,10 +189,20 @@ fn slot_ctx(slot: __m256i, ctx: __m256i) -> (__m256i, __m256i) {
     )
 }
 
+/// The J contexts `er·2 + rs` of 16 elements' reference facts (16-bit lanes).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn contexts16(inf: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_slli_epi16::<1>(_mm256_and_si256(inf, _mm256_set1_epi16(255))),
+        _mm256_and_si256(_mm256_srli_epi16::<8>(inf), _mm256_set1_epi16(1)),
+    )
+}
+
 /// `8·b + q1 + 2·q2 + 4·neg` from `t = 4·b + 2·q1 + q2` and `neg` (0 or 1), 16-bit lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
+pub(super) fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
     let one = _mm256_set1_epi16(1);
     _mm256_or_si256(
         _mm256_or_si256(
@@ -186,7 +216,8 @@ fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
     )
 }
 
-/// 16-bit floats, 16 elements a step; returns how many were done.
+/// 16-bit floats, 16 elements a step; returns how many were done and the lowest and highest
+/// exponent class among them.
 #[inline]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[allow(clippy::too_many_arguments)]
@@ -200,9 +231,10 @@ unsafe fn step16(
     lo2: u32,
     size: usize,
     t: [*mut u32; 4],
-) -> usize {
+) -> (usize, u8, u8) {
     let (mant, emask) = info_fn.joint_params();
     let (rp, xp) = (r.as_ptr(), x.as_ptr());
+    let (mut vlo, mut vhi) = (_mm256_set1_epi16(255), _mm256_setzero_si256());
     let mant_v = _mm_cvtsi32_si128(mant as i32);
     let mant2_v = _mm_cvtsi32_si128(mant as i32 - 2);
     let emask_v = _mm256_set1_epi16(emask as i16);
@@ -218,6 +250,7 @@ unsafe fn step16(
         let dv = _mm256_sub_epi16(key16(xv), key16(rv));
         _mm256_storeu_si256(d.add(j).cast(), dv);
         let er = _mm256_and_si256(_mm256_srl_epi16(rv, mant_v), emask_v);
+        (vlo, vhi) = (_mm256_min_epu16(vlo, er), _mm256_max_epu16(vhi, er));
         let sign = _mm256_srli_epi16::<15>(rv);
         let m2 = _mm256_and_si256(_mm256_srl_epi16(rv, mant2_v), three);
         let inf = _mm256_or_si256(
@@ -238,10 +271,12 @@ unsafe fn step16(
         count16(a, b, size, t);
         j += 16;
     }
-    full
+    let (lo, hi) = byte_min_max(vlo, vhi);
+    (full, lo, hi)
 }
 
-/// 32-bit floats, 8 elements a step (two vectors per count); returns how many were done.
+/// 32-bit floats, 8 elements a step (two vectors per count); returns how many were done and
+/// the lowest and highest exponent class among them.
 #[inline]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[allow(clippy::too_many_arguments)]
@@ -255,9 +290,10 @@ unsafe fn step32(
     lo2: u32,
     size: usize,
     t: [*mut u32; 4],
-) -> usize {
+) -> (usize, u8, u8) {
     let (mant, emask) = info_fn.joint_params();
     let (rp, xp) = (r.as_ptr(), x.as_ptr());
+    let (mut vlo, mut vhi) = (_mm256_set1_epi16(255), _mm256_setzero_si256());
     let c = Consts32 {
         mant: _mm_cvtsi32_si128(mant as i32),
         mant2: _mm_cvtsi32_si128(mant as i32 - 2),
@@ -272,10 +308,13 @@ unsafe fn step32(
         // Facts of 16 elements as `u16`: the pack interleaves the 128-bit halves.
         let inf = _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi32(ia, ib));
         _mm256_storeu_si256(info.add(j).cast(), inf);
+        // The classes are the facts' low bytes.
+        (vlo, vhi) = (_mm256_min_epu8(vlo, inf), _mm256_max_epu8(vhi, inf));
         count16(sa, sb, size, t);
         j += 16;
     }
-    full
+    let (lo, hi) = byte_min_max(vlo, vhi);
+    (full, lo, hi)
 }
 
 /// The ordered-integer key (`word::key`) of 16 16-bit floats.
@@ -301,7 +340,7 @@ fn key32(u: __m256i) -> __m256i {
 /// `4·e + 2·q1 + q2` of 8 values below 2^24 (32-bit lanes): their float's top bits.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn exp_q(v: __m256i) -> __m256i {
+pub(super) fn exp_q(v: __m256i) -> __m256i {
     _mm256_srli_epi32::<21>(_mm256_castps_si256(_mm256_cvtepi32_ps(v)))
 }
 

@@ -5,14 +5,17 @@
 #![cfg(target_arch = "x86_64")]
 
 use core::arch::x86_64::*;
+use std::any::TypeId;
 
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
-use super::super::joint::{small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
+use super::super::joint::{context, small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::super::Isa;
 use super::decode::{overrun, refill};
-use super::encode::{codes_and_tails, first, gather_flat, load_u16, load_u32, put4, SLACK};
+use super::encode::{
+    codes_and_tails, first, flat_slots16, flat_slots32, gather_flat, load_u32, put4, SLACK,
+};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{EncodedChunk, LANES};
@@ -20,15 +23,6 @@ use crate::Result;
 
 /// 8-lane vectors per chunk.
 const NV: usize = LANES / 8;
-
-/// The J contexts `er·2 + rs` of 8 elements' reference facts.
-#[inline(always)]
-unsafe fn contexts(inf: __m256i) -> __m256i {
-    _mm256_or_si256(
-        _mm256_slli_epi32::<1>(_mm256_and_si256(inf, _mm256_set1_epi32(255))),
-        _mm256_and_si256(_mm256_srli_epi32::<8>(inf), _mm256_set1_epi32(1)),
-    )
-}
 
 /// Per-element codes of 8 joint symbols (as the AVX-512 `code_of`): by shifts of
 /// `J + 17` above J = 6, from `small` (`small_codes()[..8]`) below 8.
@@ -254,10 +248,28 @@ pub unsafe fn encode_chunk<T: Word>(
     flat: &JointFlat,
     s: &mut Scratch,
 ) -> EncodedChunk {
+    s.tail.clear();
+    let lo2 = 2 * flat.lo;
+    // Each element's slot in `flat` (not its code): the lanes only gather.
+    // SAFETY (all three): the caller guarantees the features; `T` is the width cast to.
+    unsafe {
+        if TypeId::of::<T>() == TypeId::of::<u16>() {
+            let d = std::slice::from_raw_parts(d.as_ptr().cast::<u16>(), d.len());
+            flat_slots16(d, info, lo2, &mut s.codes, &mut s.tail);
+        } else if TypeId::of::<T>() == TypeId::of::<u32>() {
+            let d = std::slice::from_raw_parts(d.as_ptr().cast::<u32>(), d.len());
+            flat_slots32(d, info, lo2, &mut s.codes, &mut s.tail);
+        } else {
+            codes_and_tails(d, true, s);
+            for (c, &i) in s.codes.iter_mut().zip(info) {
+                *c = (context(i) as u32).wrapping_sub(lo2) * FLAT_STRIDE as u32
+                    + (*c & 127) * 8
+                    + (*c >> 7 & 7);
+            }
+        }
+    }
     // SAFETY: the caller guarantees the features.
-    unsafe { codes_and_tails(d, true, s) };
-    // SAFETY: the caller guarantees the features.
-    let (states, at) = unsafe { lanes(&s.codes, info, flat, &mut s.words) };
+    let (states, at) = unsafe { lanes(&s.codes, flat, &mut s.words) };
     EncodedChunk {
         words: s.words[at..SLACK + s.codes.len()].to_vec(),
         states,
@@ -266,20 +278,14 @@ pub unsafe fn encode_chunk<T: Word>(
     }
 }
 
-/// The interleaved lanes of one chunk; the words are left in `words[at..SLACK +
-/// codes.len()]` in stream order, `at` returned with the final states.
+/// The interleaved lanes of one chunk of slots in `flat`; the words are left in
+/// `words[at..SLACK + slots.len()]` in stream order, `at` returned with the final states.
 ///
 /// # Safety
 /// The CPU must support AVX2 and POPCNT.
 #[target_feature(enable = "avx2,popcnt")]
-unsafe fn lanes(
-    codes: &[u32],
-    info: &[u16],
-    flat: &JointFlat,
-    words: &mut Vec<u16>,
-) -> ([u32; LANES], usize) {
-    let n = codes.len();
-    assert!(info.len() >= n);
+unsafe fn lanes(slots: &[u32], flat: &JointFlat, words: &mut Vec<u16>) -> ([u32; LANES], usize) {
+    let n = slots.len();
     // At most one word per symbol, and the slack below. Grown, never cleared: every slot
     // from the final cursor up is written.
     let end = SLACK + n;
@@ -288,7 +294,6 @@ unsafe fn lanes(
     }
     let out = words.as_mut_ptr();
     let mut pos = end;
-    let lo2 = _mm256_set1_epi32(2 * flat.lo as i32);
     let syms = inlined(
         #[inline(always)]
         |step: usize| -> [__m256i; NV] {
@@ -302,22 +307,8 @@ unsafe fn lanes(
                 if cnt == 0 {
                     continue;
                 }
-                let valid = first(cnt);
-                let (c, i) = (
-                    load_u32(codes, at, cnt),
-                    _mm256_cvtepu16_epi32(load_u16(info, at, cnt)),
-                );
-                // ((er - lo)·2 + rs)·FLAT_STRIDE + b·8 + (code >> 7 & 7)
-                let ctx = _mm256_sub_epi32(contexts(i), lo2);
-                let idx = _mm256_add_epi32(
-                    _mm256_mullo_epi32(ctx, _mm256_set1_epi32(FLAT_STRIDE as i32)),
-                    _mm256_add_epi32(
-                        _mm256_slli_epi32::<3>(_mm256_and_si256(c, _mm256_set1_epi32(127))),
-                        _mm256_and_si256(_mm256_srli_epi32::<7>(c), _mm256_set1_epi32(7)),
-                    ),
-                );
                 // SAFETY: features as this function's (indices clamped inside).
-                *p = unsafe { gather_flat(&flat.packed, valid, idx) };
+                *p = unsafe { gather_flat(&flat.packed, first(cnt), load_u32(slots, at, cnt)) };
             }
             p
         },
