@@ -868,6 +868,23 @@ mod tests {
     use super::*;
     use crate::format::lm::fixed::quantize_row;
 
+    /// A `rows x k` layer of random int8 weights with real-like scales: multipliers in
+    /// [2^30, 2^31), shifts `e_base + 0..9`, small biases (values drawn in that order).
+    fn random_linear(rnd: &mut impl FnMut() -> u64, rows: usize, k: usize, e_base: i32) -> Linear {
+        let w: Vec<i8> = (0..rows * k).map(|_| rnd() as u8 as i8).collect();
+        Linear {
+            rows,
+            k,
+            m: (0..rows)
+                .map(|_| (1 << 30) + (rnd() as i64 % (1 << 30)))
+                .collect(),
+            e: (0..rows).map(|_| e_base + (rnd() % 9) as i32).collect(),
+            bias: (0..rows).map(|_| rnd() as i32 % 5000 - 2500).collect(),
+            row_sum: Linear::row_sums(&w, k),
+            w,
+        }
+    }
+
     /// The whole matmul (dots, rescale, tiles) at every level, serial and parallel, equals
     /// the portable one: real-like scales (the fused rescale of the VNNI kernel), scales
     /// whose shifts leave 1..=63 (the unfused path), row counts off the groups of 16, one
@@ -889,18 +906,7 @@ mod tests {
             (40, 32, 3, -20),
             (17, 32, 2, 90),
         ] {
-            let w: Vec<i8> = (0..rows * k).map(|_| rnd() as u8 as i8).collect();
-            let lin = Linear {
-                rows,
-                k,
-                m: (0..rows)
-                    .map(|_| (1 << 30) + (rnd() as i64 % (1 << 30)))
-                    .collect(),
-                e: (0..rows).map(|_| e_base + (rnd() % 9) as i32).collect(),
-                bias: (0..rows).map(|_| rnd() as i32 % 5000 - 2500).collect(),
-                row_sum: Linear::row_sums(&w, k),
-                w,
-            };
+            let lin = random_linear(&mut rnd, rows, k, e_base);
             let y: Vec<i64> = (0..n * k)
                 .map(|i| (rnd() as i64 - (1 << 30)) >> (i % 11))
                 .collect();
@@ -1083,18 +1089,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             x >> 33
         };
-        let w: Vec<i8> = (0..rows * k).map(|_| rnd() as u8 as i8).collect();
-        let lin = Linear {
-            rows,
-            k,
-            m: (0..rows)
-                .map(|_| (1 << 30) + (rnd() as i64 % (1 << 30)))
-                .collect(),
-            e: (0..rows).map(|_| 30 + (rnd() % 9) as i32).collect(),
-            bias: (0..rows).map(|_| rnd() as i32 % 5000 - 2500).collect(),
-            row_sum: Linear::row_sums(&w, k),
-            w,
-        };
+        let lin = random_linear(&mut rnd, rows, k, 30);
         let cl = CpuLinear::new(Isa::Avx512, &lin);
         let mut line = String::from("head us/call:");
         for n in [8usize, 16, 21, 32, 64] {
