@@ -634,7 +634,6 @@ pub unsafe fn finish_u32(
         let t: [u8; 16] = std::array::from_fn(|j| u_of_joint(j) ^ (j as u8 + 17));
         _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
     };
-    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     for j in (0..full).step_by(8) {
         // The tail is not padded: where the group's 32 bytes could pass its end, the
         // caller's scalar pass does the rest.
@@ -691,12 +690,9 @@ pub unsafe fn finish_u32(
             tail.as_ptr().add(at + s1 as usize / 8).cast(),
             tail.as_ptr().add(at).cast(),
         );
-        // Both halves' start bits as one quadword spread by a dword permute (two micro-ops;
-        // two `vmovd`, an insert and a shuffle were four).
-        let starts = _mm_cvtsi64_si128((u64::from(s1 % 8) << 32 | u64::from(s0)) as i64);
         let off = _mm256_add_epi32(
             off,
-            _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(starts), halves),
+            _mm256_set_m128i(_mm_set1_epi32((s1 % 8) as i32), _mm_set1_epi32(s0 as i32)),
         );
         let byte = _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread);
         let low4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, four));
@@ -733,11 +729,8 @@ unsafe fn tail_offsets(len: __m256i) -> (__m256i, u32, u32) {
     let mut p = len;
     p = _mm256_add_epi32(p, _mm256_slli_si256::<4>(p));
     p = _mm256_add_epi32(p, _mm256_slli_si256::<8>(p));
-    // Both halves' sums in one quadword, read by one `vmovq` (two extracts were some
-    // five micro-ops).
-    let sums = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(3, 7, 3, 7, 3, 7, 3, 7));
-    let q = _mm_cvtsi128_si64(_mm256_castsi256_si128(sums)) as u64;
-    let (lo, hi) = (q as u32, (q >> 32) as u32);
+    let lo = _mm256_extract_epi32::<3>(p) as u32;
+    let hi = _mm256_extract_epi32::<7>(p) as u32;
     (_mm256_sub_epi32(p, len), lo, lo + hi)
 }
 
