@@ -55,17 +55,8 @@ unsafe fn step_state(x: __m256i, e: __m256i, words: *const u16, pos: &mut usize)
         _mm256_and_si256(_mm256_srli_epi32::<8>(e), _mm256_set1_epi32(0xFFF)),
         _mm256_set1_epi32(1),
     );
-    // f · (x >> 12) as two `vpmuludq` (one micro-op, 5 cycles each) for the even and the
-    // odd lanes instead of one `vpmulld` (two, 10 cycles) on the state chain: the products
-    // are below 2^32 (f <= 2^12, x < 2^32), so each quadword's high half is 0 and an OR
-    // joins them.
-    let even = _mm256_mul_epu32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x));
-    let odd = _mm256_mul_epu32(
-        _mm256_srli_epi64::<32>(f),
-        _mm256_srli_epi64::<{ 32 + PROB_BITS as i32 }>(x),
-    );
     let xs = _mm256_add_epi32(
-        _mm256_or_si256(even, _mm256_slli_epi64::<32>(odd)),
+        _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x)),
         _mm256_srli_epi32::<20>(e),
     );
     refill(xs, words, pos)
