@@ -616,6 +616,25 @@ pub unsafe fn finish_u32(
     bits: u64,
     signed: bool,
 ) -> (usize, u64) {
+    // One loop per form, so that neither flag is tested per 8 elements.
+    match (j_codes, signed) {
+        (true, true) => finish_u32_as::<true, true>(codes, reference, out, tail, bits),
+        (true, false) => finish_u32_as::<true, false>(codes, reference, out, tail, bits),
+        (false, true) => finish_u32_as::<false, true>(codes, reference, out, tail, bits),
+        (false, false) => finish_u32_as::<false, false>(codes, reference, out, tail, bits),
+    }
+}
+
+/// [`finish_u32`] with its flags as constants.
+#[inline(always)]
+unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
+    codes: &[u32],
+    reference: &[u8],
+    out: &mut [MaybeUninit<u8>],
+    tail: &[u8],
+    bits: u64,
+) -> (usize, u64) {
+    let (j_codes, signed) = (J_CODES, SIGNED);
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
     let mut bits = bits;
