@@ -625,8 +625,11 @@ pub unsafe fn finish_u32(
     }
 }
 
-/// [`finish_u32`] with its flags as constants.
-#[inline(always)]
+/// [`finish_u32`] with its flags as constants: its own function per form, not inlined
+/// into the dispatch (inlined, LLVM merged the four loops back into one that tests both
+/// flags per 8 elements).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline(never)]
 unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     codes: &[u32],
     reference: &[u8],
@@ -634,35 +637,39 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     tail: &[u8],
     bits: u64,
 ) -> (usize, u64) {
-    let (j_codes, signed) = (J_CODES, SIGNED);
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
     let mut bits = bits;
+    // The tail is not padded: a group runs while its 32 bytes from `bits / 8` lie inside
+    // it (one compare of `bits` per group); the caller's scalar pass does the rest.
+    let Some(last_at) = tail.len().checked_sub(32) else {
+        return (0, bits);
+    };
+    let last_bit = last_at as u64 * 8 + 7;
     // Byte 0 of each 32-bit lane spread to all four, then + 0, 1, 2, 3 (the lane's four
-    // bytes from its byte offset), or + 4 with the other three bytes made "zero" (bit 7
-    // set: the fifth byte).
+    // bytes from its byte offset) or + 1, 2, 3, 4 (the four from the next byte).
     let spread = _mm256_setr_epi8(
         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
         12, 12, 12,
     );
     let four = _mm256_set1_epi32(0x0302_0100);
-    let fifth = _mm256_set1_epi32(0x8080_8004_u32 as i32);
+    let next_four = _mm256_set1_epi32(0x0403_0201);
     // What turns `J + 17` into `u = 8·b + 4·q1 + 2·q2 + neg` for J < 16 (by xor; 0 from
     // J = 7 on), as in `finish_u16`.
     let u_fix = {
         let t: [u8; 16] = std::array::from_fn(|j| u_of_joint(j) ^ (j as u8 + 17));
         _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
     };
-    for j in (0..full).step_by(8) {
-        // The tail is not padded: where the group's 32 bytes could pass its end, the
-        // caller's scalar pass does the rest.
-        let at = (bits / 8) as usize;
-        if tail.len().saturating_sub(at) < 32 {
+    let low31 = _mm256_set1_epi32(i32::MAX);
+    let mut j = 0;
+    while j < full {
+        if bits > last_bit {
             return (j, bits);
         }
+        let at = (bits / 8) as usize;
         let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
         // b, the top bits `1 q1 q2` and the sign (all ones where negative).
-        let (b, top, neg) = if j_codes {
+        let (b, top, neg) = if J_CODES {
             // The index's bytes 1..3 (0x80) and a byte 0 of J + 0x70 >= 0x80 (J >= 16)
             // read 0.
             let fix = _mm256_shuffle_epi8(
@@ -677,11 +684,10 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
                     _mm256_set1_epi32(4),
                     _mm256_and_si256(_mm256_srli_epi32::<1>(u), _mm256_set1_epi32(3)),
                 ),
-                _mm256_cmpeq_epi32(_mm256_and_si256(u, one), one),
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(u, one)),
             )
         } else {
             // The code `b | q1 << 7 | q2 << 8 | neg << 9`.
-            let sign = _mm256_set1_epi32(1 << 9);
             (
                 _mm256_and_si256(c, _mm256_set1_epi32(127)),
                 _mm256_or_si256(
@@ -691,15 +697,14 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
                         _mm256_and_si256(_mm256_srli_epi32::<8>(c), _mm256_set1_epi32(1)),
                     ),
                 ),
-                _mm256_cmpeq_epi32(_mm256_and_si256(c, sign), sign),
+                _mm256_srai_epi32::<31>(_mm256_slli_epi32::<22>(c)),
             )
         };
-        // max(b - 3, 0): at most 29 for b <= 32 (and never more than the caller's `need`
-        // counts, whatever the codes).
-        let len = _mm256_min_epu32(
-            _mm256_subs_epu16(b, _mm256_set1_epi32(3)),
-            _mm256_set1_epi32(29),
-        );
+        // max(b - 3, 0), the shift of the top bits, and the tail's length: the same but at
+        // most 29 (b <= 32 in a valid stream; never more than the caller's `need` counts,
+        // whatever the codes).
+        let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
+        let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
         let (off, lo_total, total) = tail_offsets(len);
         // Lanes 0..4 read the 16 bytes from `at`, lanes 4..8 the 16 from the byte of their
         // first tail (at most 15 bytes on: 7 + 4 × 29 bits), each lane's 7 + 29 bits in the
@@ -715,28 +720,45 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         );
         let byte = _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread);
         let low4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, four));
-        let next = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, fifth));
+        let high4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, next_four));
         let sh = _mm256_and_si256(off, _mm256_set1_epi32(7));
-        // A shift by 32 (sh = 0) gives 0, as the tail then lies in `low4` alone.
+        // The five bytes V from the lane's byte, shifted right by `sh`: its low 32 bits are
+        // (low4 >> sh) | (high4 >> sh) << 8 (high4 = V >> 8; where the two overlap they
+        // hold the same bits). Both shifts stay below 32: no count to guard.
         let raw = _mm256_or_si256(
             _mm256_srlv_epi32(low4, sh),
-            _mm256_sllv_epi32(next, _mm256_sub_epi32(_mm256_set1_epi32(32), sh)),
+            _mm256_slli_epi32::<8>(_mm256_srlv_epi32(high4, sh)),
         );
-        let one = _mm256_set1_epi32(1);
-        let t = _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+        let t = _mm256_andnot_si256(_mm256_sllv_epi32(_mm256_set1_epi32(-1), len), raw);
         bits += total as u64;
-        let delta = displacement(b, top, neg, t, signed);
+        let v = compose(b, b3, top, t);
         let r = _mm256_loadu_si256(reference.as_ptr().add(4 * j).cast());
-        // key(r) = r ^ (negative ? !0 : 1 << 31), and back.
-        let h = _mm256_set1_epi32(i32::MIN);
-        let ones = _mm256_set1_epi32(-1);
-        let zero = _mm256_setzero_si256();
-        let r_neg = _mm256_cmpgt_epi32(zero, r);
-        let key = _mm256_xor_si256(r, _mm256_blendv_epi8(h, ones, r_neg));
-        let k = _mm256_add_epi32(key, delta);
-        let k_pos = _mm256_cmpgt_epi32(zero, k);
-        let x = _mm256_xor_si256(k, _mm256_blendv_epi8(ones, h, k_pos));
+        // In complements: the key is key(r) = r ^ (negative ? !0 : 1 << 31), so !key(r) =
+        // r ^ (negative ? 0 : !0 >> 1); the value !k (k = key + delta) is !key - delta; and
+        // the element from k, k ^ (k negative ? 1 << 31 : !0), is !k ^ (!k negative ? 0 :
+        // !0 >> 1). One operation fewer than going through the key itself.
+        let not_key = _mm256_xor_si256(r, _mm256_andnot_si256(_mm256_srai_epi32::<31>(r), low31));
+        let not_k = if SIGNED {
+            // delta = (v ^ neg) - neg: -v where `neg` is all ones.
+            _mm256_add_epi32(
+                _mm256_sub_epi32(not_key, _mm256_xor_si256(v, neg)),
+                neg,
+            )
+        } else {
+            // ZigZag: delta = (v >> 1) ^ -(v & 1).
+            let one = _mm256_set1_epi32(1);
+            let delta = _mm256_xor_si256(
+                _mm256_srli_epi32::<1>(v),
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, one)),
+            );
+            _mm256_sub_epi32(not_key, delta)
+        };
+        let x = _mm256_xor_si256(
+            not_k,
+            _mm256_andnot_si256(_mm256_srai_epi32::<31>(not_k), low31),
+        );
         _mm256_storeu_si256(out.as_mut_ptr().add(4 * j).cast(), x);
+        j += 8;
     }
     (full, bits)
 }
@@ -753,39 +775,17 @@ unsafe fn tail_offsets(len: __m256i) -> (__m256i, u32, u32) {
     (_mm256_sub_epi32(p, len), lo, lo + hi)
 }
 
-/// The displacements of 8 elements (32-bit lanes, before masking to the element width)
-/// from their bit lengths `b`, top bits `top` (`1 q1 q2`), signs `neg` (all ones where
-/// negative) and raw tails `t` (`word::compose`, then `word::displacement`), as in the
-/// AVX-512 decoder.
+/// The magnitudes of 8 elements' displacements (`word::compose`, before the sign) from
+/// their bit lengths `b`, `b3` = max(b - 3, 0), top bits `top` (`1 q1 q2`) and raw tails
+/// `t`: `top << (b - 3) | t`, or `top >> (3 - b)` below b = 3 (where the tail is empty),
+/// as one shift left by `b3` and one right by max(3 - b, 0) (a count of 32 or more gives
+/// 0, as in the two shifts and OR this replaced).
 #[inline(always)]
-unsafe fn displacement(
-    b: __m256i,
-    top: __m256i,
-    neg: __m256i,
-    t: __m256i,
-    signed: bool,
-) -> __m256i {
-    let (zero, one, three) = (
-        _mm256_setzero_si256(),
-        _mm256_set1_epi32(1),
-        _mm256_set1_epi32(3),
-    );
-    // `top << (b - 3)` for b >= 3, `top >> (3 - b)` below: the other shift's count wraps
-    // to 2^32 - k (at b = 3 both are `top`), and counts of 32 or more give 0, so an OR
-    // picks the right one (a byte blend is three micro-ops on recent Intel cores).
-    let up = _mm256_sllv_epi32(top, _mm256_sub_epi32(b, three));
-    let down = _mm256_srlv_epi32(top, _mm256_sub_epi32(three, b));
-    let v = _mm256_or_si256(_mm256_or_si256(down, up), t);
-    if signed {
-        // -v where `neg` is all ones: (v ^ neg) - neg.
-        _mm256_sub_epi32(_mm256_xor_si256(v, neg), neg)
-    } else {
-        // ZigZag: (v >> 1) ^ -(v & 1)
-        _mm256_xor_si256(
-            _mm256_srli_epi32::<1>(v),
-            _mm256_sub_epi32(zero, _mm256_and_si256(v, one)),
-        )
-    }
+unsafe fn compose(b: __m256i, b3: __m256i, top: __m256i, t: __m256i) -> __m256i {
+    // b is below 2^16 (codes below 2^10, joint symbols below 2^8): the saturating 16-bit
+    // subtract sees it whole in each lane's low half and 0 - 0 in the high half.
+    let down = _mm256_subs_epu16(_mm256_set1_epi32(3), b);
+    _mm256_or_si256(_mm256_srlv_epi32(_mm256_sllv_epi32(top, b3), down), t)
 }
 
 #[cfg(test)]
