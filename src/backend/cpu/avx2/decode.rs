@@ -660,7 +660,15 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         let t: [u8; 16] = std::array::from_fn(|j| u_of_joint(j) ^ (j as u8 + 17));
         _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
     };
-    let low31 = _mm256_set1_epi32(i32::MAX);
+    // Opaque to LLVM, so that it keeps the operations written here: with the constants
+    // in sight it turned the permute + `vmovq` below back into three extracts (avx2g),
+    // the broadcast of two scalars into four shuffles and `andnot(m, low31)` into a shift
+    // and two xors.
+    let (low31, sums_at, halves) = std::hint::black_box((
+        _mm256_set1_epi32(i32::MAX),
+        _mm256_setr_epi32(3, 7, 0, 0, 0, 0, 0, 0),
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+    ));
     let mut j = 0;
     while j < full {
         if bits > last_bit {
@@ -668,8 +676,9 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         }
         let at = (bits / 8) as usize;
         let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
-        // b, the top bits `1 q1 q2` and the sign (all ones where negative).
-        let (b, top, neg) = if J_CODES {
+        // b, the top bits `1 q1 q2` and the sign as a lane negative where the element's
+        // displacement is (and never 0: `_mm256_sign_epi32` applies it).
+        let (b, top, sgn) = if J_CODES {
             // The index's bytes 1..3 (0x80) and a byte 0 of J + 0x70 >= 0x80 (J >= 16)
             // read 0.
             let fix = _mm256_shuffle_epi8(
@@ -684,7 +693,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
                     _mm256_set1_epi32(4),
                     _mm256_and_si256(_mm256_srli_epi32::<1>(u), _mm256_set1_epi32(3)),
                 ),
-                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(u, one)),
+                _mm256_or_si256(_mm256_slli_epi32::<31>(u), one),
             )
         } else {
             // The code `b | q1 << 7 | q2 << 8 | neg << 9`.
@@ -697,7 +706,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
                         _mm256_and_si256(_mm256_srli_epi32::<8>(c), _mm256_set1_epi32(1)),
                     ),
                 ),
-                _mm256_srai_epi32::<31>(_mm256_slli_epi32::<22>(c)),
+                _mm256_or_si256(_mm256_slli_epi32::<22>(c), _mm256_set1_epi32(1)),
             )
         };
         // max(b - 3, 0), the shift of the top bits, and the tail's length: the same but at
@@ -705,7 +714,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         // whatever the codes).
         let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
         let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
-        let (off, lo_total, total) = tail_offsets(len);
+        let (off, lo_total, total) = tail_offsets(len, sums_at);
         // Lanes 0..4 read the 16 bytes from `at`, lanes 4..8 the 16 from the byte of their
         // first tail (at most 15 bytes on: 7 + 4 × 29 bits), each lane's 7 + 29 bits in the
         // five bytes from its own (at most byte 11 of its window).
@@ -714,9 +723,11 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
             tail.as_ptr().add(at + s1 as usize / 8).cast(),
             tail.as_ptr().add(at).cast(),
         );
+        // s0 and s1 % 8 as one 64-bit move, spread to the halves by one permute.
+        let starts = _mm_cvtsi64_si128((s0 as u64 | ((s1 % 8) as u64) << 32) as i64);
         let off = _mm256_add_epi32(
             off,
-            _mm256_set_m128i(_mm_set1_epi32((s1 % 8) as i32), _mm_set1_epi32(s0 as i32)),
+            _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(starts), halves),
         );
         let byte = _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread);
         let low4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, four));
@@ -739,11 +750,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         // !0 >> 1). One operation fewer than going through the key itself.
         let not_key = _mm256_xor_si256(r, _mm256_andnot_si256(_mm256_srai_epi32::<31>(r), low31));
         let not_k = if SIGNED {
-            // delta = (v ^ neg) - neg: -v where `neg` is all ones.
-            _mm256_add_epi32(
-                _mm256_sub_epi32(not_key, _mm256_xor_si256(v, neg)),
-                neg,
-            )
+            _mm256_sub_epi32(not_key, _mm256_sign_epi32(v, sgn))
         } else {
             // ZigZag: delta = (v >> 1) ^ -(v & 1).
             let one = _mm256_set1_epi32(1);
@@ -764,14 +771,17 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
 }
 
 /// Bit offsets of 8 consecutive raw tails of lengths `len`, each relative to the first of
-/// its 128-bit half (exclusive prefix sums per half), the low half's total and the total.
+/// its 128-bit half (exclusive prefix sums per half), the low half's total and the total;
+/// `sums_at` holds 3, 7 in its first two lanes: both halves' sums by one permute and one
+/// 64-bit move (two extracts are four micro-ops, and the high one needs a lane crossing).
 #[inline(always)]
-unsafe fn tail_offsets(len: __m256i) -> (__m256i, u32, u32) {
+unsafe fn tail_offsets(len: __m256i, sums_at: __m256i) -> (__m256i, u32, u32) {
     let mut p = len;
     p = _mm256_add_epi32(p, _mm256_slli_si256::<4>(p));
     p = _mm256_add_epi32(p, _mm256_slli_si256::<8>(p));
-    let lo = _mm256_extract_epi32::<3>(p) as u32;
-    let hi = _mm256_extract_epi32::<7>(p) as u32;
+    let sums =
+        _mm_cvtsi128_si64(_mm256_castsi256_si128(_mm256_permutevar8x32_epi32(p, sums_at))) as u64;
+    let (lo, hi) = (sums as u32, (sums >> 32) as u32);
     (_mm256_sub_epi32(p, len), lo, lo + hi)
 }
 
