@@ -598,11 +598,13 @@ unsafe fn displacement16(
     }
 }
 
-/// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of
-/// its bit offset it spans five bytes; the four tails of each 128-bit half (with the 7 bits
-/// before the first: 123 bits) lie in 16 bytes, so each half shuffles its own 16-byte window
-/// inside its lane. Starts at tail bit `bits`; reads inside `tail` whatever the codes, which
-/// are joint symbols where `j_codes` (below 2^8), else per-element codes.
+/// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 31 bits
+/// before it in its dword it lies in two dwords; the 8 tails of a group (with the 7 bits
+/// before the first: 239 bits) lie in one 32-byte window, from which each lane picks its
+/// two dwords by lane-crossing dword permutes (byte shuffles work inside 128-bit halves:
+/// each half then needed its own window, whose address waited on the low half's sum).
+/// Starts at tail bit `bits`; reads inside `tail` whatever the codes, which are joint
+/// symbols where `j_codes` (below 2^8), else per-element codes.
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -646,14 +648,6 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         return (0, bits);
     };
     let last_bit = last_at as u64 * 8 + 7;
-    // Byte 0 of each 32-bit lane spread to all four, then + 0, 1, 2, 3 (the lane's four
-    // bytes from its byte offset) or + 1, 2, 3, 4 (the four from the next byte).
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
-        12, 12, 12,
-    );
-    let four = _mm256_set1_epi32(0x0302_0100);
-    let next_four = _mm256_set1_epi32(0x0403_0201);
     // What turns `J + 17` into `u = 8·b + 4·q1 + 2·q2 + neg` for J < 16 (by xor; 0 from
     // J = 7 on), as in `finish_u16`.
     let u_fix = {
@@ -661,13 +655,13 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
     };
     // Opaque to LLVM, so that it keeps the operations written here: with the constants
-    // in sight it turned the permute + `vmovq` below back into three extracts (avx2g),
-    // the broadcast of two scalars into four shuffles and `andnot(m, low31)` into a shift
-    // and two xors.
-    let (low31, sums_at, halves) = std::hint::black_box((
+    // in sight it turned the permute + `vmovd` below back into extracts (avx2g), a
+    // shift by 32 - m into a shift and a mask of m > 0, and `andnot(m, low31)` into a
+    // shift and two xors.
+    let (low31, sums_at, thirty_two) = std::hint::black_box((
         _mm256_set1_epi32(i32::MAX),
-        _mm256_setr_epi32(3, 7, 0, 0, 0, 0, 0, 0),
-        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(7, 7, 7, 7, 3, 3, 3, 3),
+        _mm256_set1_epi32(32),
     ));
     let mut j = 0;
     while j < full {
@@ -714,31 +708,21 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
         // whatever the codes).
         let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
         let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
-        let (off, lo_total, total) = tail_offsets(len, sums_at);
-        // Lanes 0..4 read the 16 bytes from `at`, lanes 4..8 the 16 from the byte of their
-        // first tail (at most 15 bytes on: 7 + 4 × 29 bits), each lane's 7 + 29 bits in the
-        // five bytes from its own (at most byte 11 of its window).
-        let (s0, s1) = (bits as u32 % 8, bits as u32 % 8 + lo_total);
-        let w = _mm256_loadu2_m128i(
-            tail.as_ptr().add(at + s1 as usize / 8).cast(),
-            tail.as_ptr().add(at).cast(),
-        );
-        // s0 and s1 % 8 as one 64-bit move, spread to the halves by one permute.
-        let starts = _mm_cvtsi64_si128((s0 as u64 | ((s1 % 8) as u64) << 32) as i64);
-        let off = _mm256_add_epi32(
-            off,
-            _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(starts), halves),
-        );
-        let byte = _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread);
-        let low4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, four));
-        let high4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, next_four));
-        let sh = _mm256_and_si256(off, _mm256_set1_epi32(7));
-        // The five bytes V from the lane's byte, shifted right by `sh`: its low 32 bits are
-        // (low4 >> sh) | (high4 >> sh) << 8 (high4 = V >> 8; where the two overlap they
-        // hold the same bits). Both shifts stay below 32: no count to guard.
+        let (off, total) = tail_offsets(len, sums_at);
+        // All 8 tails and the 7 bits before the first lie in the 32 bytes from `at` (7 + 8
+        // × 29 bits): one load whose address waits only on `bits`. Each lane takes the two
+        // dwords holding its tail's first bit and the next (dword 6 and 7 at most) by
+        // lane-crossing permutes and shifts the 64 bits right by the bit in the dword.
+        let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
+        let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
+        let d = _mm256_srli_epi32::<5>(off);
+        let lo = _mm256_permutevar8x32_epi32(w, d);
+        let hi = _mm256_permutevar8x32_epi32(w, _mm256_add_epi32(d, _mm256_set1_epi32(1)));
+        let m = _mm256_and_si256(off, _mm256_set1_epi32(31));
+        // A shift by 32 (m = 0) gives 0, as the tail then lies in `lo` alone.
         let raw = _mm256_or_si256(
-            _mm256_srlv_epi32(low4, sh),
-            _mm256_slli_epi32::<8>(_mm256_srlv_epi32(high4, sh)),
+            _mm256_srlv_epi32(lo, m),
+            _mm256_sllv_epi32(hi, _mm256_sub_epi32(thirty_two, m)),
         );
         let t = _mm256_andnot_si256(_mm256_sllv_epi32(_mm256_set1_epi32(-1), len), raw);
         bits += total as u64;
@@ -770,19 +754,19 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     (full, bits)
 }
 
-/// Bit offsets of 8 consecutive raw tails of lengths `len`, each relative to the first of
-/// its 128-bit half (exclusive prefix sums per half), the low half's total and the total;
-/// `sums_at` holds 3, 7 in its first two lanes: both halves' sums by one permute and one
-/// 64-bit move (two extracts are four micro-ops, and the high one needs a lane crossing).
+/// Bit offsets of 8 consecutive raw tails of lengths `len` relative to the first
+/// (exclusive prefix sums) and their total; `sums_at` is 7, 7, 7, 7, 3, 3, 3, 3: one
+/// permute brings the low half's sum to the high half, another the total to lane 0 (a
+/// lane 7 extract is three micro-ops).
 #[inline(always)]
-unsafe fn tail_offsets(len: __m256i, sums_at: __m256i) -> (__m256i, u32, u32) {
+unsafe fn tail_offsets(len: __m256i, sums_at: __m256i) -> (__m256i, u32) {
     let mut p = len;
     p = _mm256_add_epi32(p, _mm256_slli_si256::<4>(p));
     p = _mm256_add_epi32(p, _mm256_slli_si256::<8>(p));
-    let sums =
-        _mm_cvtsi128_si64(_mm256_castsi256_si128(_mm256_permutevar8x32_epi32(p, sums_at))) as u64;
-    let (lo, hi) = (sums as u32, (sums >> 32) as u32);
-    (_mm256_sub_epi32(p, len), lo, lo + hi)
+    let lo = _mm256_permutevar8x32_epi32(p, sums_at);
+    p = _mm256_add_epi32(p, _mm256_blend_epi32::<0xF0>(_mm256_setzero_si256(), lo));
+    let total = _mm256_cvtsi256_si32(_mm256_permutevar8x32_epi32(p, sums_at)) as u32;
+    (_mm256_sub_epi32(p, len), total)
 }
 
 /// The magnitudes of 8 elements' displacements (`word::compose`, before the sign) from
