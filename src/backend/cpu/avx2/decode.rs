@@ -598,11 +598,13 @@ unsafe fn displacement16(
     }
 }
 
-/// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 7 bits of
-/// its bit offset it spans five bytes; the four tails of each 128-bit half (with the 7 bits
-/// before the first: 123 bits) lie in 16 bytes, so each half shuffles its own 16-byte window
-/// inside its lane. Starts at tail bit `bits`; reads inside `tail` whatever the codes, which
-/// are joint symbols where `j_codes` (below 2^8), else per-element codes.
+/// [`finish_u16`] for 32-bit elements: a tail has at most 29 bits, so with the 31 bits
+/// before it in its dword it lies in two dwords; the 8 tails of a group (with the 7 bits
+/// before the first: 239 bits) lie in one 32-byte window, from which each lane picks its
+/// two dwords by lane-crossing dword permutes (byte shuffles work inside 128-bit halves:
+/// each half then needed its own window, whose address waited on the low half's sum).
+/// Starts at tail bit `bits`; reads inside `tail` whatever the codes, which are joint
+/// symbols where `j_codes` (below 2^8), else per-element codes.
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -625,8 +627,11 @@ pub unsafe fn finish_u32(
     }
 }
 
-/// [`finish_u32`] with its flags as constants.
-#[inline(always)]
+/// [`finish_u32`] with its flags as constants: its own function per form, not inlined
+/// into the dispatch (inlined, LLVM merged the four loops back into one that tests both
+/// flags per 8 elements).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline(never)]
 unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     codes: &[u32],
     reference: &[u8],
@@ -634,35 +639,40 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     tail: &[u8],
     bits: u64,
 ) -> (usize, u64) {
-    let (j_codes, signed) = (J_CODES, SIGNED);
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
     let mut bits = bits;
-    // Byte 0 of each 32-bit lane spread to all four, then + 0, 1, 2, 3 (the lane's four
-    // bytes from its byte offset), or + 4 with the other three bytes made "zero" (bit 7
-    // set: the fifth byte).
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
-        12, 12, 12,
-    );
-    let four = _mm256_set1_epi32(0x0302_0100);
-    let fifth = _mm256_set1_epi32(0x8080_8004_u32 as i32);
+    // The tail is not padded: a group runs while its 32 bytes from `bits / 8` lie inside
+    // it (one compare of `bits` per group); the caller's scalar pass does the rest.
+    let Some(last_at) = tail.len().checked_sub(32) else {
+        return (0, bits);
+    };
+    let last_bit = last_at as u64 * 8 + 7;
     // What turns `J + 17` into `u = 8·b + 4·q1 + 2·q2 + neg` for J < 16 (by xor; 0 from
     // J = 7 on), as in `finish_u16`.
     let u_fix = {
         let t: [u8; 16] = std::array::from_fn(|j| u_of_joint(j) ^ (j as u8 + 17));
         _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
     };
-    for j in (0..full).step_by(8) {
-        // The tail is not padded: where the group's 32 bytes could pass its end, the
-        // caller's scalar pass does the rest.
-        let at = (bits / 8) as usize;
-        if tail.len().saturating_sub(at) < 32 {
+    // Opaque to LLVM, so that it keeps the operations written here: with the constants
+    // in sight it turned the permute + `vmovd` below back into extracts (avx2g), a
+    // shift by 32 - m into a shift and a mask of m > 0, and `andnot(m, low31)` into a
+    // shift and two xors.
+    let (low31, sums_at, thirty_two) = std::hint::black_box((
+        _mm256_set1_epi32(i32::MAX),
+        _mm256_setr_epi32(7, 7, 7, 7, 3, 3, 3, 3),
+        _mm256_set1_epi32(32),
+    ));
+    let mut j = 0;
+    while j < full {
+        if bits > last_bit {
             return (j, bits);
         }
+        let at = (bits / 8) as usize;
         let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
-        // b, the top bits `1 q1 q2` and the sign (all ones where negative).
-        let (b, top, neg) = if j_codes {
+        // b, the top bits `1 q1 q2` and the sign as a lane negative where the element's
+        // displacement is (and never 0: `_mm256_sign_epi32` applies it).
+        let (b, top, sgn) = if J_CODES {
             // The index's bytes 1..3 (0x80) and a byte 0 of J + 0x70 >= 0x80 (J >= 16)
             // read 0.
             let fix = _mm256_shuffle_epi8(
@@ -677,11 +687,10 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
                     _mm256_set1_epi32(4),
                     _mm256_and_si256(_mm256_srli_epi32::<1>(u), _mm256_set1_epi32(3)),
                 ),
-                _mm256_cmpeq_epi32(_mm256_and_si256(u, one), one),
+                _mm256_or_si256(_mm256_slli_epi32::<31>(u), one),
             )
         } else {
             // The code `b | q1 << 7 | q2 << 8 | neg << 9`.
-            let sign = _mm256_set1_epi32(1 << 9);
             (
                 _mm256_and_si256(c, _mm256_set1_epi32(127)),
                 _mm256_or_si256(
@@ -691,101 +700,86 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
                         _mm256_and_si256(_mm256_srli_epi32::<8>(c), _mm256_set1_epi32(1)),
                     ),
                 ),
-                _mm256_cmpeq_epi32(_mm256_and_si256(c, sign), sign),
+                _mm256_or_si256(_mm256_slli_epi32::<22>(c), _mm256_set1_epi32(1)),
             )
         };
-        // max(b - 3, 0): at most 29 for b <= 32 (and never more than the caller's `need`
-        // counts, whatever the codes).
-        let len = _mm256_min_epu32(
-            _mm256_subs_epu16(b, _mm256_set1_epi32(3)),
-            _mm256_set1_epi32(29),
-        );
-        let (off, lo_total, total) = tail_offsets(len);
-        // Lanes 0..4 read the 16 bytes from `at`, lanes 4..8 the 16 from the byte of their
-        // first tail (at most 15 bytes on: 7 + 4 × 29 bits), each lane's 7 + 29 bits in the
-        // five bytes from its own (at most byte 11 of its window).
-        let (s0, s1) = (bits as u32 % 8, bits as u32 % 8 + lo_total);
-        let w = _mm256_loadu2_m128i(
-            tail.as_ptr().add(at + s1 as usize / 8).cast(),
-            tail.as_ptr().add(at).cast(),
-        );
-        let off = _mm256_add_epi32(
-            off,
-            _mm256_set_m128i(_mm_set1_epi32((s1 % 8) as i32), _mm_set1_epi32(s0 as i32)),
-        );
-        let byte = _mm256_shuffle_epi8(_mm256_srli_epi32::<3>(off), spread);
-        let low4 = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, four));
-        let next = _mm256_shuffle_epi8(w, _mm256_add_epi8(byte, fifth));
-        let sh = _mm256_and_si256(off, _mm256_set1_epi32(7));
-        // A shift by 32 (sh = 0) gives 0, as the tail then lies in `low4` alone.
+        // max(b - 3, 0), the shift of the top bits, and the tail's length: the same but at
+        // most 29 (b <= 32 in a valid stream; never more than the caller's `need` counts,
+        // whatever the codes).
+        let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
+        let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
+        let (off, total) = tail_offsets(len, sums_at);
+        // All 8 tails and the 7 bits before the first lie in the 32 bytes from `at` (7 + 8
+        // × 29 bits): one load whose address waits only on `bits`. Each lane takes the two
+        // dwords holding its tail's first bit and the next (dword 6 and 7 at most) by
+        // lane-crossing permutes and shifts the 64 bits right by the bit in the dword.
+        let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
+        let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
+        let d = _mm256_srli_epi32::<5>(off);
+        let lo = _mm256_permutevar8x32_epi32(w, d);
+        let hi = _mm256_permutevar8x32_epi32(w, _mm256_add_epi32(d, _mm256_set1_epi32(1)));
+        let m = _mm256_and_si256(off, _mm256_set1_epi32(31));
+        // A shift by 32 (m = 0) gives 0, as the tail then lies in `lo` alone.
         let raw = _mm256_or_si256(
-            _mm256_srlv_epi32(low4, sh),
-            _mm256_sllv_epi32(next, _mm256_sub_epi32(_mm256_set1_epi32(32), sh)),
+            _mm256_srlv_epi32(lo, m),
+            _mm256_sllv_epi32(hi, _mm256_sub_epi32(thirty_two, m)),
         );
-        let one = _mm256_set1_epi32(1);
-        let t = _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, len), one));
+        let t = _mm256_andnot_si256(_mm256_sllv_epi32(_mm256_set1_epi32(-1), len), raw);
         bits += total as u64;
-        let delta = displacement(b, top, neg, t, signed);
+        let v = compose(b, b3, top, t);
         let r = _mm256_loadu_si256(reference.as_ptr().add(4 * j).cast());
-        // key(r) = r ^ (negative ? !0 : 1 << 31), and back.
-        let h = _mm256_set1_epi32(i32::MIN);
-        let ones = _mm256_set1_epi32(-1);
-        let zero = _mm256_setzero_si256();
-        let r_neg = _mm256_cmpgt_epi32(zero, r);
-        let key = _mm256_xor_si256(r, _mm256_blendv_epi8(h, ones, r_neg));
-        let k = _mm256_add_epi32(key, delta);
-        let k_pos = _mm256_cmpgt_epi32(zero, k);
-        let x = _mm256_xor_si256(k, _mm256_blendv_epi8(ones, h, k_pos));
+        // In complements: the key is key(r) = r ^ (negative ? !0 : 1 << 31), so !key(r) =
+        // r ^ (negative ? 0 : !0 >> 1); the value !k (k = key + delta) is !key - delta; and
+        // the element from k, k ^ (k negative ? 1 << 31 : !0), is !k ^ (!k negative ? 0 :
+        // !0 >> 1). One operation fewer than going through the key itself.
+        let not_key = _mm256_xor_si256(r, _mm256_andnot_si256(_mm256_srai_epi32::<31>(r), low31));
+        let not_k = if SIGNED {
+            _mm256_sub_epi32(not_key, _mm256_sign_epi32(v, sgn))
+        } else {
+            // ZigZag: delta = (v >> 1) ^ -(v & 1).
+            let one = _mm256_set1_epi32(1);
+            let delta = _mm256_xor_si256(
+                _mm256_srli_epi32::<1>(v),
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, one)),
+            );
+            _mm256_sub_epi32(not_key, delta)
+        };
+        let x = _mm256_xor_si256(
+            not_k,
+            _mm256_andnot_si256(_mm256_srai_epi32::<31>(not_k), low31),
+        );
         _mm256_storeu_si256(out.as_mut_ptr().add(4 * j).cast(), x);
+        j += 8;
     }
     (full, bits)
 }
 
-/// Bit offsets of 8 consecutive raw tails of lengths `len`, each relative to the first of
-/// its 128-bit half (exclusive prefix sums per half), the low half's total and the total.
+/// Bit offsets of 8 consecutive raw tails of lengths `len` relative to the first
+/// (exclusive prefix sums) and their total; `sums_at` is 7, 7, 7, 7, 3, 3, 3, 3: one
+/// permute brings the low half's sum to the high half, another the total to lane 0 (a
+/// lane 7 extract is three micro-ops).
 #[inline(always)]
-unsafe fn tail_offsets(len: __m256i) -> (__m256i, u32, u32) {
+unsafe fn tail_offsets(len: __m256i, sums_at: __m256i) -> (__m256i, u32) {
     let mut p = len;
     p = _mm256_add_epi32(p, _mm256_slli_si256::<4>(p));
     p = _mm256_add_epi32(p, _mm256_slli_si256::<8>(p));
-    let lo = _mm256_extract_epi32::<3>(p) as u32;
-    let hi = _mm256_extract_epi32::<7>(p) as u32;
-    (_mm256_sub_epi32(p, len), lo, lo + hi)
+    let lo = _mm256_permutevar8x32_epi32(p, sums_at);
+    p = _mm256_add_epi32(p, _mm256_blend_epi32::<0xF0>(_mm256_setzero_si256(), lo));
+    let total = _mm256_cvtsi256_si32(_mm256_permutevar8x32_epi32(p, sums_at)) as u32;
+    (_mm256_sub_epi32(p, len), total)
 }
 
-/// The displacements of 8 elements (32-bit lanes, before masking to the element width)
-/// from their bit lengths `b`, top bits `top` (`1 q1 q2`), signs `neg` (all ones where
-/// negative) and raw tails `t` (`word::compose`, then `word::displacement`), as in the
-/// AVX-512 decoder.
+/// The magnitudes of 8 elements' displacements (`word::compose`, before the sign) from
+/// their bit lengths `b`, `b3` = max(b - 3, 0), top bits `top` (`1 q1 q2`) and raw tails
+/// `t`: `top << (b - 3) | t`, or `top >> (3 - b)` below b = 3 (where the tail is empty),
+/// as one shift left by `b3` and one right by max(3 - b, 0) (a count of 32 or more gives
+/// 0, as in the two shifts and OR this replaced).
 #[inline(always)]
-unsafe fn displacement(
-    b: __m256i,
-    top: __m256i,
-    neg: __m256i,
-    t: __m256i,
-    signed: bool,
-) -> __m256i {
-    let (zero, one, three) = (
-        _mm256_setzero_si256(),
-        _mm256_set1_epi32(1),
-        _mm256_set1_epi32(3),
-    );
-    // `top << (b - 3)` for b >= 3, `top >> (3 - b)` below: the other shift's count wraps
-    // to 2^32 - k (at b = 3 both are `top`), and counts of 32 or more give 0, so an OR
-    // picks the right one (a byte blend is three micro-ops on recent Intel cores).
-    let up = _mm256_sllv_epi32(top, _mm256_sub_epi32(b, three));
-    let down = _mm256_srlv_epi32(top, _mm256_sub_epi32(three, b));
-    let v = _mm256_or_si256(_mm256_or_si256(down, up), t);
-    if signed {
-        // -v where `neg` is all ones: (v ^ neg) - neg.
-        _mm256_sub_epi32(_mm256_xor_si256(v, neg), neg)
-    } else {
-        // ZigZag: (v >> 1) ^ -(v & 1)
-        _mm256_xor_si256(
-            _mm256_srli_epi32::<1>(v),
-            _mm256_sub_epi32(zero, _mm256_and_si256(v, one)),
-        )
-    }
+unsafe fn compose(b: __m256i, b3: __m256i, top: __m256i, t: __m256i) -> __m256i {
+    // b is below 2^16 (codes below 2^10, joint symbols below 2^8): the saturating 16-bit
+    // subtract sees it whole in each lane's low half and 0 - 0 in the high half.
+    let down = _mm256_subs_epu16(_mm256_set1_epi32(3), b);
+    _mm256_or_si256(_mm256_srlv_epi32(_mm256_sllv_epi32(top, b3), down), t)
 }
 
 #[cfg(test)]
