@@ -481,11 +481,7 @@ impl VnniRows {
             )
         };
         let (lo, hi) = (_mm512_set1_epi64(-f.clamp), _mm512_set1_epi64(f.clamp));
-        let (zero, one, bit31) = (
-            _mm512_setzero_si512(),
-            _mm512_set1_epi64(1),
-            _mm512_set1_epi64(1 << 31),
-        );
+        let (zero, bit31) = (_mm512_setzero_si512(), _mm512_set1_epi64(1 << 31));
         // Each item's largest output so far, where the caller wants it: on the stack for the
         // calls of up to TOPS_ON_STACK items (the decoder's), else allocated.
         const TOPS_ON_STACK: usize = 32;
@@ -500,18 +496,21 @@ impl VnniRows {
         };
         // Eight rows of one item (the even or the odd rows of a group: `a` holds their sums'
         // magnitudes in its low halves, `neg` their signs): `clamp(((a m t_m + 2^(s-1)) >>
-        // s) + b)`, rescale_fast's integers, computed as `clamp(((x >> (s-1)) + 1) >> 1) + b)`
-        // (the same floor: the bits below s-1 cannot carry past the halving) of
-        // `x = |a| * (m * t_m)` (unsigned 32 x 32 -> 64 products, exact: `m t_m < 2^32`,
-        // `|a| <= 2^31`), negated where `a < 0`.
+        // s) + b)`, rescale_fast's integers, computed as `clamp((q + 2b + 1) >> 1)` with
+        // `q = x >> (s-1)` (the same floor: the bits below s-1 cannot carry past the
+        // halving, and `floor((q + 1) / 2) + b = floor((q + 1 + 2b) / 2)`; the lanes hold
+        // `2b + 1`) of `x = |a| * (m * t_m)` (unsigned 32 x 32 -> 64 products, exact:
+        // `m t_m < 2^32`), negated where `a < 0`. No i64 overflow: `|a| <= 2^14 k <= 2^30`
+        // (`RowScales::fast` admits k <= 2^16 only), so `|q| <= |x| < 2^62`, and `|2b + 1|
+        // <= 2^32`.
         let eight = |a: __m512i, neg: __mmask8, at: *const i64, (tm, sh): (__m512i, __m512i)| {
             let m = _mm512_loadu_si512(at.cast());
             let e = _mm512_loadu_si512(at.add(16).cast());
-            let b = _mm512_loadu_si512(at.add(32).cast());
+            let b21 = _mm512_loadu_si512(at.add(32).cast());
             let x = _mm512_mul_epu32(a, _mm512_mul_epu32(m, tm));
             let x = _mm512_mask_sub_epi64(x, neg, zero, x);
             let q = _mm512_srav_epi64(x, _mm512_add_epi64(e, sh));
-            let v = _mm512_add_epi64(_mm512_srai_epi64::<1>(_mm512_add_epi64(q, one)), b);
+            let v = _mm512_srai_epi64::<1>(_mm512_add_epi64(q, b21));
             _mm512_min_epi64(_mm512_max_epi64(v, lo), hi)
         };
         let mut store = |g: usize, t: usize, v: __m512i| {
@@ -956,6 +955,62 @@ mod tests {
                                 .collect();
                             assert_eq!(tops, real, "{isa:?} {split:?} rows={rows} n={n}: tops");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The fused rescale at the edge of its i64 headroom equals the portable matmul: `k` at
+    /// [`FUSED_MAX_K`] (and one group of 64 past it, which the fused path declines), every
+    /// product at its extreme (weights -128 and 127, activations -127 and 127), the largest
+    /// multipliers, the shortest shift (1) beside long ones, and biases at both ends of i32.
+    #[test]
+    fn fused_rescale_at_its_bounds() {
+        use crate::backend::cpu::lm::rescale::FUSED_MAX_K;
+        if !Isa::Avx512.available() || !vnni() {
+            return; // no fused path on this CPU
+        }
+        let rows = 32;
+        for k in [FUSED_MAX_K, FUSED_MAX_K + 64] {
+            let w: Vec<i8> = (0..rows * k)
+                .map(|i| if (i / k) % 2 == 0 { -128 } else { 127 })
+                .collect();
+            let lin = Linear {
+                rows,
+                k,
+                m: vec![i32::MAX as i64; rows],
+                // Shifts 1, 25 and 62 with the items' exponent 12 at output fraction 12.
+                e: (0..rows).map(|r| [16, 40, 77][r % 3]).collect(),
+                bias: (0..rows)
+                    .map(|r| [i32::MAX, -i32::MAX, 0, 5][r % 4])
+                    .collect(),
+                row_sum: Linear::row_sums(&w, k),
+                w,
+            };
+            let xq: Vec<i8> = [127i8, -127, 127, -127]
+                .iter()
+                .enumerate()
+                .flat_map(|(t, &x)| (0..k).map(move |c| if t < 2 || c % 2 == 0 { x } else { -x }))
+                .collect();
+            let sc = vec![(65535i64, 12i32), (65535, 12), (40000, 12), (1, 12)];
+            let fused = CpuLinear::new(Isa::Avx512, &lin);
+            let tms: Vec<i64> = sc.iter().map(|s| s.0).collect();
+            let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
+            assert_eq!(fused.scales.fast(&tms, &tes, 12), k <= FUSED_MAX_K, "k={k}");
+            for clamp in [i32::MAX as i64, 3000] {
+                let portable = CpuLinear::new(Isa::Portable, &lin);
+                let want = matmul(Isa::Portable, Split::SERIAL, &portable, &xq, &sc, 12, clamp);
+                let reached = want.iter().filter(|&&v| v.abs() as i64 >= clamp).count();
+                assert!(
+                    reached > 0 && reached < want.len(),
+                    "clamped and unclamped outputs"
+                );
+                for amx_from in [1, usize::MAX] {
+                    let cl = CpuLinear::new(Isa::Avx512, &lin).with_amx_from(amx_from);
+                    for split in [Split::SERIAL, Split::PARALLEL] {
+                        let got = matmul(Isa::Avx512, split, &cl, &xq, &sc, 12, clamp);
+                        assert_eq!(got, want, "k={k} clamp={clamp} amx from {amx_from}");
                     }
                 }
             }
