@@ -143,14 +143,23 @@ mod x86 {
     }
 
     impl<T: Copy> PerItem<T> {
+        /// None yet; `fill` writes them in place (a filled array returned by value was
+        /// copied whole, 4-11 KiB per call, by `memcpy`).
         #[inline(always)]
-        fn new(m: usize, mut init: impl FnMut(usize) -> T) -> Self {
+        fn uninit() -> Self {
+            PerItem {
+                items: [const { MaybeUninit::uninit() }; MANY_ITEMS],
+                m: 0,
+            }
+        }
+
+        #[inline(always)]
+        fn fill(&mut self, m: usize, mut init: impl FnMut(usize) -> T) {
             assert!(m <= MANY_ITEMS);
-            let mut items = [const { MaybeUninit::uninit() }; MANY_ITEMS];
-            for (i, x) in items[..m].iter_mut().enumerate() {
+            for (i, x) in self.items[..m].iter_mut().enumerate() {
                 x.write(init(i));
             }
-            PerItem { items, m }
+            self.m = m;
         }
 
         #[inline(always)]
@@ -249,7 +258,8 @@ mod x86 {
         let (kp, vp) = (kc.add(off), vc.add(off));
         // Each item's query channels, prepared once for every block: even channels, odd
         // ones shifted down, and, against narrow keys, the channels as i16 where they fit.
-        let queries = PerItem::new(m, |i| {
+        let mut queries = PerItem::uninit();
+        queries.fill(m, |i| {
             let q = qs[i];
             let qp = q.as_ptr().add(off);
             let qe: [__m512i; N] =
@@ -315,14 +325,16 @@ mod x86 {
             }
         }
         // Weights, item by item, as the one-item path computes them.
-        let totals = PerItem::new(m, |i| {
+        let mut totals = PerItem::uninit();
+        totals.fill(m, |i| {
             let r = i * lmax..i * lmax + lens[i];
             softmax_weights(&mut sc[r.clone()], &mut p[r], tables)
         });
         // Weighted values: per item, even and odd channels' sums, kept in memory between
         // blocks and in registers within one.
-        let mut even = PerItem::new(m, |_| [_mm512_setzero_si512(); N]);
-        let mut odd = PerItem::new(m, |_| [_mm512_setzero_si512(); N]);
+        let (mut even, mut odd) = (PerItem::uninit(), PerItem::uninit());
+        even.fill(m, |_| [_mm512_setzero_si512(); N]);
+        odd.fill(m, |_| [_mm512_setzero_si512(); N]);
         let (even, odd) = (even.get_mut(), odd.get_mut());
         for s0 in (0..lmax).step_by(BLOCK) {
             prefetch_block::<N, C>(vp, d, s0 + BLOCK, lmax);
