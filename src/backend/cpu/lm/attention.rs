@@ -4,6 +4,7 @@
 //! weighted sum of the values) are explicit: i32 lanes multiplied into exact i64 sums
 //! (`vpmuldq`, even and odd channels), sixteen channels per load.
 
+use super::scratch;
 use crate::backend::cpu::Isa;
 use crate::format::lm::fixed::{div_recip, recip, round_shift};
 use crate::format::lm::model_file::Tables;
@@ -88,9 +89,10 @@ fn attention_body(
 ) {
     let nh = d / hd;
     // Head-major: every head's scores, then its weights, position by position.
-    let mut sc = vec![0i64; nh * len];
-    dots(isa, q, kc, d, hd, &mut sc);
-    let mut p = vec![0i32; nh * len]; // <= 2^24
+    // In the thread's buffers: `dots` writes every score, `softmax_weights` every weight.
+    let mut buf = scratch::Buffers::take(nh * len, nh * len);
+    let (sc, p) = (&mut buf.scores[..nh * len], &mut buf.weights[..nh * len]); // p <= 2^24
+    dots(isa, q, kc, d, hd, sc);
     let mut totals = vec![0i64; nh];
     for ((sc, p), total) in sc
         .chunks_exact_mut(len)
@@ -100,7 +102,7 @@ fn attention_body(
         *total = softmax_weights(sc, p, tables);
     }
     let mut acc = vec![0i64; d];
-    weighted_values(isa, &p, vc, d, hd, &mut acc);
+    weighted_values(isa, p, vc, d, hd, &mut acc);
     for ((o, a), &total) in out
         .chunks_exact_mut(hd)
         .zip(acc.chunks_exact(hd))

@@ -11,6 +11,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(unused_imports, unused_variables))]
 
 use super::attention::{normalize, softmax_weights};
+use super::scratch;
 use crate::backend::cpu::Isa;
 use crate::format::lm::model_file::Tables;
 
@@ -48,7 +49,7 @@ impl Kv<'_> {
 /// Head `h` of the causal attention of items with queries `qs[i]` (`d` channels each) over
 /// `lens[i]` cached positions of the keys and values `kv`: item `i`'s `hd` outputs go to
 /// `out[i * hd..]`, equal to the head-`h` outputs of [`super::attention::attention`] for
-/// that item. Requires [`many_supported`].
+/// that item. Requires [`many_supported`] and at most [`MANY_ITEMS`] items.
 pub fn attention_head_many(
     isa: Isa,
     qs: &[&[i32]],
@@ -60,6 +61,7 @@ pub fn attention_head_many(
 ) {
     assert!(many_supported(isa, hd) && Isa::Avx512.available());
     assert!(qs.len() == lens.len() && out.len() >= qs.len() * hd && (h + 1) * hd <= d);
+    assert!(qs.len() <= MANY_ITEMS);
     let lmax = lens.iter().copied().max().unwrap_or(0);
     let (kl, vl) = kv.len();
     assert!(qs.iter().all(|q| q.len() >= d) && kl >= lmax * d && vl >= lmax * d);
@@ -81,6 +83,7 @@ pub fn attention_head_many(
 mod x86 {
     use super::*;
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     /// Positions per block: a block's key or value rows of one head (hd <= 128 channels,
     /// 512 B) stay in L1 while every item reads them.
@@ -129,6 +132,47 @@ mod x86 {
         let (hi, lo) = (_mm512_set1_epi32(32767), _mm512_set1_epi32(-32767));
         let out = _mm512_cmpgt_epi32_mask(q, hi) | _mm512_cmplt_epi32_mask(q, lo);
         (out == 0).then(|| _mm512_cvtepi32_epi16(q))
+    }
+
+    /// Per-item values of one call, at most [`MANY_ITEMS`], on the stack: a call's vectors
+    /// (queries, sums, totals) were five allocations per (run, head, layer), three of them
+    /// 64-byte aligned (memalign), ~2% of a decode's samples; only the `m` used are written.
+    struct PerItem<T: Copy> {
+        items: [MaybeUninit<T>; MANY_ITEMS],
+        m: usize,
+    }
+
+    impl<T: Copy> PerItem<T> {
+        /// None yet; `fill` writes them in place (a filled array returned by value was
+        /// copied whole, 4-11 KiB per call, by `memcpy`).
+        #[inline(always)]
+        fn uninit() -> Self {
+            PerItem {
+                items: [const { MaybeUninit::uninit() }; MANY_ITEMS],
+                m: 0,
+            }
+        }
+
+        #[inline(always)]
+        fn fill(&mut self, m: usize, mut init: impl FnMut(usize) -> T) {
+            assert!(m <= MANY_ITEMS);
+            for (i, x) in self.items[..m].iter_mut().enumerate() {
+                x.write(init(i));
+            }
+            self.m = m;
+        }
+
+        #[inline(always)]
+        fn get(&self) -> &[T] {
+            // SAFETY: `new` wrote the first `m` (<= MANY_ITEMS) elements.
+            unsafe { std::slice::from_raw_parts(self.items.as_ptr().cast(), self.m) }
+        }
+
+        #[inline(always)]
+        fn get_mut(&mut self) -> &mut [T] {
+            // SAFETY: as in `get`.
+            unsafe { std::slice::from_raw_parts_mut(self.items.as_mut_ptr().cast(), self.m) }
+        }
     }
 
     /// # Safety
@@ -214,35 +258,36 @@ mod x86 {
         let (kp, vp) = (kc.add(off), vc.add(off));
         // Each item's query channels, prepared once for every block: even channels, odd
         // ones shifted down, and, against narrow keys, the channels as i16 where they fit.
-        let queries: Vec<_> = qs
-            .iter()
-            .map(|q| {
-                let qp = q.as_ptr().add(off);
-                let qe: [__m512i; N] =
-                    std::array::from_fn(|b| _mm512_loadu_si512(qp.add(16 * b).cast()));
-                let qo: [__m512i; N] = std::array::from_fn(|b| _mm512_srli_epi64::<32>(qe[b]));
-                // Narrow keys and queries: pairs of i16 products summed by `vpmaddwd` (exact,
-                // see `query16`), widened to i64 lanes: half the instructions per position.
-                let mut q16 = (C::SIZE == 2).then_some([_mm256_setzero_si256(); N]);
-                if let Some(q16v) = q16.as_mut() {
-                    for (b, v) in q16v.iter_mut().enumerate() {
-                        match query16(qe[b]) {
-                            Some(x) => *v = x,
-                            None => {
-                                q16 = None;
-                                break;
-                            }
+        let mut queries = PerItem::uninit();
+        queries.fill(m, |i| {
+            let q = qs[i];
+            let qp = q.as_ptr().add(off);
+            let qe: [__m512i; N] =
+                std::array::from_fn(|b| _mm512_loadu_si512(qp.add(16 * b).cast()));
+            let qo: [__m512i; N] = std::array::from_fn(|b| _mm512_srli_epi64::<32>(qe[b]));
+            // Narrow keys and queries: pairs of i16 products summed by `vpmaddwd` (exact,
+            // see `query16`), widened to i64 lanes: half the instructions per position.
+            let mut q16 = (C::SIZE == 2).then_some([_mm256_setzero_si256(); N]);
+            if let Some(q16v) = q16.as_mut() {
+                for (b, v) in q16v.iter_mut().enumerate() {
+                    match query16(qe[b]) {
+                        Some(x) => *v = x,
+                        None => {
+                            q16 = None;
+                            break;
                         }
                     }
                 }
-                (qe, qo, q16)
-            })
-            .collect();
-        // Scores, item i's at i * lmax.
-        let mut sc = vec![0i64; m * lmax];
+            }
+            (qe, qo, q16)
+        });
+        // Scores, item i's at i * lmax, then their weights, in the thread's buffers (each
+        // element is written before it is read: positions below the item's length).
+        let mut buf = scratch::Buffers::take(m * lmax, m * lmax);
+        let (sc, p) = (&mut buf.scores[..m * lmax], &mut buf.weights[..m * lmax]);
         for s0 in (0..lmax).step_by(BLOCK) {
             prefetch_block::<N, C>(kp, d, s0 + BLOCK, lmax);
-            for (i, &(qe, qo, q16)) in queries.iter().enumerate() {
+            for (i, &(qe, qo, q16)) in queries.get().iter().enumerate() {
                 let end = (s0 + BLOCK).min(lens[i]);
                 if end <= s0 {
                     continue;
@@ -280,17 +325,17 @@ mod x86 {
             }
         }
         // Weights, item by item, as the one-item path computes them.
-        let mut p = vec![0i32; m * lmax];
-        let totals: Vec<i64> = (0..m)
-            .map(|i| {
-                let r = i * lmax..i * lmax + lens[i];
-                softmax_weights(&mut sc[r.clone()], &mut p[r], tables)
-            })
-            .collect();
+        let mut totals = PerItem::uninit();
+        totals.fill(m, |i| {
+            let r = i * lmax..i * lmax + lens[i];
+            softmax_weights(&mut sc[r.clone()], &mut p[r], tables)
+        });
         // Weighted values: per item, even and odd channels' sums, kept in memory between
         // blocks and in registers within one.
-        let mut even = vec![[_mm512_setzero_si512(); N]; m];
-        let mut odd = vec![[_mm512_setzero_si512(); N]; m];
+        let (mut even, mut odd) = (PerItem::uninit(), PerItem::uninit());
+        even.fill(m, |_| [_mm512_setzero_si512(); N]);
+        odd.fill(m, |_| [_mm512_setzero_si512(); N]);
+        let (even, odd) = (even.get_mut(), odd.get_mut());
         for s0 in (0..lmax).step_by(BLOCK) {
             prefetch_block::<N, C>(vp, d, s0 + BLOCK, lmax);
             for i in 0..m {
@@ -312,7 +357,8 @@ mod x86 {
                 (even[i], odd[i]) = (e, o);
             }
         }
-        let mut acc = vec![0i64; hd];
+        // hd = 16 N <= 128 channels.
+        let mut acc = [0i64; 128];
         for i in 0..m {
             for b in 0..N {
                 let (mut e, mut o) = ([0i64; 8], [0i64; 8]);
@@ -323,7 +369,7 @@ mod x86 {
                     acc[16 * b + 2 * j + 1] = o[j];
                 }
             }
-            normalize(&acc, totals[i], &mut out[i * hd..(i + 1) * hd]);
+            normalize(&acc[..hd], totals.get()[i], &mut out[i * hd..(i + 1) * hd]);
         }
     }
 }

@@ -198,27 +198,40 @@ pub fn forward(
             let tasks: Vec<(usize, usize)> = (0..runs.len())
                 .flat_map(|r| (0..d / hd).map(move |h| (r, h)))
                 .collect();
-            let heads: Vec<Vec<i64>> = tasks
+            // The tasks' outputs one after the other in one buffer (run r's items x hd
+            // each: n * d in all), and each task's queries and lengths on the stack: no
+            // allocation per task.
+            let mut heads = vec![0i64; n * d];
+            let mut parts = Vec::with_capacity(tasks.len());
+            let mut rest = &mut heads[..];
+            for &(r, _) in &tasks {
+                let (part, after) = rest.split_at_mut(runs[r].len() * hd);
+                parts.push(part);
+                rest = after;
+            }
+            tasks
                 .par_iter()
+                .zip(parts)
                 .with_min_len(split.min_len(1))
-                .map(|&(r, h)| {
+                .for_each(|(&(r, h), out)| {
                     let run = &runs[r];
                     let c = &caches_ro[items[run[0]].seq];
-                    let qs: Vec<&[i32]> = run.iter().map(|&i| &qkv[i * 3 * d..]).collect();
-                    let lens: Vec<usize> = run.iter().map(|&i| pos[i] + 1).collect();
-                    let mut out = vec![0i64; run.len() * hd];
+                    let (mut qs, mut lens) = ([&[][..]; MANY_ITEMS], [0; MANY_ITEMS]);
+                    for (j, &i) in run.iter().enumerate() {
+                        (qs[j], lens[j]) = (&qkv[i * 3 * d..], pos[i] + 1);
+                    }
+                    let (qs, lens) = (&qs[..run.len()], &lens[..run.len()]);
                     let kv = if c.narrow[l] {
                         Kv::Narrow(&c.k16[l], &c.v16[l])
                     } else {
                         Kv::Wide(&c.k[l], &c.v[l])
                     };
                     let dims = (d, hd, h);
-                    attention_head_many(isa, &qs, &lens, kv, dims, &model.tables, &mut out);
-                    out
-                })
-                .collect();
-            for (&(r, h), out) in tasks.iter().zip(&heads) {
-                for (&i, oh) in runs[r].iter().zip(out.chunks_exact(hd)) {
+                    attention_head_many(isa, qs, lens, kv, dims, &model.tables, out);
+                });
+            let mut outs = heads.chunks_exact(hd);
+            for &(r, h) in &tasks {
+                for (&i, oh) in runs[r].iter().zip(&mut outs) {
                     o[i * d + h * hd..i * d + (h + 1) * hd].copy_from_slice(oh);
                 }
             }

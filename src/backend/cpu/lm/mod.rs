@@ -13,6 +13,7 @@ mod freq_scan;
 mod matmul;
 mod norm;
 mod rescale;
+mod scratch;
 mod split;
 
 use rayon::prelude::*;

@@ -6,6 +6,11 @@ use crate::backend::cpu::Isa;
 use crate::format::lm::fixed::round_shift64;
 use crate::format::lm::model_file::Linear;
 
+/// The largest `k` the fused VNNI rescale takes: a dot of `k` products of int8 weights and
+/// activations in [-127, 127] is then at most `2^14 k <= 2^30` in magnitude, the headroom its
+/// i64 rounding add with the bias needs (`VnniRows::dots_rescaled`). GPT-2's largest is 3,072.
+pub const FUSED_MAX_K: usize = 1 << 16;
+
 /// A layer's per-row rescale factors as the kernels read them, prepared once per session:
 /// the 16-bit multipliers ([`Linear::m16`]: mapped per call, they cost as much as a one-item
 /// GEMV's dots), their exponents and the biases, padded to whole groups of 16 rows (the VNNI
@@ -17,13 +22,14 @@ pub struct RowScales {
     pub es: Vec<i32>,
     pub bias: Vec<i32>,
     /// Per group of 16 rows, the fused VNNI rescale's operands as 64-bit lanes: the even
-    /// rows' multipliers, the odd rows', then the exponents and the biases likewise (48
-    /// values per group).
+    /// rows' multipliers, the odd rows', then the exponents and `2 bias + 1` likewise (48
+    /// values per group; the bias folded into the rounding add).
     pub lanes: Vec<i64>,
-    /// The least and largest exponent of the real rows, and whether every multiplier lies in
-    /// `0..2^16`.
+    /// The least and largest exponent of the real rows, whether every multiplier lies in
+    /// `0..2^16`, and whether `k <= 2^16` (the fused rescale's bound on the sums).
     e_range: (i32, i32),
     ms_small: bool,
+    k_small: bool,
 }
 
 impl RowScales {
@@ -44,7 +50,7 @@ impl RowScales {
             let rows = |parity: usize| (0..8).map(move |i| 16 * g + 2 * i + parity);
             lanes.extend(rows(0).chain(rows(1)).map(|r| ms[r]));
             lanes.extend(rows(0).chain(rows(1)).map(|r| es[r] as i64));
-            lanes.extend(rows(0).chain(rows(1)).map(|r| bias[r] as i64));
+            lanes.extend(rows(0).chain(rows(1)).map(|r| 2 * bias[r] as i64 + 1));
         }
         RowScales {
             ms,
@@ -53,6 +59,7 @@ impl RowScales {
             lanes,
             e_range,
             ms_small,
+            k_small: lin.k <= FUSED_MAX_K,
         }
     }
 
@@ -60,7 +67,7 @@ impl RowScales {
     /// path at output fraction `out_frac` with every row: every shift `e + t_e - out_frac`
     /// in 1..=63 and every `m * t_m` below 2^32 (both multipliers non-negative and below 2^16,
     /// as real scales are), so that `|acc| * m * t_m` is one unsigned 32 x 32 -> 64 multiply
-    /// of a 32 x 32 -> 64 product.
+    /// of a 32 x 32 -> 64 product; and the layer's `k` at most [`FUSED_MAX_K`].
     pub fn fast(&self, tms: &[i64], tes: &[i32], out_frac: i32) -> bool {
         let (emin, emax) = self.e_range;
         let (tmin, tmax) = tes
@@ -71,6 +78,7 @@ impl RowScales {
             && emin as i64 + tmin as i64 - out_frac as i64 >= 1
             && emax as i64 + tmax as i64 - out_frac as i64 <= 63
             && self.ms_small
+            && self.k_small
             && tms.iter().all(|&m| (0..1 << 16).contains(&m))
     }
 }
