@@ -164,7 +164,7 @@ mod x86 {
 
         #[inline(always)]
         fn get(&self) -> &[T] {
-            // SAFETY: `new` wrote the first `m` (<= MANY_ITEMS) elements.
+            // SAFETY: `fill` wrote the first `m` (<= MANY_ITEMS) elements; `m` is 0 before it.
             unsafe { std::slice::from_raw_parts(self.items.as_ptr().cast(), self.m) }
         }
 
