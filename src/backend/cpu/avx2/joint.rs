@@ -1,5 +1,5 @@
 //! AVX2 lanes of the Joint layout: `super::super::avx512::joint` on four 8-lane vectors,
-//! with this module's refill (a permutation keyed by the refill mask) and flush (a byte
+//! with this module's refill (a byte shuffle keyed by the refill mask) and flush (a byte
 //! shuffle keyed by the flush mask, block stores ending at the cursor).
 
 #![cfg(target_arch = "x86_64")]
@@ -12,7 +12,7 @@ use super::super::encode::Scratch;
 use super::super::joint::{context, small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::super::Isa;
-use super::decode::{overrun, refill};
+use super::decode::{overrun, refill, AfterStep};
 use super::encode::{
     codes_and_tails, first, flat_slots16, flat_slots32, gather_flat, load_u32, put4, SLACK,
 };
@@ -111,13 +111,15 @@ unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: _
 }
 
 /// Decode whole steps of the chunk from its start, as the AVX-512 `decode` does (same
-/// arguments, same result: joint symbols where `stores_j`, else per-element codes).
+/// arguments, same result: joint symbols where `stores_j`, else per-element codes), handing
+/// `after` the codes stored before each step.
 ///
 /// # Safety
 /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT; `T` at most 32 bits; unless
 /// `guarded`, `st.words` must hold `LANES` padding words past `st.len`.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub unsafe fn decode<T: Word>(
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn decode<T: Word, A: AfterStep>(
     table: &JointDec,
     reference: &[u8],
     (mant, emask): (u32, u32),
@@ -125,6 +127,7 @@ pub unsafe fn decode<T: Word>(
     states: &mut [u32; LANES],
     st: &mut Stream,
     guarded: bool,
+    after: &mut A,
 ) -> Result<usize> {
     let n = codes.len().min(reference.len() / T::SIZE);
     let full = n / LANES * LANES;
@@ -178,6 +181,7 @@ pub unsafe fn decode<T: Word>(
         if guarded && st.len - pos < LANES {
             break;
         }
+        after.after(cp, done);
         let base = done;
         // Rows first (they depend only on the reference): off the state chain.
         let mut ctx = [_mm256_setzero_si256(); NV];
