@@ -44,6 +44,13 @@ unsafe fn code_of(j: __m256i, small: __m256i) -> __m256i {
     _mm256_blendv_epi8(c, _mm256_permutevar8x32_epi32(small, j), lt8)
 }
 
+/// Whether a lane of `m` (the largest entries read) is `JointDec::POISON`.
+#[inline(always)]
+unsafe fn any_poison(m: __m256i) -> bool {
+    let p = _mm256_cmpeq_epi32(m, _mm256_set1_epi32(JointDec::POISON as i32));
+    _mm256_testz_si256(p, p) == 0
+}
+
 /// The states after decoding the slots' entries `e` (`J | (freq - 1) << 8 | (slot - start)
 /// << 20`), refilled: vectors refill in lane order, as the portable lanes do.
 ///
@@ -175,7 +182,10 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
     let outside = _mm256_set1_epi32(!63);
     let byte_none = _mm256_set1_epi32(255);
     let (by_ctx, wslots) = (!table.window_slots.is_empty(), table.window_slots.as_ptr());
-    let poison = _mm256_set1_epi32(JointDec::POISON as i32);
+    // The largest entry read from `window_slots`, checked once at the end: `POISON`
+    // (`u32::MAX`) where some lane's context had no row. Decoding on past one is safe (every
+    // index stays in its table, `pos` is checked per step) and its result is dropped.
+    let mut poisoned = _mm256_setzero_si256();
     let mut done = 0;
     while done < full {
         if guarded && st.len - pos < LANES {
@@ -195,21 +205,21 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
         let in_window = _mm256_testz_si256(any, outside) != 0;
         if by_ctx && in_window {
             // Slots by context: no row lookup; a context without a row reads `POISON`.
-            let mut poisoned = _mm256_setzero_si256();
             for v in 0..NV {
                 let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
                 // In bounds: `rel` < 64, slots below 2^12.
                 let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(rel[v]), slot);
                 let e = _mm256_i32gather_epi32::<4>(wslots.cast(), idx);
-                poisoned = _mm256_or_si256(poisoned, _mm256_cmpeq_epi32(e, poison));
+                poisoned = _mm256_max_epu32(poisoned, e);
                 x[v] = step_window(x[v], e, words, &mut pos);
                 store::<T>(cp.add(base + 8 * v), e, small);
             }
-            if _mm256_testz_si256(poisoned, poisoned) == 0 {
-                return Err(no_row());
-            }
             if pos > st.len {
-                return Err(overrun());
+                return Err(if any_poison(poisoned) {
+                    no_row()
+                } else {
+                    overrun()
+                });
             }
             done += LANES;
             continue;
@@ -249,9 +259,16 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
             store::<T>(cp.add(base + 8 * v), e, small);
         }
         if pos > st.len {
-            return Err(overrun());
+            return Err(if any_poison(poisoned) {
+                no_row()
+            } else {
+                overrun()
+            });
         }
         done += LANES;
+    }
+    if any_poison(poisoned) {
+        return Err(no_row());
     }
     for (v, xv) in x.iter().enumerate() {
         _mm256_storeu_si256(states.as_mut_ptr().add(8 * v).cast(), *xv);
