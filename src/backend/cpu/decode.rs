@@ -370,7 +370,9 @@ fn joint_blocked<T: Word>(
         let o = &mut out[at * T::SIZE..(at + m) * T::SIZE];
         let codes = &mut codes[..m];
         let mut k = 0;
-        // Elements whose tails the lanes' loop already did (`Fused16`, `Fused32`).
+        // Elements whose tails the lanes' loop already did (`Fused16`, `Fused32`: from the
+        // joint symbols the AVX2 lanes store).
+        debug_assert!(j_codes);
         let mut fused = 0;
         if near_end.is_none() {
             // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it; the words
