@@ -289,6 +289,34 @@ fn joint_lanes<T: Word>(
     check_end(&st, &states)
 }
 
+/// The AVX2 Joint lanes of a block while a step's worth of words is left (`guarded`),
+/// with the tail pass `f` fused into their loop.
+///
+/// # Safety
+/// The CPU must have AVX2 (`Isa::Avx2` available).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn avx2_lanes<T: Word, A: super::avx2::decode::AfterStep>(
+    table: &JointDec,
+    reference: &[u8],
+    info_fn: InfoFn,
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    f: &mut A,
+) -> Result<usize> {
+    super::avx2::joint::decode::<T, A>(
+        table,
+        reference,
+        info_fn.joint_params(),
+        codes,
+        states,
+        st,
+        true,
+        f,
+    )
+}
+
 /// Elements per block of [`joint_blocked`]: a multiple of `LANES` and of the tail passes'
 /// groups; the block's codes (16 KiB), reference and output stay in L1 from the lanes to
 /// the tail pass, and to the output's CRC-32.
@@ -300,8 +328,11 @@ const BLOCK: usize = 4096;
 /// a third time to sum the tail lengths before the tail pass. Here the vector tail pass reads
 /// inside the tail whatever the codes, so only what it leaves to the scalar pass needs its
 /// lengths summed first; the total is checked against the chunk's tail length at the end.
-/// The same bytes as [`joint_lanes`] then [`finish`]: the lanes' order and the tails' bit
-/// order do not depend on where a block ends.
+/// The vector tail pass runs inside the lanes' loop (`Fused16`, `Fused32`: on a Zen 5 the
+/// lanes wait on their state chain, and the tail pass's work fills the gaps; as a pass of
+/// its own it was a third of the decode), then on whatever the loop left. The same bytes as
+/// [`joint_lanes`] then [`finish`]: the lanes' order and the tails' bit order do not depend
+/// on where a block ends.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -339,8 +370,58 @@ fn joint_blocked<T: Word>(
         let o = &mut out[at * T::SIZE..(at + m) * T::SIZE];
         let codes = &mut codes[..m];
         let mut k = 0;
+        // Elements whose tails the lanes' loop already did (`Fused16`, `Fused32`: from the
+        // joint symbols the AVX2 lanes store).
+        debug_assert!(j_codes);
+        let mut fused = 0;
         if near_end.is_none() {
-            k = joint_vector::<T>(isa, table, r, info_fn, codes, &mut states, &mut st, true)?;
+            // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it; the words
+            // are read in place only while a step's worth is left (`guarded`).
+            unsafe {
+                use super::avx2::decode::{Fused16, Fused32};
+                let (tb, bits) = (tail.bytes(), tail.consumed);
+                (k, fused, tail.consumed) = match (T::BITS, signed) {
+                    (16, _) => {
+                        let mut f = Fused16::new(r, o, tb, bits, signed);
+                        let k = avx2_lanes::<T, _>(
+                            table,
+                            r,
+                            info_fn,
+                            codes,
+                            &mut states,
+                            &mut st,
+                            &mut f,
+                        )?;
+                        (k, f.done, f.bits)
+                    }
+                    (_, true) => {
+                        let mut f = Fused32::<true>::new(r, o, tb, bits);
+                        let k = avx2_lanes::<T, _>(
+                            table,
+                            r,
+                            info_fn,
+                            codes,
+                            &mut states,
+                            &mut st,
+                            &mut f,
+                        )?;
+                        (k, f.done, f.bits)
+                    }
+                    (_, false) => {
+                        let mut f = Fused32::<false>::new(r, o, tb, bits);
+                        let k = avx2_lanes::<T, _>(
+                            table,
+                            r,
+                            info_fn,
+                            codes,
+                            &mut states,
+                            &mut st,
+                            &mut f,
+                        )?;
+                        (k, f.done, f.bits)
+                    }
+                };
+            }
             if k < m {
                 let left = &c.words[st.pos..];
                 padded.clear();
@@ -368,6 +449,12 @@ fn joint_blocked<T: Word>(
             info_fn.fill::<T>(&reference[(at + k) * T::SIZE..(at + m) * T::SIZE], info);
             super::joint::decode_lanes(table, info, &mut codes[k..], &mut states, st, j_codes)?;
         }
+        // The rest of the block: what the lanes' loop left.
+        let (codes, r_rest, o_rest) = (
+            &codes[fused..],
+            &r[fused * T::SIZE..],
+            &mut o[fused * T::SIZE..],
+        );
         // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it; the passes
         // read inside the tail whatever the codes.
         let (done, bits) = unsafe {
@@ -375,8 +462,8 @@ fn joint_blocked<T: Word>(
                 super::avx2::decode::finish_u16(
                     codes,
                     j_codes,
-                    r,
-                    o,
+                    r_rest,
+                    o_rest,
                     tail.bytes(),
                     tail.consumed,
                     signed,
@@ -385,8 +472,8 @@ fn joint_blocked<T: Word>(
                 super::avx2::decode::finish_u32(
                     codes,
                     j_codes,
-                    r,
-                    o,
+                    r_rest,
+                    o_rest,
                     tail.bytes(),
                     tail.consumed,
                     signed,
@@ -401,8 +488,8 @@ fn joint_blocked<T: Word>(
         finish_scalar::<T>(
             rest,
             j_codes,
-            &r[done * T::SIZE..],
-            &mut o[done * T::SIZE..],
+            &r_rest[done * T::SIZE..],
+            &mut o_rest[done * T::SIZE..],
             &mut tail,
             signed,
         );
@@ -460,8 +547,15 @@ fn joint_vector<T: Word>(
         if isa == Isa::Avx2 {
             // SAFETY: as above, for `Isa::Avx2`.
             return unsafe {
-                super::avx2::joint::decode::<T>(
-                    table, reference, params, codes, states, st, guarded,
+                super::avx2::joint::decode::<T, ()>(
+                    table,
+                    reference,
+                    params,
+                    codes,
+                    states,
+                    st,
+                    guarded,
+                    &mut (),
                 )
             };
         }

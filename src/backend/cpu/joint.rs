@@ -494,7 +494,10 @@ pub struct JointDec<'a> {
     /// The slots of the 64 window contexts in context order (`(context - window)·PROB_TOTAL +
     /// slot`), [`JointDec::POISON`] in every slot of a context without a row; empty unless
     /// [`JointDec::with_window_slots`] built it. The AVX2 lanes then index it by context
-    /// straight away: no row lookup (two permutes, a blend and shifts per vector).
+    /// straight away: no row lookup (two permutes, a blend and shifts per vector). Its
+    /// entries are `J | (slot - start) << 8 | (freq - 1) << 20`: the frequency by one shift,
+    /// two vector operations fewer on the state chain than `slots`' order (see
+    /// `avx2::joint::step_window`).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub window_slots: Vec<u32>,
 }
@@ -550,7 +553,7 @@ impl<'a> JointDec<'a> {
         }
     }
 
-    /// No entry of a row: every row's entries have a J below 2^8 - 1.
+    /// No entry of a row: every row's entries have a J below 2^8 - 1 (in both orders).
     pub const POISON: u32 = u32::MAX;
 
     /// Builds [`JointDec::window_slots`]: 64 × 16 KiB written, worth it for large tensors.
@@ -560,7 +563,10 @@ impl<'a> JointDec<'a> {
         for (k, out) in ws.chunks_exact_mut(total).enumerate() {
             match self.map.get(self.window as usize + k) {
                 Some(&r) if r != Self::NONE && (r as usize + 1) * total <= self.slots.len() => {
-                    out.copy_from_slice(&self.slots[r as usize * total..][..total]);
+                    let row = &self.slots[r as usize * total..][..total];
+                    for (o, &e) in out.iter_mut().zip(row) {
+                        *o = e & 255 | (e >> 20) << 8 | (e >> 8 & 0xFFF) << 20;
+                    }
                 }
                 _ => {}
             }

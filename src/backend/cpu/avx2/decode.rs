@@ -5,8 +5,8 @@
 //! - no mask registers: masks are vectors of all-ones lanes, turned into bits by
 //!   `movemask` where a count or a table index is needed;
 //! - no expanding load: the refill's "k-th refilling lane takes the k-th next word" is a
-//!   permutation of the next 8 words, its indices looked up by the 8-bit refill mask
-//!   ([`EXPAND`], 8 indices per mask);
+//!   byte shuffle of the next 8 words (in both 128-bit halves), looked up by the 8-bit
+//!   refill mask ([`EXPAND`], 32 bytes per mask);
 //! - no unsigned compares: every compared value here is below 2^31 (states are compared
 //!   through their top half, slots and frequencies are 12–13-bit).
 //!
@@ -37,20 +37,22 @@ pub(in crate::backend::cpu) fn overrun() -> Error {
     )
 }
 
-/// For each 8-bit refill mask, the source word of each lane: the number of refilling lanes
-/// below it, as the 8 indices a `permutevar8x32` takes (one 32-byte load; the 8 KiB stay in
-/// L1). Lanes that do not refill get index 0 and are masked away.
+/// For each 8-bit refill mask, the byte shuffle that puts the k-th next word (k the number
+/// of refilling lanes below the lane) in the low half of each refilling lane and zeros
+/// everywhere else, from the 8 next words in both 128-bit halves (one 32-byte load; the
+/// 8 KiB stay in L1).
 #[repr(C, align(32))]
-struct Expand([[u32; 8]; 256]);
+struct Expand([[u8; 32]; 256]);
 
 static EXPAND: Expand = {
-    let mut t = [[0u32; 8]; 256];
+    let mut t = [[0x80u8; 32]; 256];
     let mut m = 0;
     while m < 256 {
-        let (mut k, mut l) = (0u32, 0);
+        let (mut k, mut l) = (0u8, 0);
         while l < 8 {
             if (m >> l) & 1 == 1 {
-                t[m][l] = k;
+                t[m][4 * l] = 2 * k;
+                t[m][4 * l + 1] = 2 * k + 1;
                 k += 1;
             }
             l += 1;
@@ -72,16 +74,16 @@ pub(in crate::backend::cpu) unsafe fn refill(
     let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
     // The stream is padded with LANES words and `pos <= len` held after the last stage, so
     // these 8 words are in bounds; the caller checks `pos` against `len` after the stage.
-    let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(words.add(*pos).cast()));
-    // (Was one packed `u32` per mask, broadcast and shifted into place: two more micro-ops
-    // on the refill's chain.)
-    let idx = _mm256_load_si256(EXPAND.0[m].as_ptr().cast());
-    let w = _mm256_permutevar8x32_epi32(w, idx);
+    let w = _mm256_broadcastsi128_si256(_mm_loadu_si128(words.add(*pos).cast()));
+    // An in-lane byte shuffle that also zeros the lanes that do not refill: on a Zen 5
+    // (2-cycle vector operations) two cycles less on the state chain than the dword
+    // permute and mask it replaced (avx2 branches before zen5dec), and one operation fewer.
+    let w = _mm256_shuffle_epi8(w, _mm256_load_si256(EXPAND.0[m].as_ptr().cast()));
     *pos += m.count_ones() as usize;
     // Refilling lanes shift left by 16 and take their word; the others shift by 0 and OR 0
     // (cheaper than a byte blend, which is three micro-ops on recent Intel cores).
     let sh = _mm256_and_si256(need, _mm256_set1_epi32(16));
-    _mm256_or_si256(_mm256_sllv_epi32(x, sh), _mm256_and_si256(w, need))
+    _mm256_or_si256(_mm256_sllv_epi32(x, sh), w)
 }
 
 /// Refill the chunk's four vectors in lane order and check the stream did not run dry.
@@ -420,118 +422,257 @@ pub unsafe fn finish_u16(
     let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
     let full = n / 16 * 16;
     let mut bits = bits;
-    // Byte tables, looked up by `_mm256_shuffle_epi8` (an index with bit 7 set reads 0):
-    let table = |f: fn(usize) -> u8| {
-        let t: [u8; 16] = std::array::from_fn(f);
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
-    };
-    // what turns `J + 17` into `u` for J < 16 (by xor; 0 from J = 7 on);
-    let u_fix = table(|j| u_of_joint(j) ^ (j as u8 + 17));
-    // (1 << i) - 1, at most 0xFF: the low byte of a tail mask of i bits, and at i - 8 its
-    // high byte;
-    let ones_below = table(|i| if i >= 8 { 0xFF } else { (1u8 << i) - 1 });
-    // 2^i below 8, 0 above: the bytes of 2^e as entries e and e - 8;
-    let pow2 = table(|i| if i < 8 { 1 << i } else { 0 });
-    // 2^(8 - s) for s in 1..8 at entry s, and entry 8 + s its high byte (1 for s = 0);
-    let shift_m = table(|i| match i {
-        1..=7 => 1 << (8 - i),
-        8 => 1,
-        _ => 0,
-    });
-    // the high byte of 2^(13 + b) for b < 3 (b = 16 wraps to entry 0: harmless, below).
-    let down_hi = table(|b| match b {
-        0 => 0x20,
-        1 => 0x40,
-        2 => 0x80,
-        _ => 0,
-    });
-    let (ffff, h) = (_mm256_set1_epi16(-1), _mm256_set1_epi16(i16::MIN));
+    let k = Tails16::new();
     for j in (0..full).step_by(16) {
-        // The tail is not padded: where the group's 32 bytes could pass its end, the
-        // caller's scalar pass does the rest.
-        let at = (bits / 8) as usize;
-        if tail.len().saturating_sub(at) < 32 {
+        if !group16(
+            &k,
+            codes.as_ptr().add(j),
+            j_codes,
+            reference.as_ptr().add(2 * j),
+            out.as_mut_ptr().add(2 * j).cast(),
+            tail,
+            &mut bits,
+            signed,
+        ) {
             return (j, bits);
         }
-        // Both halves narrowed (exact: below 2^16), then the 64-bit quarters back in order.
-        let c = _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi32(
-            _mm256_loadu_si256(codes.as_ptr().add(j).cast()),
-            _mm256_loadu_si256(codes.as_ptr().add(j + 8).cast()),
-        ));
-        // u = 8·b + 4·q1 + 2·q2 + neg.
-        let u = if j_codes {
-            // J + 17 from J = 7 on; below, its xor with `u_fix`. The index's high byte
-            // (0x80) and a low byte of J + 0x70 >= 0x80 (J >= 16) read 0.
-            let fix = _mm256_shuffle_epi8(
-                u_fix,
-                _mm256_adds_epu8(c, _mm256_set1_epi16(0x8070_u16 as i16)),
-            );
-            _mm256_xor_si256(_mm256_add_epi16(c, _mm256_set1_epi16(17)), fix)
-        } else {
-            // From the code `b | q1 << 7 | q2 << 8 | neg << 9` (below 2^10).
-            _mm256_or_si256(
-                _mm256_or_si256(
-                    _mm256_slli_epi16::<3>(_mm256_and_si256(c, _mm256_set1_epi16(127))),
-                    _mm256_and_si256(_mm256_srli_epi16::<5>(c), _mm256_set1_epi16(4)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<7>(c), _mm256_set1_epi16(2)),
-                    _mm256_and_si256(_mm256_srli_epi16::<9>(c), _mm256_set1_epi16(1)),
-                ),
-            )
-        };
-        let b = _mm256_srli_epi16::<3>(u);
-        let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3)); // b <= 16: max(b - 3, 0)
-        let (off, lo_total, total) = tail_offsets16(len);
-        // Lanes 0..8 read the 16 bytes from `at`, lanes 8..16 the 16 from the byte of their
-        // first tail (at most 13 bytes on: 7 + 8 × 13 bits; clamped whatever the codes, so
-        // the load stays inside the 32 bytes checked above).
-        let (s0, s1) = (bits as u32 % 8, bits as u32 % 8 + lo_total);
-        let w = _mm256_loadu2_m128i(
-            tail.as_ptr().add(at + (s1 as usize / 8).min(16)).cast(),
-            tail.as_ptr().add(at).cast(),
-        );
-        let off = _mm256_add_epi16(
-            off,
-            _mm256_set_m128i(_mm_set1_epi16((s1 % 8) as i16), _mm_set1_epi16(s0 as i16)),
-        );
-        // Bytes k - 1, k and k + 1, k + 2 of the lane's window (k its tail's first byte, at
-        // most 12) as two 16-bit words; byte -1 (index 0xFF) reads 0.
-        let k = _mm256_srli_epi16::<3>(off);
-        let kk = _mm256_or_si256(k, _mm256_slli_epi16::<8>(k));
-        let w0 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x00FF)));
-        let w1 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x0201)));
-        // The 32 bits w1:w0 shifted right by 8 + s (s = off & 7, the tail's first bit in
-        // byte k): w0 >> (8 + s) | w1 << (8 - s), both by multiplying with 2^(8 - s).
-        let s = _mm256_and_si256(off, _mm256_set1_epi16(7));
-        let m = _mm256_shuffle_epi8(
-            shift_m,
-            _mm256_add_epi8(
-                _mm256_or_si256(s, _mm256_slli_epi16::<8>(s)),
-                _mm256_set1_epi16(0x0800),
-            ),
-        );
-        let raw = _mm256_or_si256(_mm256_mulhi_epu16(w0, m), _mm256_mullo_epi16(w1, m));
-        // (1 << len) - 1: entries len (low byte) and len - 8 (high byte; below 8: 0).
-        let ll = _mm256_or_si256(len, _mm256_slli_epi16::<8>(len));
-        let mask = _mm256_shuffle_epi8(
-            ones_below,
-            _mm256_add_epi8(ll, _mm256_set1_epi16(0xF800_u16 as i16)),
-        );
-        let t = _mm256_and_si256(raw, mask);
-        bits += total as u64;
-        let delta = displacement16(u, b, t, signed, pow2, down_hi);
-        let r = _mm256_loadu_si256(reference.as_ptr().add(2 * j).cast());
-        // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
-        let key = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi16::<15>(r), h));
-        let k = _mm256_add_epi16(key, delta);
-        let x = _mm256_xor_si256(
-            k,
-            _mm256_or_si256(_mm256_andnot_si256(_mm256_srai_epi16::<15>(k), ffff), h),
-        );
-        _mm256_storeu_si256(out.as_mut_ptr().add(2 * j).cast(), x);
     }
     (full, bits)
+}
+
+/// What the Joint lanes ([`super::joint::decode`]) do between steps with the codes they
+/// stored: nothing, or the tail pass of the elements they finished ([`Fused16`]).
+pub(in crate::backend::cpu) trait AfterStep {
+    /// `codes[..ready]` are stored (a multiple of `LANES`).
+    ///
+    /// # Safety
+    /// AVX2 (inlined into code built for it); `codes` valid for `ready` reads.
+    unsafe fn after(&mut self, codes: *const u32, ready: usize);
+}
+
+impl AfterStep for () {
+    #[inline(always)]
+    unsafe fn after(&mut self, _: *const u32, _: usize) {}
+}
+
+/// [`finish_u16`] run inside the lanes' loop, two groups per step, a step behind the lanes:
+/// on a Zen 5 the lanes wait on their state chain (gathers, 2-cycle vector operations) and
+/// the tail pass's independent work fills the gaps, where as a pass of its own it was a
+/// third of a bf16 decode. Stops where [`group16`] does; the caller finishes from `done`
+/// and `bits` with [`finish_u16`].
+pub(in crate::backend::cpu) struct Fused16<'a> {
+    tb: Tails16,
+    reference: &'a [u8],
+    out: &'a mut [MaybeUninit<u8>],
+    tail: &'a [u8],
+    /// Elements done, and where their tails end in `tail`.
+    pub done: usize,
+    pub bits: u64,
+    live: bool,
+    signed: bool,
+}
+
+impl<'a> Fused16<'a> {
+    /// # Safety
+    /// AVX2 (inlined into code built for it).
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn new(
+        reference: &'a [u8],
+        out: &'a mut [MaybeUninit<u8>],
+        tail: &'a [u8],
+        bits: u64,
+        signed: bool,
+    ) -> Self {
+        Fused16 {
+            tb: Tails16::new(),
+            reference,
+            out,
+            tail,
+            done: 0,
+            bits,
+            live: true,
+            signed,
+        }
+    }
+}
+
+impl AfterStep for Fused16<'_> {
+    #[inline(always)]
+    unsafe fn after(&mut self, codes: *const u32, ready: usize) {
+        // A step behind: the groups of the step before the one the lanes just stored.
+        let upto = ready
+            .saturating_sub(LANES)
+            .min(self.reference.len() / 2)
+            .min(self.out.len() / 2);
+        while self.live && self.done + 16 <= upto {
+            let j = self.done;
+            // In bounds: `j + 16 <= upto`, within the codes stored, the reference and the
+            // output.
+            self.live = group16(
+                &self.tb,
+                codes.add(j),
+                true,
+                self.reference.as_ptr().add(2 * j),
+                self.out.as_mut_ptr().add(2 * j).cast(),
+                self.tail,
+                &mut self.bits,
+                self.signed,
+            );
+            self.done += 16 * self.live as usize;
+        }
+    }
+}
+
+/// The byte tables [`group16`] looks up by `_mm256_shuffle_epi8` (an index with bit 7 set
+/// reads 0).
+pub(in crate::backend::cpu) struct Tails16 {
+    /// What turns `J + 17` into `u` for J < 16 (by xor; 0 from J = 7 on).
+    u_fix: __m256i,
+    /// (1 << i) - 1, at most 0xFF: the low byte of a tail mask of i bits, and at i - 8 its
+    /// high byte.
+    ones_below: __m256i,
+    /// 2^i below 8, 0 above: the bytes of 2^e as entries e and e - 8.
+    pow2: __m256i,
+    /// 2^(8 - s) for s in 1..8 at entry s, and entry 8 + s its high byte (1 for s = 0).
+    shift_m: __m256i,
+    /// The high byte of 2^(13 + b) for b < 3 (b = 16 wraps to entry 0: harmless, below).
+    down_hi: __m256i,
+}
+
+impl Tails16 {
+    /// # Safety
+    /// AVX2 (inlined into code built for it).
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn new() -> Self {
+        let table = |f: fn(usize) -> u8| {
+            let t: [u8; 16] = std::array::from_fn(f);
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
+        };
+        Tails16 {
+            u_fix: table(|j| u_of_joint(j) ^ (j as u8 + 17)),
+            ones_below: table(|i| if i >= 8 { 0xFF } else { (1u8 << i) - 1 }),
+            pow2: table(|i| if i < 8 { 1 << i } else { 0 }),
+            shift_m: table(|i| match i {
+                1..=7 => 1 << (8 - i),
+                8 => 1,
+                _ => 0,
+            }),
+            down_hi: table(|b| match b {
+                0 => 0x20,
+                1 => 0x40,
+                2 => 0x80,
+                _ => 0,
+            }),
+        }
+    }
+}
+
+/// One group of [`finish_u16`]: the 16 elements whose codes are at `codes`, reference at
+/// `reference` and output at `out`, their tails from bit `*bits` of `tail` (advanced past
+/// them). Returns false, writing nothing, where the group's 32 bytes of tail could pass its
+/// end.
+///
+/// # Safety
+/// AVX2 (inlined into code built for it); 16 codes (below 2^16), 32 bytes of reference
+/// and of output at the pointers.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::backend::cpu) unsafe fn group16(
+    tb: &Tails16,
+    codes: *const u32,
+    j_codes: bool,
+    reference: *const u8,
+    out: *mut u8,
+    tail: &[u8],
+    bits: &mut u64,
+    signed: bool,
+) -> bool {
+    let (ffff, h) = (_mm256_set1_epi16(-1), _mm256_set1_epi16(i16::MIN));
+    // The tail is not padded: where the group's 32 bytes could pass its end, the
+    // caller's scalar pass does the rest.
+    let bits_in = *bits;
+    let at = (bits_in / 8) as usize;
+    if tail.len().saturating_sub(at) < 32 {
+        return false;
+    }
+    // Both halves narrowed (exact: below 2^16), then the 64-bit quarters back in order.
+    let c = _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi32(
+        _mm256_loadu_si256(codes.cast()),
+        _mm256_loadu_si256(codes.add(8).cast()),
+    ));
+    // u = 8·b + 4·q1 + 2·q2 + neg.
+    let u = if j_codes {
+        // J + 17 from J = 7 on; below, its xor with `u_fix`. The index's high byte
+        // (0x80) and a low byte of J + 0x70 >= 0x80 (J >= 16) read 0.
+        let fix = _mm256_shuffle_epi8(
+            tb.u_fix,
+            _mm256_adds_epu8(c, _mm256_set1_epi16(0x8070_u16 as i16)),
+        );
+        _mm256_xor_si256(_mm256_add_epi16(c, _mm256_set1_epi16(17)), fix)
+    } else {
+        // From the code `b | q1 << 7 | q2 << 8 | neg << 9` (below 2^10).
+        _mm256_or_si256(
+            _mm256_or_si256(
+                _mm256_slli_epi16::<3>(_mm256_and_si256(c, _mm256_set1_epi16(127))),
+                _mm256_and_si256(_mm256_srli_epi16::<5>(c), _mm256_set1_epi16(4)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<7>(c), _mm256_set1_epi16(2)),
+                _mm256_and_si256(_mm256_srli_epi16::<9>(c), _mm256_set1_epi16(1)),
+            ),
+        )
+    };
+    let b = _mm256_srli_epi16::<3>(u);
+    let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3)); // b <= 16: max(b - 3, 0)
+    let (off, lo_total, total) = tail_offsets16(len);
+    // Lanes 0..8 read the 16 bytes from `at`, lanes 8..16 the 16 from the byte of their
+    // first tail (at most 13 bytes on: 7 + 8 × 13 bits; clamped whatever the codes, so
+    // the load stays inside the 32 bytes checked above).
+    let (s0, s1) = (bits_in as u32 % 8, bits_in as u32 % 8 + lo_total);
+    let w = _mm256_loadu2_m128i(
+        tail.as_ptr().add(at + (s1 as usize / 8).min(16)).cast(),
+        tail.as_ptr().add(at).cast(),
+    );
+    let off = _mm256_add_epi16(
+        off,
+        _mm256_set_m128i(_mm_set1_epi16((s1 % 8) as i16), _mm_set1_epi16(s0 as i16)),
+    );
+    // Bytes k - 1, k and k + 1, k + 2 of the lane's window (k its tail's first byte, at
+    // most 12) as two 16-bit words; byte -1 (index 0xFF) reads 0.
+    let k = _mm256_srli_epi16::<3>(off);
+    let kk = _mm256_or_si256(k, _mm256_slli_epi16::<8>(k));
+    let w0 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x00FF)));
+    let w1 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x0201)));
+    // The 32 bits w1:w0 shifted right by 8 + s (s = off & 7, the tail's first bit in
+    // byte k): w0 >> (8 + s) | w1 << (8 - s), both by multiplying with 2^(8 - s).
+    let s = _mm256_and_si256(off, _mm256_set1_epi16(7));
+    let m = _mm256_shuffle_epi8(
+        tb.shift_m,
+        _mm256_add_epi8(
+            _mm256_or_si256(s, _mm256_slli_epi16::<8>(s)),
+            _mm256_set1_epi16(0x0800),
+        ),
+    );
+    let raw = _mm256_or_si256(_mm256_mulhi_epu16(w0, m), _mm256_mullo_epi16(w1, m));
+    // (1 << len) - 1: entries len (low byte) and len - 8 (high byte; below 8: 0).
+    let ll = _mm256_or_si256(len, _mm256_slli_epi16::<8>(len));
+    let mask = _mm256_shuffle_epi8(
+        tb.ones_below,
+        _mm256_add_epi8(ll, _mm256_set1_epi16(0xF800_u16 as i16)),
+    );
+    let t = _mm256_and_si256(raw, mask);
+    *bits += total as u64;
+    let delta = displacement16(u, b, t, signed, tb.pow2, tb.down_hi);
+    let r = _mm256_loadu_si256(reference.cast());
+    // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
+    let key = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi16::<15>(r), h));
+    let k = _mm256_add_epi16(key, delta);
+    let x = _mm256_xor_si256(
+        k,
+        _mm256_or_si256(_mm256_andnot_si256(_mm256_srai_epi16::<15>(k), ffff), h),
+    );
+    _mm256_storeu_si256(out.cast(), x);
+    true
 }
 
 /// `u = 8·b + 4·q1 + 2·q2 + neg` of joint symbol `j` below 16, which is `j + 17` from
@@ -642,116 +783,237 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
     let mut bits = bits;
-    // The tail is not padded: a group runs while its 32 bytes from `bits / 8` lie inside
-    // it (one compare of `bits` per group); the caller's scalar pass does the rest.
-    let Some(last_at) = tail.len().checked_sub(32) else {
+    let Some(k) = Tails32::new(tail) else {
         return (0, bits);
     };
-    let last_bit = last_at as u64 * 8 + 7;
-    // What turns `J + 17` into `u = 8·b + 4·q1 + 2·q2 + neg` for J < 16 (by xor; 0 from
-    // J = 7 on), as in `finish_u16`.
-    let u_fix = {
-        let t: [u8; 16] = std::array::from_fn(|j| u_of_joint(j) ^ (j as u8 + 17));
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
-    };
-    // Opaque to LLVM, so that it keeps the operations written here: with the constants
-    // in sight it turned the permute + `vmovd` below back into extracts (avx2g), a
-    // shift by 32 - m into a shift and a mask of m > 0, and `andnot(m, low31)` into a
-    // shift and two xors.
-    let (low31, sums_at, thirty_two) = std::hint::black_box((
-        _mm256_set1_epi32(i32::MAX),
-        _mm256_setr_epi32(7, 7, 7, 7, 3, 3, 3, 3),
-        _mm256_set1_epi32(32),
-    ));
-    let mut j = 0;
-    while j < full {
-        if bits > last_bit {
+    for j in (0..full).step_by(8) {
+        if !group8::<J_CODES, SIGNED>(
+            &k,
+            codes.as_ptr().add(j),
+            reference.as_ptr().add(4 * j),
+            out.as_mut_ptr().add(4 * j).cast(),
+            tail,
+            &mut bits,
+        ) {
             return (j, bits);
         }
-        let at = (bits / 8) as usize;
-        let c = _mm256_loadu_si256(codes.as_ptr().add(j).cast());
-        // b, the top bits `1 q1 q2` and the sign as a lane negative where the element's
-        // displacement is (and never 0: `_mm256_sign_epi32` applies it).
-        let (b, top, sgn) = if J_CODES {
-            // The index's bytes 1..3 (0x80) and a byte 0 of J + 0x70 >= 0x80 (J >= 16)
-            // read 0.
-            let fix = _mm256_shuffle_epi8(
-                u_fix,
-                _mm256_adds_epu8(c, _mm256_set1_epi32(0x8080_8070_u32 as i32)),
-            );
-            let u = _mm256_xor_si256(_mm256_add_epi32(c, _mm256_set1_epi32(17)), fix);
-            let one = _mm256_set1_epi32(1);
-            (
-                _mm256_srli_epi32::<3>(u),
-                _mm256_or_si256(
-                    _mm256_set1_epi32(4),
-                    _mm256_and_si256(_mm256_srli_epi32::<1>(u), _mm256_set1_epi32(3)),
-                ),
-                _mm256_or_si256(_mm256_slli_epi32::<31>(u), one),
-            )
-        } else {
-            // The code `b | q1 << 7 | q2 << 8 | neg << 9`.
-            (
-                _mm256_and_si256(c, _mm256_set1_epi32(127)),
-                _mm256_or_si256(
-                    _mm256_set1_epi32(4),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi32::<6>(c), _mm256_set1_epi32(2)),
-                        _mm256_and_si256(_mm256_srli_epi32::<8>(c), _mm256_set1_epi32(1)),
-                    ),
-                ),
-                _mm256_or_si256(_mm256_slli_epi32::<22>(c), _mm256_set1_epi32(1)),
-            )
-        };
-        // max(b - 3, 0), the shift of the top bits, and the tail's length: the same but at
-        // most 29 (b <= 32 in a valid stream; never more than the caller's `need` counts,
-        // whatever the codes).
-        let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
-        let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
-        let (off, total) = tail_offsets(len, sums_at);
-        // All 8 tails and the 7 bits before the first lie in the 32 bytes from `at` (7 + 8
-        // × 29 bits): one load whose address waits only on `bits`. Each lane takes the two
-        // dwords holding its tail's first bit and the next (dword 6 and 7 at most) by
-        // lane-crossing permutes and shifts the 64 bits right by the bit in the dword.
-        let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
-        let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits % 8) as i32));
-        let d = _mm256_srli_epi32::<5>(off);
-        let lo = _mm256_permutevar8x32_epi32(w, d);
-        let hi = _mm256_permutevar8x32_epi32(w, _mm256_add_epi32(d, _mm256_set1_epi32(1)));
-        let m = _mm256_and_si256(off, _mm256_set1_epi32(31));
-        // A shift by 32 (m = 0) gives 0, as the tail then lies in `lo` alone.
-        let raw = _mm256_or_si256(
-            _mm256_srlv_epi32(lo, m),
-            _mm256_sllv_epi32(hi, _mm256_sub_epi32(thirty_two, m)),
-        );
-        let t = _mm256_andnot_si256(_mm256_sllv_epi32(_mm256_set1_epi32(-1), len), raw);
-        bits += total as u64;
-        let v = compose(b, b3, top, t);
-        let r = _mm256_loadu_si256(reference.as_ptr().add(4 * j).cast());
-        // In complements: the key is key(r) = r ^ (negative ? !0 : 1 << 31), so !key(r) =
-        // r ^ (negative ? 0 : !0 >> 1); the value !k (k = key + delta) is !key - delta; and
-        // the element from k, k ^ (k negative ? 1 << 31 : !0), is !k ^ (!k negative ? 0 :
-        // !0 >> 1). One operation fewer than going through the key itself.
-        let not_key = _mm256_xor_si256(r, _mm256_andnot_si256(_mm256_srai_epi32::<31>(r), low31));
-        let not_k = if SIGNED {
-            _mm256_sub_epi32(not_key, _mm256_sign_epi32(v, sgn))
-        } else {
-            // ZigZag: delta = (v >> 1) ^ -(v & 1).
-            let one = _mm256_set1_epi32(1);
-            let delta = _mm256_xor_si256(
-                _mm256_srli_epi32::<1>(v),
-                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, one)),
-            );
-            _mm256_sub_epi32(not_key, delta)
-        };
-        let x = _mm256_xor_si256(
-            not_k,
-            _mm256_andnot_si256(_mm256_srai_epi32::<31>(not_k), low31),
-        );
-        _mm256_storeu_si256(out.as_mut_ptr().add(4 * j).cast(), x);
-        j += 8;
     }
     (full, bits)
+}
+
+/// [`finish_u32`] from joint symbols run inside the lanes' loop, as [`Fused16`]: four
+/// groups per step, a step behind the lanes. Does nothing where the tail is shorter than a
+/// group's 32 bytes.
+pub(in crate::backend::cpu) struct Fused32<'a, const SIGNED: bool> {
+    k: Option<Tails32>,
+    reference: &'a [u8],
+    out: &'a mut [MaybeUninit<u8>],
+    tail: &'a [u8],
+    /// Elements done, and where their tails end in `tail`.
+    pub done: usize,
+    pub bits: u64,
+}
+
+impl<'a, const SIGNED: bool> Fused32<'a, SIGNED> {
+    /// # Safety
+    /// AVX2 (inlined into code built for it).
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn new(
+        reference: &'a [u8],
+        out: &'a mut [MaybeUninit<u8>],
+        tail: &'a [u8],
+        bits: u64,
+    ) -> Self {
+        Fused32 {
+            k: Tails32::new(tail),
+            reference,
+            out,
+            tail,
+            done: 0,
+            bits,
+        }
+    }
+}
+
+impl<const SIGNED: bool> AfterStep for Fused32<'_, SIGNED> {
+    #[inline(always)]
+    unsafe fn after(&mut self, codes: *const u32, ready: usize) {
+        let Some(k) = &self.k else {
+            return;
+        };
+        // A step behind: the groups of the step before the one the lanes just stored.
+        let upto = ready
+            .saturating_sub(LANES)
+            .min(self.reference.len() / 4)
+            .min(self.out.len() / 4);
+        while self.done + 8 <= upto {
+            let j = self.done;
+            // In bounds: `j + 8 <= upto`, within the codes stored, the reference and the
+            // output.
+            if !group8::<true, SIGNED>(
+                k,
+                codes.add(j),
+                self.reference.as_ptr().add(4 * j),
+                self.out.as_mut_ptr().add(4 * j).cast(),
+                self.tail,
+                &mut self.bits,
+            ) {
+                self.k = None;
+                return;
+            }
+            self.done += 8;
+        }
+    }
+}
+
+/// The constants of [`group8`] for one tail.
+pub(in crate::backend::cpu) struct Tails32 {
+    /// The tail is not padded: a group runs while its 32 bytes from `bits / 8` lie inside
+    /// it (one compare of `bits` per group, with this, the last bit it may start at); the
+    /// caller's scalar pass does the rest.
+    last_bit: u64,
+    /// What turns `J + 17` into `u = 8·b + 4·q1 + 2·q2 + neg` for J < 16 (by xor; 0 from
+    /// J = 7 on), as in `finish_u16`.
+    u_fix: __m256i,
+    low31: __m256i,
+    sums_at: __m256i,
+    thirty_two: __m256i,
+}
+
+impl Tails32 {
+    /// None where the tail is shorter than a group's 32 bytes.
+    ///
+    /// # Safety
+    /// AVX2 (inlined into code built for it).
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn new(tail: &[u8]) -> Option<Self> {
+        let last_at = tail.len().checked_sub(32)?;
+        let u_fix = {
+            let t: [u8; 16] = std::array::from_fn(|j| u_of_joint(j) ^ (j as u8 + 17));
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
+        };
+        // Opaque to LLVM, so that it keeps the operations written here: with the constants
+        // in sight it turned the permute + `vmovd` below back into extracts (avx2g), a
+        // shift by 32 - m into a shift and a mask of m > 0, and `andnot(m, low31)` into a
+        // shift and two xors.
+        let (low31, sums_at, thirty_two) = std::hint::black_box((
+            _mm256_set1_epi32(i32::MAX),
+            _mm256_setr_epi32(7, 7, 7, 7, 3, 3, 3, 3),
+            _mm256_set1_epi32(32),
+        ));
+        Some(Tails32 {
+            last_bit: last_at as u64 * 8 + 7,
+            u_fix,
+            low31,
+            sums_at,
+            thirty_two,
+        })
+    }
+}
+
+/// One group of [`finish_u32`]: the 8 elements whose codes are at `codes`, reference at
+/// `reference` and output at `out`, their tails from bit `*bits` of `tail` (advanced past
+/// them). Returns false, writing nothing, where the group's 32 bytes of tail could pass its
+/// end.
+///
+/// # Safety
+/// AVX2 (inlined into code built for it); 8 codes, 32 bytes of reference and of output at
+/// the pointers; `k` built for `tail`.
+#[inline(always)]
+unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
+    k: &Tails32,
+    codes: *const u32,
+    reference: *const u8,
+    out: *mut u8,
+    tail: &[u8],
+    bits: &mut u64,
+) -> bool {
+    let bits_in = *bits;
+    if bits_in > k.last_bit {
+        return false;
+    }
+    let at = (bits_in / 8) as usize;
+    let c = _mm256_loadu_si256(codes.cast());
+    // b, the top bits `1 q1 q2` and the sign as a lane negative where the element's
+    // displacement is (and never 0: `_mm256_sign_epi32` applies it).
+    let (b, top, sgn) = if J_CODES {
+        // The index's bytes 1..3 (0x80) and a byte 0 of J + 0x70 >= 0x80 (J >= 16)
+        // read 0.
+        let fix = _mm256_shuffle_epi8(
+            k.u_fix,
+            _mm256_adds_epu8(c, _mm256_set1_epi32(0x8080_8070_u32 as i32)),
+        );
+        let u = _mm256_xor_si256(_mm256_add_epi32(c, _mm256_set1_epi32(17)), fix);
+        let one = _mm256_set1_epi32(1);
+        (
+            _mm256_srli_epi32::<3>(u),
+            _mm256_or_si256(
+                _mm256_set1_epi32(4),
+                _mm256_and_si256(_mm256_srli_epi32::<1>(u), _mm256_set1_epi32(3)),
+            ),
+            _mm256_or_si256(_mm256_slli_epi32::<31>(u), one),
+        )
+    } else {
+        // The code `b | q1 << 7 | q2 << 8 | neg << 9`.
+        (
+            _mm256_and_si256(c, _mm256_set1_epi32(127)),
+            _mm256_or_si256(
+                _mm256_set1_epi32(4),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi32::<6>(c), _mm256_set1_epi32(2)),
+                    _mm256_and_si256(_mm256_srli_epi32::<8>(c), _mm256_set1_epi32(1)),
+                ),
+            ),
+            _mm256_or_si256(_mm256_slli_epi32::<22>(c), _mm256_set1_epi32(1)),
+        )
+    };
+    // max(b - 3, 0), the shift of the top bits, and the tail's length: the same but at
+    // most 29 (b <= 32 in a valid stream; never more than the caller's `need` counts,
+    // whatever the codes).
+    let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
+    let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
+    let (off, total) = tail_offsets(len, k.sums_at);
+    // All 8 tails and the 7 bits before the first lie in the 32 bytes from `at` (7 + 8
+    // × 29 bits): one load whose address waits only on `bits`. Each lane takes the two
+    // dwords holding its tail's first bit and the next (dword 6 and 7 at most) by
+    // lane-crossing permutes and shifts the 64 bits right by the bit in the dword.
+    let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
+    let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits_in % 8) as i32));
+    let d = _mm256_srli_epi32::<5>(off);
+    let lo = _mm256_permutevar8x32_epi32(w, d);
+    let hi = _mm256_permutevar8x32_epi32(w, _mm256_add_epi32(d, _mm256_set1_epi32(1)));
+    let m = _mm256_and_si256(off, _mm256_set1_epi32(31));
+    // A shift by 32 (m = 0) gives 0, as the tail then lies in `lo` alone.
+    let raw = _mm256_or_si256(
+        _mm256_srlv_epi32(lo, m),
+        _mm256_sllv_epi32(hi, _mm256_sub_epi32(k.thirty_two, m)),
+    );
+    let t = _mm256_andnot_si256(_mm256_sllv_epi32(_mm256_set1_epi32(-1), len), raw);
+    *bits += total as u64;
+    let v = compose(b, b3, top, t);
+    let r = _mm256_loadu_si256(reference.cast());
+    // In complements: the key is key(r) = r ^ (negative ? !0 : 1 << 31), so !key(r) =
+    // r ^ (negative ? 0 : !0 >> 1); the value !k (k = key + delta) is !key - delta; and
+    // the element from k, k ^ (k negative ? 1 << 31 : !0), is !k ^ (!k negative ? 0 :
+    // !0 >> 1). One operation fewer than going through the key itself.
+    let not_key = _mm256_xor_si256(r, _mm256_andnot_si256(_mm256_srai_epi32::<31>(r), k.low31));
+    let not_k = if SIGNED {
+        _mm256_sub_epi32(not_key, _mm256_sign_epi32(v, sgn))
+    } else {
+        // ZigZag: delta = (v >> 1) ^ -(v & 1).
+        let one = _mm256_set1_epi32(1);
+        let delta = _mm256_xor_si256(
+            _mm256_srli_epi32::<1>(v),
+            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, one)),
+        );
+        _mm256_sub_epi32(not_key, delta)
+    };
+    let x = _mm256_xor_si256(
+        not_k,
+        _mm256_andnot_si256(_mm256_srai_epi32::<31>(not_k), k.low31),
+    );
+    _mm256_storeu_si256(out.cast(), x);
+    true
 }
 
 /// Bit offsets of 8 consecutive raw tails of lengths `len` relative to the first

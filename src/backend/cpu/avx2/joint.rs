@@ -1,5 +1,5 @@
 //! AVX2 lanes of the Joint layout: `super::super::avx512::joint` on four 8-lane vectors,
-//! with this module's refill (a permutation keyed by the refill mask) and flush (a byte
+//! with this module's refill (a byte shuffle keyed by the refill mask) and flush (a byte
 //! shuffle keyed by the flush mask, block stores ending at the cursor).
 
 #![cfg(target_arch = "x86_64")]
@@ -12,7 +12,7 @@ use super::super::encode::Scratch;
 use super::super::joint::{context, small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::super::Isa;
-use super::decode::{overrun, refill};
+use super::decode::{overrun, refill, AfterStep};
 use super::encode::{
     codes_and_tails, first, flat_slots16, flat_slots32, gather_flat, load_u32, put4, SLACK,
 };
@@ -44,6 +44,13 @@ unsafe fn code_of(j: __m256i, small: __m256i) -> __m256i {
     _mm256_blendv_epi8(c, _mm256_permutevar8x32_epi32(small, j), lt8)
 }
 
+/// Whether a lane of `m` (the largest entries read) is `JointDec::POISON`.
+#[inline(always)]
+unsafe fn any_poison(m: __m256i) -> bool {
+    let p = _mm256_cmpeq_epi32(m, _mm256_set1_epi32(JointDec::POISON as i32));
+    _mm256_testz_si256(p, p) == 0
+}
+
 /// The states after decoding the slots' entries `e` (`J | (freq - 1) << 8 | (slot - start)
 /// << 20`), refilled: vectors refill in lane order, as the portable lanes do.
 ///
@@ -58,6 +65,25 @@ unsafe fn step_state(x: __m256i, e: __m256i, words: *const u16, pos: &mut usize)
     let xs = _mm256_add_epi32(
         _mm256_mullo_epi32(f, _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x)),
         _mm256_srli_epi32::<20>(e),
+    );
+    refill(xs, words, pos)
+}
+
+/// [`step_state`] from `window_slots` entries (`J | (slot - start) << 8 | (freq - 1) <<
+/// 20`): `freq·(x >> 12) + bias` as `(freq - 1)·(x >> 12) + ((x >> 12) + bias)`, the
+/// frequency by one shift, so that the state waits on the gather for a shift, the multiply
+/// and an add (on a Zen 5, where simple vector operations take 2 cycles, 4 cycles less
+/// than the shift, mask and add before the multiply).
+///
+/// # Safety
+/// As [`step_state`].
+#[inline(always)]
+unsafe fn step_window(x: __m256i, e: __m256i, words: *const u16, pos: &mut usize) -> __m256i {
+    let hi = _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x);
+    let bias = _mm256_and_si256(_mm256_srli_epi32::<8>(e), _mm256_set1_epi32(0xFFF));
+    let xs = _mm256_add_epi32(
+        _mm256_mullo_epi32(_mm256_srli_epi32::<20>(e), hi),
+        _mm256_add_epi32(hi, bias),
     );
     refill(xs, words, pos)
 }
@@ -92,13 +118,15 @@ unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: _
 }
 
 /// Decode whole steps of the chunk from its start, as the AVX-512 `decode` does (same
-/// arguments, same result: joint symbols where `stores_j`, else per-element codes).
+/// arguments, same result: joint symbols where `stores_j`, else per-element codes), handing
+/// `after` the codes stored before each step.
 ///
 /// # Safety
 /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT; `T` at most 32 bits; unless
 /// `guarded`, `st.words` must hold `LANES` padding words past `st.len`.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub unsafe fn decode<T: Word>(
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn decode<T: Word, A: AfterStep>(
     table: &JointDec,
     reference: &[u8],
     (mant, emask): (u32, u32),
@@ -106,6 +134,7 @@ pub unsafe fn decode<T: Word>(
     states: &mut [u32; LANES],
     st: &mut Stream,
     guarded: bool,
+    after: &mut A,
 ) -> Result<usize> {
     let n = codes.len().min(reference.len() / T::SIZE);
     let full = n / LANES * LANES;
@@ -153,12 +182,16 @@ pub unsafe fn decode<T: Word>(
     let outside = _mm256_set1_epi32(!63);
     let byte_none = _mm256_set1_epi32(255);
     let (by_ctx, wslots) = (!table.window_slots.is_empty(), table.window_slots.as_ptr());
-    let poison = _mm256_set1_epi32(JointDec::POISON as i32);
+    // The largest entry read from `window_slots`, checked once at the end: `POISON`
+    // (`u32::MAX`) where some lane's context had no row. Decoding on past one is safe (every
+    // index stays in its table, `pos` is checked per step) and its result is dropped.
+    let mut poisoned = _mm256_setzero_si256();
     let mut done = 0;
     while done < full {
         if guarded && st.len - pos < LANES {
             break;
         }
+        after.after(cp, done);
         let base = done;
         // Rows first (they depend only on the reference): off the state chain.
         let mut ctx = [_mm256_setzero_si256(); NV];
@@ -172,21 +205,21 @@ pub unsafe fn decode<T: Word>(
         let in_window = _mm256_testz_si256(any, outside) != 0;
         if by_ctx && in_window {
             // Slots by context: no row lookup; a context without a row reads `POISON`.
-            let mut poisoned = _mm256_setzero_si256();
             for v in 0..NV {
                 let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
                 // In bounds: `rel` < 64, slots below 2^12.
                 let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(rel[v]), slot);
                 let e = _mm256_i32gather_epi32::<4>(wslots.cast(), idx);
-                poisoned = _mm256_or_si256(poisoned, _mm256_cmpeq_epi32(e, poison));
-                x[v] = step_state(x[v], e, words, &mut pos);
+                poisoned = _mm256_max_epu32(poisoned, e);
+                x[v] = step_window(x[v], e, words, &mut pos);
                 store::<T>(cp.add(base + 8 * v), e, small);
             }
-            if _mm256_testz_si256(poisoned, poisoned) == 0 {
-                return Err(no_row());
-            }
             if pos > st.len {
-                return Err(overrun());
+                return Err(if any_poison(poisoned) {
+                    no_row()
+                } else {
+                    overrun()
+                });
             }
             done += LANES;
             continue;
@@ -226,9 +259,16 @@ pub unsafe fn decode<T: Word>(
             store::<T>(cp.add(base + 8 * v), e, small);
         }
         if pos > st.len {
-            return Err(overrun());
+            return Err(if any_poison(poisoned) {
+                no_row()
+            } else {
+                overrun()
+            });
         }
         done += LANES;
+    }
+    if any_poison(poisoned) {
+        return Err(no_row());
     }
     for (v, xv) in x.iter().enumerate() {
         _mm256_storeu_si256(states.as_mut_ptr().add(8 * v).cast(), *xv);
