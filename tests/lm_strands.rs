@@ -8,7 +8,8 @@ use lockstep::backend::Device;
 use lockstep::format::lm::model_file::Model;
 use lockstep::lm::cm::coder::Setup;
 use lockstep::lm::cm::strands::{
-    decode_strands, encode_strands, encode_strands_in_order, max_strands, MAX_STRANDS,
+    decode_strands, encode_strands, encode_strands_in_order, encode_strands_verified, max_strands,
+    MAX_STRANDS,
 };
 use lockstep::lm::cm::stream::{
     compress, compress_unverified, read_header, strand_count, write_header, Header, Options,
@@ -91,6 +92,32 @@ fn any_strand_count_roundtrips() {
                 let stream = strand_stream(m, data, count as u32, &c);
                 assert_eq!(decompress(m, &stream).unwrap(), data);
             }
+        }
+    }
+}
+
+#[test]
+fn the_verified_encoder_writes_the_plain_encoders_bytes() {
+    // The verify runs beside the encoder on the bytes it has settled: it must neither change
+    // them nor refuse them, for any strand count (one-byte and empty strands included), on
+    // a pool of one thread as on the default one.
+    let m = small();
+    let cpu = Device::cpu();
+    let s = setup(m, &cpu);
+    let mixed = [&genesis()[..3000], &log(20)].concat();
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for data in [&b"xy"[..], &mixed[..100], &mixed] {
+        for count in [1, 2, 7, MAX_STRANDS] {
+            let (want, _) = encode_strands(data, count, s, &|_, _| {}).unwrap();
+            let (got, _) = encode_strands_verified(data, count, s, &|_, _| {}).unwrap();
+            assert_eq!(got, want, "{count} strands over {} bytes", data.len());
+            let (alone, _) = one
+                .install(|| encode_strands_verified(data, count, s, &|_, _| {}))
+                .unwrap();
+            assert_eq!(alone, want, "one thread: {count} strands");
         }
     }
 }

@@ -12,6 +12,7 @@
 //! the encoder, which knows every strand's words, computes the tables of several rounds in
 //! one batch (`strand_tables.rs`).
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use super::super::range_coder::{Decoder, Encoder, Source};
@@ -100,12 +101,12 @@ struct Written {
     state: Mutex<(Vec<u8>, bool)>,
     more: Condvar,
     /// How many bytes `state` holds (read by the encoder without the lock's wait).
-    seen: std::sync::atomic::AtomicUsize,
+    seen: AtomicUsize,
 }
 
 impl Written {
     fn seen(&self) -> usize {
-        self.seen.load(std::sync::atomic::Ordering::Relaxed)
+        self.seen.load(Ordering::Relaxed)
     }
 
     /// `bytes` (a longer prefix of the stream than before) are settled.
@@ -114,8 +115,7 @@ impl Written {
         let have = s.0.len();
         if bytes.len() > have {
             s.0.extend_from_slice(&bytes[have..]);
-            self.seen
-                .store(s.0.len(), std::sync::atomic::Ordering::Relaxed);
+            self.seen.store(s.0.len(), Ordering::Relaxed);
             self.more.notify_all();
         }
     }
@@ -327,39 +327,71 @@ pub fn encode_strands_in_order(
 }
 
 /// [`encode_strands`], verified: a decoder on a second thread decodes the bytes as the
-/// encoder settles them (its own LM session, its steps on the same pool), and the coded
-/// bytes are returned only if it gives back `data` and reads exactly them. The two runs
-/// fill each other's waits on the pool and the serial coding: the verify costs little wall
-/// time beyond the encode.
+/// encoder settles them, with its own LM session, and the coded bytes are returned only if
+/// it gives back `data` and reads exactly them. The pool's threads are shared out between
+/// the two (one each on two cores), so each run's LM steps stay on its own threads: the
+/// verify takes the second core the encoder's steps used, and costs little wall time
+/// beyond the encode.
 pub fn encode_strands_verified(
     data: &[u8],
     count: usize,
     setup: Setup,
     progress: Progress,
 ) -> Result<(Vec<u8>, u64)> {
+    let threads = rayon::current_num_threads();
+    let pool = |n: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build()
+            .map_err(|e| Error::Invalid(format!("a thread pool for the verify: {e}")))
+    };
+    let (encoding, verifying) = (pool(threads.div_ceil(2))?, pool(threads / 2)?);
     let written = Written::default();
     let len = data.len() as u64;
+    // The encoder's progress, reported from this thread (the callback need not be Sync).
+    let done = AtomicU64::new(0);
+    let here = std::thread::current();
     std::thread::scope(|scope| {
         let reader = Reading {
             from: &written,
             have: Vec::new(),
             ended: false,
         };
-        let verify = scope.spawn(move || decode_from(reader, len, count, setup, &|_, _| {}));
-        let coded = {
-            let _end = EndOnDrop(&written);
-            let mut io = Enc {
-                data,
-                enc: Encoder::new(),
-                written: Some(&written),
-            };
-            let order: Vec<usize> = (0..count).collect();
-            code(len, count, &order, setup, &mut io, progress).map(|(_, tokens)| {
-                let bytes = io.enc.finish();
-                written.extend(&bytes);
-                (bytes, tokens)
-            })
-        };
+        let verify = scope.spawn(move || {
+            verifying.install(|| decode_from(reader, len, count, setup, &|_, _| {}))
+        });
+        let (written, done) = (&written, &done);
+        let encode = scope.spawn(move || {
+            let coded = encoding.install(|| {
+                let _end = EndOnDrop(written);
+                let mut io = Enc {
+                    data,
+                    enc: Encoder::new(),
+                    written: Some(written),
+                };
+                let order: Vec<usize> = (0..count).collect();
+                let report = |d: u64, _| done.store(d, Ordering::Relaxed);
+                code(len, count, &order, setup, &mut io, &report).map(|(_, tokens)| {
+                    let bytes = io.enc.finish();
+                    written.extend(&bytes);
+                    (bytes, tokens)
+                })
+            });
+            here.unpark();
+            coded
+        });
+        let mut told = 0;
+        while !encode.is_finished() {
+            let d = done.load(Ordering::Relaxed);
+            if d != told {
+                progress(d, len);
+                told = d;
+            }
+            std::thread::park_timeout(std::time::Duration::from_millis(50));
+        }
+        let coded = encode
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let back = verify
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));

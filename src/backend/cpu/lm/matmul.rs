@@ -534,7 +534,12 @@ impl VnniRows {
             } else {
                 (1 << (r1 - row)) - 1
             };
-            _mm512_mask_storeu_epi32(out.add(t * stride + row), live, r);
+            // A whole store where every row is live: a masked one costs more on AMD cores.
+            if live == !0 {
+                _mm512_storeu_si512(out.add(t * stride + row).cast(), r);
+            } else {
+                _mm512_mask_storeu_epi32(out.add(t * stride + row), live, r);
+            }
             if let Some(top) = tops.get_mut(t) {
                 // A whole register stored where every row is live (all groups but the
                 // last): the masked store `mask_max` compiles to cannot forward to the next
