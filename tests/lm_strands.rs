@@ -98,26 +98,31 @@ fn any_strand_count_roundtrips() {
 
 #[test]
 fn the_verified_encoder_writes_the_plain_encoders_bytes() {
-    // The verify runs beside the encoder on the bytes it has settled: it must neither change
-    // them nor refuse them, for any strand count (one-byte and empty strands included), on
-    // a pool of one thread as on the default one.
+    // The verify runs beside the encoder on the bytes it has settled (two threads or more;
+    // after it on one): it must neither change them nor refuse them, for any strand count
+    // (one-byte and empty strands included).
     let m = small();
     let cpu = Device::cpu();
     let s = setup(m, &cpu);
     let mixed = [&genesis()[..3000], &log(20)].concat();
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    for data in [&b"xy"[..], &mixed[..100], &mixed] {
-        for count in [1, 2, 7, MAX_STRANDS] {
-            let (want, _) = encode_strands(data, count, s, &|_, _| {}).unwrap();
-            let (got, _) = encode_strands_verified(data, count, s, &|_, _| {}).unwrap();
-            assert_eq!(got, want, "{count} strands over {} bytes", data.len());
-            let (alone, _) = one
-                .install(|| encode_strands_verified(data, count, s, &|_, _| {}))
-                .unwrap();
-            assert_eq!(alone, want, "one thread: {count} strands");
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for data in [&b"xy"[..], &mixed[..100], &mixed] {
+            for count in [1, 2, 7, MAX_STRANDS] {
+                let (want, _) = encode_strands(data, count, s, &|_, _| {}).unwrap();
+                let (got, _) = pool
+                    .install(|| encode_strands_verified(data, count, s, &|_, _| {}))
+                    .unwrap();
+                assert_eq!(
+                    got,
+                    want,
+                    "{threads} threads, {count} strands, {} B",
+                    data.len()
+                );
+            }
         }
     }
 }

@@ -339,6 +339,16 @@ pub fn encode_strands_verified(
     progress: Progress,
 ) -> Result<(Vec<u8>, u64)> {
     let threads = rayon::current_num_threads();
+    if threads < 2 {
+        // One thread asked for: the verify after the encode, on it.
+        let (bytes, tokens) = encode_strands(data, count, setup, progress)?;
+        return match decode_from(&bytes[..], data.len() as u64, count, setup, &|_, _| {}) {
+            Ok((text, read)) if text == data && read == bytes.len() => Ok((bytes, tokens)),
+            Ok(_) | Err(_) => Err(Error::Mismatch(
+                "verification decode differs from the input; nothing written".into(),
+            )),
+        };
+    }
     let pool = |n: usize| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
