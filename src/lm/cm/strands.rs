@@ -66,7 +66,7 @@ struct Enc<'a> {
 
 /// Settled bytes are handed to the verifying reader in pieces of at least this many (one
 /// lock per piece); it runs behind the encoder anyway.
-const HAND_OVER: usize = 32;
+const HAND_OVER: usize = 8;
 
 impl Bits for Enc<'_> {
     fn bit(&mut self, p: u64, at: usize, k: u32) -> u32 {
@@ -168,23 +168,43 @@ impl Source for Reading<'_> {
     }
 }
 
+/// The decoder's side. Its range decoder, which reads the first 8 coded bytes, is made at
+/// the first bit: a verify reading a stream still being written sets up its models and LM
+/// session while the encoder codes those bytes, not after.
 struct Dec<S: Source> {
-    dec: Decoder<S>,
+    src: Option<S>,
+    dec: Option<Decoder<S>>,
+}
+
+impl<S: Source> Dec<S> {
+    fn new(src: S) -> Self {
+        Dec {
+            src: Some(src),
+            dec: None,
+        }
+    }
+
+    fn dec(&mut self) -> &mut Decoder<S> {
+        let src = &mut self.src;
+        self.dec
+            .get_or_insert_with(|| Decoder::from_source(src.take().expect("a source")))
+    }
 }
 
 impl<S: Source> Bits for Dec<S> {
     fn bit(&mut self, p: u64, _: usize, _: u32) -> u32 {
-        let y = (self.dec.target() < p << 20) as u32;
+        let dec = self.dec();
+        let y = (dec.target() < p << 20) as u32;
         if y == 1 {
-            self.dec.consume(0, p << 20);
+            dec.consume(0, p << 20);
         } else {
-            self.dec.consume(p << 20, (4096 - p) << 20);
+            dec.consume(p << 20, (4096 - p) << 20);
         }
         y
     }
     fn check(&self, done: u64, len: u64) -> Result<()> {
         // The encoder's last bytes flush its state: needing more means the payload is cut.
-        if self.dec.overrun() > 0 {
+        if self.dec.as_ref().is_some_and(|d| d.overrun() > 0) {
             return Err(Error::format(
                 "text stream",
                 format!(
@@ -446,10 +466,9 @@ fn decode_from<S: Source>(
     setup: Setup,
     progress: Progress,
 ) -> Result<(Vec<u8>, usize)> {
-    let mut io = Dec {
-        dec: Decoder::from_source(src),
-    };
+    let mut io = Dec::new(src);
     let order: Vec<usize> = (0..count).collect();
     let (p, _) = code(len, count, &order, setup, &mut io, progress)?;
-    Ok((p.into_text(), io.dec.position()))
+    // (Made here where no bit was coded: it reads the 8 bytes every stream ends with.)
+    Ok((p.into_text(), io.dec().position()))
 }
