@@ -8,7 +8,8 @@ use lockstep::backend::Device;
 use lockstep::format::lm::model_file::Model;
 use lockstep::lm::cm::coder::Setup;
 use lockstep::lm::cm::strands::{
-    decode_strands, encode_strands, encode_strands_in_order, max_strands, MAX_STRANDS,
+    decode_strands, encode_strands, encode_strands_in_order, encode_strands_verified, max_strands,
+    MAX_STRANDS,
 };
 use lockstep::lm::cm::stream::{
     compress, compress_unverified, read_header, strand_count, write_header, Header, Options,
@@ -90,6 +91,37 @@ fn any_strand_count_roundtrips() {
             if count > 1 && !data.is_empty() {
                 let stream = strand_stream(m, data, count as u32, &c);
                 assert_eq!(decompress(m, &stream).unwrap(), data);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_verified_encoder_writes_the_plain_encoders_bytes() {
+    // The verify runs beside the encoder on the bytes it has settled (two threads or more;
+    // after it on one): it must neither change them nor refuse them, for any strand count
+    // (one-byte and empty strands included).
+    let m = small();
+    let cpu = Device::cpu();
+    let s = setup(m, &cpu);
+    let mixed = [&genesis()[..3000], &log(20)].concat();
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for data in [&b"xy"[..], &mixed[..100], &mixed] {
+            for count in [1, 2, 7, MAX_STRANDS] {
+                let (want, _) = encode_strands(data, count, s, &|_, _| {}).unwrap();
+                let (got, _) = pool
+                    .install(|| encode_strands_verified(data, count, s, &|_, _| {}))
+                    .unwrap();
+                assert_eq!(
+                    got,
+                    want,
+                    "{threads} threads, {count} strands, {} B",
+                    data.len()
+                );
             }
         }
     }

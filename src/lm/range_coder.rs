@@ -64,6 +64,14 @@ impl Encoder {
         debug_assert!(false, "range coder carry ran past the first byte");
     }
 
+    /// The bytes written so far that no later carry can change: those before the last one
+    /// below 0xFF (a carry stops at the first such byte from the end and changes nothing
+    /// before it). A decoder may read them while the encoder is still running.
+    pub fn settled(&self) -> &[u8] {
+        let end = self.out.iter().rposition(|&b| b != 0xff).unwrap_or(0);
+        &self.out[..end]
+    }
+
     /// Flush the final 8 bytes of `low` and return the stream.
     pub fn finish(mut self) -> Vec<u8> {
         self.out.extend_from_slice(&self.low.to_be_bytes());
@@ -71,16 +79,43 @@ impl Encoder {
     }
 }
 
-/// Range decoder over a byte slice; reading past the end yields zero bytes.
-pub struct Decoder<'a> {
+/// Where a [`Decoder`] reads the coded bytes: a slice, or a stream still being written.
+pub trait Source {
+    /// Byte `pos` of the coded data; `None` past its end (waiting, for a stream being
+    /// written, until the byte or the end is known).
+    fn byte(&mut self, pos: usize) -> Option<u8>;
+    /// How many of the bytes before `pos` lie past the end: 0 while the end is unknown (a
+    /// stream's reader has then not read past what was written).
+    fn past_end(&self, pos: usize) -> usize;
+}
+
+impl Source for &[u8] {
+    #[inline]
+    fn byte(&mut self, pos: usize) -> Option<u8> {
+        self.get(pos).copied()
+    }
+    fn past_end(&self, pos: usize) -> usize {
+        pos.saturating_sub(self.len())
+    }
+}
+
+/// Range decoder over a byte source (a slice unless told otherwise); reading past the end
+/// yields zero bytes.
+pub struct Decoder<S: Source> {
     value: u64,
     range: u64,
-    data: &'a [u8],
+    data: S,
     pos: usize,
 }
 
-impl<'a> Decoder<'a> {
+impl<'a> Decoder<&'a [u8]> {
     pub fn new(data: &'a [u8]) -> Self {
+        Decoder::from_source(data)
+    }
+}
+
+impl<S: Source> Decoder<S> {
+    pub fn from_source(data: S) -> Self {
         let mut d = Decoder {
             value: 0,
             range: u64::MAX,
@@ -94,7 +129,7 @@ impl<'a> Decoder<'a> {
     }
 
     fn next_byte(&mut self) -> u8 {
-        let b = self.data.get(self.pos).copied().unwrap_or(0);
+        let b = self.data.byte(self.pos).unwrap_or(0);
         self.pos += 1;
         b
     }
@@ -128,7 +163,7 @@ impl<'a> Decoder<'a> {
 
     /// Bytes consumed so far beyond the end of the data (a sign of truncation).
     pub fn overrun(&self) -> usize {
-        self.pos.saturating_sub(self.data.len())
+        self.data.past_end(self.pos)
     }
 }
 
@@ -183,6 +218,33 @@ mod tests {
             d.consume(cum[got], freqs[got]);
         }
         assert_eq!(d.overrun(), 0);
+    }
+
+    #[test]
+    fn settled_bytes_never_change() {
+        // Runs of 0xFF bytes and carries into them (symbols at the top of the interval, then
+        // anywhere): each byte as `settled` first gave it out is the final stream's byte.
+        let mut x = 7u64;
+        let mut e = Encoder::new();
+        let (mut given, mut carries) = (Vec::new(), 0);
+        for i in 0..100_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (cum, freq) = match (x >> 61, i % 400 < 200) {
+                (0, _) => (0, 1 + (x >> 40) % 1000),
+                (_, true) => ((1 << 32) - 2, 2),
+                _ => ((x >> 33) % (1 << 31), 1 << 30),
+            };
+            let before = e.out.clone();
+            e.encode(cum, freq);
+            carries += (e.out[..before.len()] != before[..]) as u32;
+            let now = e.settled();
+            given.extend_from_slice(&now[given.len().min(now.len())..]);
+        }
+        let bytes = e.finish();
+        assert!(carries > 100, "{carries} carries");
+        assert!(given.len() > 1000 && bytes.starts_with(&given));
     }
 
     #[test]

@@ -346,7 +346,7 @@ pub fn declared_len(d: &[u8]) -> u64 {
 struct SegState<'a> {
     s: Vec<u32>,
     target: usize,
-    dec: Decoder<'a>,
+    dec: Decoder<&'a [u8]>,
     mm: Option<MatchModel>,
 }
 

@@ -89,7 +89,7 @@ pub fn encode(data: &[u8], setup: Setup, progress: Progress) -> Result<(Vec<u8>,
 /// One block's decoder: its models, its range decoder, and how far it has come.
 struct Block<'a> {
     m: Models<'a>,
-    dec: Decoder<'a>,
+    dec: Decoder<&'a [u8]>,
     payload: &'a [u8],
     len: u64,
     done: u64,

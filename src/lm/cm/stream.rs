@@ -16,7 +16,7 @@
 
 use super::super::text_codec::{Pass, Progress, MAGIC};
 use super::coder::{decode, decode_blocks, encode, Setup};
-use super::strands::{self, decode_strands, encode_strands, MAX_STRANDS};
+use super::strands::{self, decode_strands, encode_strands, encode_strands_verified, MAX_STRANDS};
 use crate::backend::Device;
 use crate::format::lm::model_file::{hex, Model};
 use crate::{Error, Result};
@@ -271,6 +271,20 @@ pub fn compress_unverified(
     device: &Device,
     progress: Progress,
 ) -> Result<Vec<u8>> {
+    Ok(code_input(model, data, opts, device, progress, false)?.0)
+}
+
+/// The stream of `data`, and whether its payload was verified on the way: where `verify`
+/// and the strands' stream is the one kept, a decoder ran beside the encoder
+/// ([`strands::encode_strands_verified`]) and gave `data` back.
+fn code_input(
+    model: &Model,
+    data: &[u8],
+    opts: &Options,
+    device: &Device,
+    progress: Progress,
+    verify: bool,
+) -> Result<(Vec<u8>, bool)> {
     super::super::text_codec::check_model(model)?;
     let header = |mode, flags: u8, blocks, strands| Header {
         mode,
@@ -292,10 +306,11 @@ pub fn compress_unverified(
     if alone.len() >= data.len() {
         let mut out = write_header(&header(MODE_STORED, 0, None, None));
         out.extend_from_slice(data);
-        return Ok(out);
+        return Ok((out, false));
     }
     let mut best = write_header(&header(MODE_MIXED, match_flag, None, None));
     best.extend_from_slice(&alone);
+    let mut verified = false;
     if opts.lm {
         let with = Setup {
             lm: Some((model, device.lm()?)),
@@ -303,22 +318,27 @@ pub fn compress_unverified(
         };
         let count = strand_count(data.len() as u64, opts.strands, model);
         let report = |d, _| progress(Pass::Compress, d, data.len() as u64);
-        let out = if count > 1 {
-            let (payload, _) = encode_strands(data, count, with, &report)?;
+        let (out, checked) = if count > 1 {
+            let (payload, _) = match verify {
+                true => encode_strands_verified(data, count, with, &report)?,
+                false => encode_strands(data, count, with, &report)?,
+            };
             let flags = match_flag | FLAG_LM | FLAG_STRANDS;
             let mut out = write_header(&header(MODE_MIXED, flags, None, Some(count as u32)));
             out.extend_from_slice(&payload);
-            out
+            (out, verify)
         } else {
-            blocks_stream(data, opts.block_len, with, match_flag, &header, progress)?
+            let out = blocks_stream(data, opts.block_len, with, match_flag, &header, progress)?;
+            (out, false)
         };
         // The LM costs a 32-byte hash (and a block table or strand count) in the header; keep
         // it only where it pays for that.
         if out.len() < best.len() {
             best = out;
+            verified = checked;
         }
     }
-    Ok(best)
+    Ok((best, verified))
 }
 
 /// The input coded with the LM in one block or in independent blocks of `block_len` bytes.
@@ -364,7 +384,29 @@ pub fn compress(
     device: &Device,
     progress: Progress,
 ) -> Result<Vec<u8>> {
-    let out = compress_unverified(model, data, opts, device, progress)?;
+    let (out, verified) = code_input(model, data, opts, device, progress, true)?;
+    if verified {
+        // The payload decoded to `data` beside the encoder; what is left to check is that
+        // the header reads back and leads a decoder to that payload as strands.
+        let (h, _) = read_header(&out)?;
+        let strands = h.strands.map(|s| s as usize);
+        let want = strand_count(data.len() as u64, opts.strands, model);
+        let match_flag = if opts.match_model { FLAG_MATCH } else { 0 };
+        if h.mode != MODE_MIXED
+            || h.flags != match_flag | FLAG_LM | FLAG_STRANDS
+            || h.original_len != data.len() as u64
+            || h.original_hash != *blake3::hash(data).as_bytes()
+            || h.model_hash != Some(model.hash)
+            || strands != Some(want)
+        {
+            return Err(Error::Mismatch(
+                "verification: the stream's header differs from what was coded; nothing \
+                 written"
+                    .into(),
+            ));
+        }
+        return Ok(out);
+    }
     let back = decompress(model, &out, device, Pass::Verify, u64::MAX, progress)?;
     if back != data {
         return Err(Error::Mismatch(
