@@ -426,8 +426,13 @@ pub fn encode_strands_verified(
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let (bytes, tokens) = coded?;
+        // The verify read the handed-over copy; it vouches for the output only if that copy
+        // is the output, byte for byte (a settled byte that later changed would show here).
+        let handed = written.state.lock().unwrap_or_else(|e| e.into_inner()).0 == bytes;
         match back {
-            Ok((text, read)) if text == data && read == bytes.len() => Ok((bytes, tokens)),
+            Ok((text, read)) if handed && text == data && read == bytes.len() => {
+                Ok((bytes, tokens))
+            }
             Ok(_) | Err(_) => Err(Error::Mismatch(
                 "verification decode differs from the input; nothing written".into(),
             )),
