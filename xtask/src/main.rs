@@ -5,18 +5,25 @@
 //! - `cross`: the same bytes on another architecture: lockstep built for aarch64 and run
 //!   under qemu must write byte-identical delta and text files to the host build's, decode
 //!   the host's files, and pass `lockstep parity` (tools missing: it says which, and skips).
-//! - `gpu-check [DIR]`: the one script to run where a GPU is lent: lists the devices, builds,
-//!   runs `lockstep parity` with every backend on the trajectory in DIR (default
-//!   ../shared/data/trajectory-gpt2, else the demo), the wgpu parity tests with `CI=true`
-//!   (no adapter is a failure), the CUDA tests with `LOCKSTEP_REQUIRE=cuda,nvrtc` (parity
-//!   on the GPU), a delta encode on CUDA and on the CPU that must write the same file, the
-//!   timed trajectory (DIR's bf16 tensors tiled to 3 GB, encode and decode per stage and end
-//!   to end with CUDA events, floors and measured/floor: examples/cuda_trajectory.rs), and
-//!   the bench table whose wgpu rows then time a real GPU; then the language model on CUDA
-//!   (its parity ran with the CUDA tests): tokens/s and KB/s for the shipped tinygpt2 and
-//!   a GPT-2-small-shaped random model, with the int8 floor and measured/floor.
+//! - `gpu-check [--prebuilt BINDIR] [DIR]`: the one script to run where a GPU is lent, in
+//!   the order that keeps the most important results if the lease runs out: lists the
+//!   devices, builds, runs the CUDA tests with `LOCKSTEP_REQUIRE=cuda,nvrtc` (parity on the
+//!   GPU), a delta encode on CUDA and on the CPU that must write the same file, the timed
+//!   trajectory (DIR's bf16 tensors tiled to 3 GB, encode and decode per stage and end to
+//!   end with CUDA events, floors and measured/floor: examples/cuda_trajectory.rs), the
+//!   bench table (its wgpu rows then time a real GPU), the language model on CUDA
+//!   (tokens/s and KB/s for the shipped tinygpt2 beside the CPU and for a GPT-2-small-shaped
+//!   random model, with the int8 floor and measured/floor); then the wgpu tests with
+//!   `CI=true` (no adapter is a failure), `lockstep parity` with every backend on the
+//!   trajectory in DIR (default ../shared/data/trajectory-gpt2, else the demo), and wgpu's
+//!   LM rows.
 //!   Logs go to `$OUT` when set. Each step runs even if one before failed; the exit status
-//!   says whether all passed.
+//!   says whether all passed. With `--prebuilt BINDIR` it runs `gpu-pack`'s binaries
+//!   instead of cargo (no build, no bench table), each step under a time limit.
+//! - `gpu-pack [DIR]`: for a GPU machine without a Rust toolchain (the lent one has none):
+//!   builds here and writes DIR (default .gpu) with the stripped binaries `gpu-check
+//!   --prebuilt` runs and the trajectory's steps 200 and 400, each one .tar.xz;
+//!   scripts/gpu_remote.sh is the other machine's side.
 //! - `bench delta [DIR] [--zipnn] [--rounds N]`: the speed and ratio table of
 //!   docs/BENCHMARKS.md: every lockstep backend present and zstd -19 on byte-grouped XOR, in
 //!   one run; with `--zipnn`, also ZipNN from PyPI, installed on first use into
@@ -42,13 +49,14 @@ fn main() -> ExitCode {
         "ci" => ci(),
         "cross" => cross(),
         "gpu-check" => gpu_check(&args[1..]),
+        "gpu-pack" => gpu_pack(&args[1..]),
         "bench" if args.get(1).map(String::as_str) == Some("delta") => bench_delta(&args[2..]),
         "bench" if args.get(1).map(String::as_str) == Some("text") => {
             bench_text::bench_text(&args[2..])
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask ci | cross | gpu-check [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default] [--isa L] [--scaling] | bench text [--quick]"
+                "usage: cargo xtask ci | cross | gpu-check [--prebuilt BINDIR] [DIR] | gpu-pack [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default] [--isa L] [--scaling] | bench text [--quick]"
             );
             return ExitCode::from(2);
         }
@@ -515,6 +523,98 @@ fn paired_rounds(
     Ok(())
 }
 
+/// The test binaries that hold the GPU tests (`cuda::` and `wgpu::` modules), the examples
+/// that time the GPU, and the CLI: what `gpu-pack` carries to a machine without cargo.
+const GPU_TESTS: [&str; 3] = ["backend_parity", "lm_codec", "lm_strands"];
+const GPU_EXAMPLES: [&str; 2] = ["cuda_trajectory", "lm_devices"];
+
+/// `gpu-pack [DIR]`: for a GPU machine without a Rust toolchain (the lent one has none):
+/// builds here, then writes DIR (default .gpu) with `bin.tar.xz` (lockstep, this xtask, the
+/// GPU test binaries and examples, stripped) and `data.tar.xz` (the trajectory's steps 200
+/// and 400 in bf16, when ../shared/data has them). There, unpacked, `xtask gpu-check
+/// --prebuilt BINDIR [DIR]` runs the same steps as `gpu-check` on those binaries (see
+/// scripts/gpu_remote.sh). The tests find the repository's files at the path they were
+/// built in, so the checkout must be reachable there under the same path.
+fn gpu_pack(args: &[String]) -> Result<(), String> {
+    let dir = std::path::PathBuf::from(args.first().map_or(".gpu", String::as_str));
+    let stage = dir.join("bin");
+    let _ = std::fs::remove_dir_all(&stage);
+    std::fs::create_dir_all(&stage).map_err(|e| format!("{}: {e}", stage.display()))?;
+    run(
+        "cargo",
+        &["build", "--release", "--bin", "lockstep", "--examples"],
+    )?;
+    run("cargo", &["build", "--release", "--package", "xtask"])?;
+    // The test binaries' names carry a hash: cargo names each executable it builds.
+    let out = Command::new("cargo")
+        .args(["test", "--release", "--no-run", "--message-format=json"])
+        .args(GPU_TESTS.iter().flat_map(|t| ["--test", t]))
+        .output()
+        .map_err(|e| format!("cargo test --no-run: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let json = String::from_utf8_lossy(&out.stdout);
+    let mut files: Vec<(String, String)> = Vec::new();
+    for t in GPU_TESTS {
+        let line = json
+            .lines()
+            .find(|l| l.contains(&format!("\"name\":\"{t}\"")) && l.contains("\"executable\":\""))
+            .ok_or(format!("cargo built no test binary {t}"))?;
+        let exe = line.split("\"executable\":\"").nth(1).unwrap();
+        files.push((exe[..exe.find('"').unwrap()].to_string(), t.to_string()));
+    }
+    for e in GPU_EXAMPLES {
+        files.push((format!("target/release/examples/{e}"), e.to_string()));
+    }
+    files.push(("target/release/lockstep".into(), "lockstep".into()));
+    files.push(("target/release/xtask".into(), "xtask".into()));
+    for (from, name) in &files {
+        let to = stage.join(name);
+        std::fs::copy(from, &to).map_err(|e| format!("{from}: {e}"))?;
+        run("strip", &[&to.display().to_string()])?;
+    }
+    // One archive, one large window: the binaries share most of their code.
+    let tar = |name: &str, base: &std::path::Path, what: &[&str]| -> Result<(), String> {
+        let to = dir.join(name).canonicalize().unwrap_or(dir.join(name));
+        let mut a = vec!["-C".to_string(), base.display().to_string(), "-cf".into()];
+        a.push("-".into());
+        a.extend(what.iter().map(|s| s.to_string()));
+        let script = format!(
+            "tar {} | xz -T0 -9e --lzma2=dict=192MiB > '{}'",
+            a.join(" "),
+            to.display()
+        );
+        run("sh", &["-c", &script])
+    };
+    let names: Vec<&str> = files.iter().map(|f| f.1.as_str()).collect();
+    tar("bin.tar.xz", &stage, &names)?;
+    std::fs::remove_dir_all(&stage).map_err(|e| e.to_string())?;
+    let traj = std::path::Path::new(TRAJECTORY);
+    let steps = [
+        "gpt2_step000200_bf16.safetensors",
+        "gpt2_step000400_bf16.safetensors",
+    ];
+    if steps.iter().all(|s| traj.join(s).exists()) {
+        tar(
+            "data.tar.xz",
+            traj.parent().unwrap(),
+            &steps.map(|s| {
+                // (paths inside the archive: trajectory-gpt2/<file>)
+                Box::leak(format!("trajectory-gpt2/{s}").into_boxed_str()) as &str
+            }),
+        )?;
+    } else {
+        eprintln!("no trajectory in {TRAJECTORY}: the GPU run will use the demo checkpoints");
+    }
+    for f in ["bin.tar.xz", "data.tar.xz"] {
+        if let Ok(m) = std::fs::metadata(dir.join(f)) {
+            println!("{}: {:.1} MB", dir.join(f).display(), m.len() as f64 / 1e6);
+        }
+    }
+    Ok(())
+}
+
 /// See the module docs: everything a lent GPU machine should check, in one call.
 fn gpu_check(args: &[String]) -> Result<(), String> {
     let out_dir = std::env::var("OUT").ok();
@@ -524,9 +624,20 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
             let _ = std::fs::write(format!("{d}/{name}.log"), text);
         }
     };
+    // `--prebuilt BINDIR`: the binaries of `gpu-pack`, each step under a time limit (a
+    // lent machine's minutes are few); otherwise cargo builds and runs them here.
+    let mut args = args.to_vec();
+    let prebuilt = args.iter().position(|a| a == "--prebuilt").map(|i| {
+        let d = args.get(i + 1).cloned().unwrap_or_default();
+        args.drain(i..(i + 2).min(args.len()));
+        d
+    });
     // What the machine has (informational: missing tools are not failures).
-    for (cmd, a) in [("nvidia-smi", "-L"), ("vulkaninfo", "--summary")] {
-        match Command::new(cmd).arg(a).output() {
+    for (cmd, a) in [("nvidia-smi", ""), ("vulkaninfo", "--summary")] {
+        match Command::new(cmd)
+            .args((!a.is_empty()).then_some(a))
+            .output()
+        {
             Ok(o) => log(cmd, &String::from_utf8_lossy(&o.stdout)),
             Err(e) => eprintln!("({cmd} not available: {e})"),
         }
@@ -551,11 +662,17 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         f
     };
     let mut failed = Vec::new();
-    let mut step = |name: &str, cmd: &str, args: &[&str], env: &[(&str, &str)]| {
+    let mut step = |name: &str, cmd: &str, args: &[&str], env: &[(&str, &str)], limit: u32| {
+        // Prebuilt: under `timeout` (coreutils), so one hung step cannot eat the lease.
+        let limit = limit.to_string();
+        let (cmd, args): (&str, Vec<&str>) = match &prebuilt {
+            Some(_) => ("timeout", [&["-k", "5", &limit, cmd], args].concat()),
+            None => (cmd, args.to_vec()),
+        };
         eprintln!("+ {cmd} {}", args.join(" "));
         let t = std::time::Instant::now();
         match Command::new(cmd)
-            .args(args)
+            .args(&args)
             .envs(env.iter().copied())
             .output()
         {
@@ -578,52 +695,63 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
             }
         }
     };
-    step(
-        "build",
-        "cargo",
-        &["build", "--release", "--all-targets"],
-        &[],
-    );
-    let lockstep = "target/release/lockstep";
-    step("backends", lockstep, &["backends"], &[]);
-    let mut parity = vec!["parity"];
-    parity.extend(files.iter().map(String::as_str));
-    step("parity", lockstep, &parity, &[]);
-    step(
-        "wgpu-tests",
-        "cargo",
-        &[
-            "nextest",
-            "run",
-            "--release",
-            "--no-fail-fast",
-            "-E",
-            "test(/wgpu/)",
-        ],
-        &[("CI", "true")],
-    );
-    // CUDA: the parity suite on the GPU (without a driver that is a failure here, not a
-    // skip), then the delta codec end to end on CUDA and on the CPU, which must write the
-    // same file, then the timed trajectory (below).
-    step(
-        "cuda-tests",
-        "cargo",
-        &[
-            "nextest",
-            "run",
-            "--release",
-            "--no-fail-fast",
-            "-E",
-            "test(/cuda/)",
-        ],
-        &[("CI", "true"), ("LOCKSTEP_REQUIRE", "cuda,nvrtc")],
-    );
+    let bin = |name: &str| match &prebuilt {
+        Some(d) => format!("{d}/{name}"),
+        None => format!("target/release/{name}"),
+    };
+    let lockstep = bin("lockstep");
+    if prebuilt.is_none() {
+        step(
+            "build",
+            "cargo",
+            &["build", "--release", "--all-targets"],
+            &[],
+            0,
+        );
+    }
+    step("backends", &lockstep, &["backends"], &[], 60);
+    // The GPU tests, CUDA's first (`LOCKSTEP_REQUIRE=cuda,nvrtc`: without a driver that is
+    // a failure here, not a skip), wgpu's after the CUDA timings (`CI=true`: no adapter is
+    // a failure).
+    let tests = |filter: &'static str| -> Vec<(String, Vec<&'static str>)> {
+        match &prebuilt {
+            // libtest's filters: the device's module, and the cross-decode tests.
+            Some(d) => GPU_TESTS
+                .iter()
+                .map(|t| (format!("{d}/{t}"), vec![filter, "cross_decode"]))
+                .collect(),
+            None => vec![(
+                "cargo".into(),
+                vec![
+                    "nextest",
+                    "run",
+                    "--release",
+                    "--no-fail-fast",
+                    "-E",
+                    filter,
+                ],
+            )],
+        }
+    };
+    let runs = match prebuilt {
+        Some(_) => tests("cuda::"),
+        None => tests("test(/cuda/)"),
+    };
+    for (i, (cmd, a)) in runs.iter().enumerate() {
+        step(
+            &format!("cuda-tests-{i}"),
+            cmd,
+            a,
+            &[("CI", "true"), ("LOCKSTEP_REQUIRE", "cuda,nvrtc")],
+            150,
+        );
+    }
     let tmp = std::env::temp_dir();
     let lsd = |b: &str| tmp.join(format!("gpu-check-{b}.lsd")).display().to_string();
     for b in ["cuda", "cpu"] {
         step(
             &format!("delta-encode-{b}"),
-            lockstep,
+            &lockstep,
             &[
                 "delta",
                 "encode",
@@ -638,68 +766,105 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
                 "-f",
             ],
             &[],
+            60,
         );
     }
-    step("delta-same-file", "cmp", &[&lsd("cuda"), &lsd("cpu")], &[]);
+    step(
+        "delta-same-file",
+        "cmp",
+        &[&lsd("cuda"), &lsd("cpu")],
+        &[],
+        10,
+    );
+    // Each example run through cargo here, or its prebuilt binary.
+    let example = |name: &str| -> (String, Vec<&'static str>) {
+        match &prebuilt {
+            Some(d) => (format!("{d}/{name}"), vec![]),
+            None => (
+                "cargo".into(),
+                vec![
+                    "run",
+                    "--release",
+                    "--quiet",
+                    "--example",
+                    Box::leak(name.into()),
+                    "--",
+                ],
+            ),
+        }
+    };
     // The timed trajectory (src/backend/cuda/trajectory.rs): DIR's bf16 tensors tiled to
     // 3 GB, encoded and decoded on the GPU, per stage and end to end with CUDA events, the
     // host-to-device copy alone and within, the floor of each stage and measured/floor; the
     // first 4 blobs compared with the CPU's bytes. (Its emulated mode is a CI test.)
-    step(
-        "cuda-trajectory",
-        "cargo",
-        &[
-            "run",
-            "--release",
-            "--quiet",
-            "--example",
-            "cuda_trajectory",
-            "--",
-            "--dir",
-            &dir,
-            "--gb",
-            "3",
-            "--check-cpu",
-            "4",
-        ],
-        &[],
+    let (cmd, mut a) = example("cuda_trajectory");
+    a.extend(["--dir", &dir, "--gb", "3", "--check-cpu", "4"]);
+    step("cuda-trajectory", &cmd, &a, &[], 150);
+    if prebuilt.is_none() {
+        step(
+            "bench",
+            "cargo",
+            &measure(&["table", "--dir", &dir]),
+            &[],
+            0,
+        );
+    }
+    // The language model on the GPUs: its parity ran with the tests; here its throughput,
+    // the shipped model beside the CPU (the example checks that every device writes the
+    // same stream), GPT-2-small's shape on the GPU alone (the CPU would take minutes). The
+    // floor assumes the H200's dense int8 tensor-core rate, 1979 TOPS = 989.5e12 MAC/s (the
+    // kernels use __dp4a today, so they cannot reach it).
+    let (tiny, small) = (
+        "benches/text/prose-genesis.txt",
+        "benches/text/code-forward.rs",
     );
-    step("bench", "cargo", &measure(&["table", "--dir", &dir]), &[]);
-    // The language model on CUDA: its parity (lm_codec's cuda tests) ran in cuda-tests;
-    // here its throughput, the shipped model beside the CPU, GPT-2-small's shape alone (the
-    // CPU would take minutes). The floor assumes the H200's dense int8 tensor-core rate,
-    // 1979 TOPS = 989.5e12 MAC/s (the kernels use __dp4a today, so they cannot reach it).
-    for (name, file, extra) in [
-        (
-            "lm-speed-tinygpt2",
-            "benches/text/prose-genesis.txt",
-            "cuda,cpu",
-        ),
-        (
-            "lm-speed-gpt2-small",
-            "benches/text/code-forward.rs",
-            "cuda",
-        ),
-    ] {
-        let mut args = vec![
-            "run",
-            "--release",
-            "--quiet",
-            "--example",
-            "lm_devices",
-            "--",
+    let lm_rows = [
+        ("lm-speed-tinygpt2", tiny, "cuda,cpu", 120),
+        ("lm-speed-gpt2-small", small, "cuda", 120),
+        ("lm-speed-tinygpt2-wgpu", tiny, "wgpu", 60),
+        ("lm-speed-gpt2-small-wgpu", small, "wgpu", 60),
+    ];
+    let lm_args = |file: &'static str, devices: &'static str, small: bool| {
+        let (cmd, mut a) = example("lm_devices");
+        a.extend([
             file,
             "--rounds",
             "2",
             "--devices",
-            extra,
+            devices,
             "--int8-rate",
             "989.5e12",
-        ];
-        if name.ends_with("gpt2-small") {
-            args.push("--gpt2-small");
+        ]);
+        if small {
+            a.push("--gpt2-small");
         }
-        step(name, "cargo", &args, &[]);
+        (cmd, a)
+    };
+    for (name, file, devices, limit) in &lm_rows[..2] {
+        let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"));
+        step(name, &cmd, &a, &[], *limit);
+    }
+    // Then wgpu on the GPU's Vulkan driver, apart, so a missing adapter costs only its own
+    // steps: its tests, every backend's parity, its LM rows.
+    let runs = match prebuilt {
+        Some(_) => tests("wgpu::"),
+        None => tests("test(/wgpu/)"),
+    };
+    for (i, (cmd, a)) in runs.iter().enumerate() {
+        step(
+            &format!("wgpu-tests-{i}"),
+            cmd,
+            a,
+            &[("CI", "true"), ("LOCKSTEP_REQUIRE", "wgpu")],
+            150,
+        );
+    }
+    let mut parity = vec!["parity"];
+    parity.extend(files.iter().map(String::as_str));
+    step("parity", &lockstep, &parity, &[], 90);
+    for (name, file, devices, limit) in &lm_rows[2..] {
+        let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"));
+        step(name, &cmd, &a, &[], *limit);
     }
     if failed.is_empty() {
         Ok(())
