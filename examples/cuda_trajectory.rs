@@ -6,6 +6,8 @@
 //! [--emulated]`: on the GPU with CUDA events; with `--emulated`, on the CUDA kernels' host
 //! emulation with the CPU clock (a small size is wise: `--gb 0.001`), labelled EMULATED.
 //! `--check-cpu N` compares the first N blobs with the CPU backend's bytes (default 4).
+//! `--profile` also prints where the device's time went, per kernel (its marks around every
+//! launch then weigh on the stage timings).
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -28,9 +30,13 @@ fn main() -> std::process::ExitCode {
         std::path::Path::new(&dir),
         (gb * 1e9) as u64,
         check,
+        args.iter().any(|a| a == "--profile"),
     ) {
-        Ok(timing) => {
+        Ok((timing, profile)) => {
             print!("{}", timing.table());
+            if let Some(p) = profile {
+                print!("\n{p}");
+            }
             println!(
                 "(whole run, tiling included: {:.1} s wall)",
                 t.elapsed().as_secs_f64()

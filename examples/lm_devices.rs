@@ -7,10 +7,14 @@
 //! of GPT-2-small's shape (12 x 768, vocab 50257; segments of 255 tokens).
 //! `--int8-rate MACS_PER_S` also prints the floor: the model's int8 matmul MACs per token
 //! (every token is coded, so the head counts for each; attention's 2 pos d per layer is left
-//! out) at that rate, and each device's measured/floor.
+//! out) at that rate, and each device's measured/floor. `--profile` times every kernel launch
+//! and host round trip of the CUDA devices (`cuda`, `cuda-emulated`) and prints where their
+//! time went, one row per kernel (src/backend/cuda/profile.rs); their speed rows then
+//! include the profiling's cost.
 
 use std::time::Instant;
 
+use lockstep::backend::cuda::profile::Report;
 use lockstep::backend::{select, BackendChoice, Device};
 use lockstep::format::lm::model_file::Model;
 use lockstep::lm::text_codec::{compress_unverified, decompress, Options};
@@ -18,7 +22,12 @@ use lockstep::lm::tokenizer;
 #[path = "../tests/lm_common/random_model.rs"]
 mod random_model;
 
-fn device(name: &str) -> Device {
+fn device(name: &str, profile: bool) -> (Device, Option<std::sync::Arc<dyn Report>>) {
+    if profile && name.starts_with("cuda") {
+        let (d, r) = Device::cuda_profiled(name == "cuda-emulated")
+            .unwrap_or_else(|e| panic!("device {name}: {e}"));
+        return (d, Some(r));
+    }
     let choice = match name {
         "cpu" => BackendChoice::Cpu,
         "reference" => BackendChoice::Reference,
@@ -27,9 +36,10 @@ fn device(name: &str) -> Device {
         "cuda-emulated" => BackendChoice::CudaEmulated,
         other => panic!("unknown device {other}"),
     };
-    select(choice)
+    let d = select(choice)
         .unwrap_or_else(|e| panic!("device {name}: {e}"))
-        .0
+        .0;
+    (d, None)
 }
 
 fn median_range(v: &mut [f64]) -> (f64, f64, f64) {
@@ -60,10 +70,14 @@ fn main() {
         ..Default::default()
     };
     let tokens = tokenizer::encode(&data).unwrap().len() as f64;
-    let devices: Vec<(String, Device)> = names
+    let profile = args.iter().any(|a| a == "--profile");
+    let (devices, reports): (Vec<(String, Device)>, Vec<_>) = names
         .split(',')
-        .map(|n| (n.to_string(), device(n)))
-        .collect();
+        .map(|n| {
+            let (d, r) = device(n, profile);
+            ((n.to_string(), d), (n, r))
+        })
+        .unzip();
     for (n, d) in &devices {
         eprintln!("{n}: {}", d.lm().unwrap().describe());
     }
@@ -135,6 +149,11 @@ fn main() {
                 tokens / cm * floor,
                 tokens / dm * floor
             );
+        }
+    }
+    for (name, r) in reports {
+        if let Some(r) = r {
+            println!("\n{name}, every round:\n{}", r.report().unwrap());
         }
     }
 }

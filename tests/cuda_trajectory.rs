@@ -26,9 +26,33 @@ fn cuda_emulated_timed_trajectory_reports_every_stage_and_the_cpu_bytes() {
         eprintln!("SKIP: {DATA} is absent (the shared trajectory is not checked out here)");
         return;
     }
-    let t = run_on("cuda-emulated", Path::new(DATA), 3_000_000, usize::MAX).unwrap();
+    let (t, profile) = run_on(
+        "cuda-emulated",
+        Path::new(DATA),
+        3_000_000,
+        usize::MAX,
+        true,
+    )
+    .unwrap();
     let table = t.table();
     println!("{table}");
+    // The profile names every kernel the codec launched, each with launches and a time.
+    let profile = profile.expect("a profile was asked for");
+    println!("{profile}");
+    for k in [
+        "ls_residuals",
+        "ls_histogram",
+        "ls_enc_lanes",
+        "ls_enc_tail",
+        "ls_dec_lanes",
+    ] {
+        let row = profile
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(k))
+            .unwrap_or_else(|| panic!("{k} missing from the profile:\n{profile}"));
+        let launches: u64 = row.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(launches > 0, "{row}");
+    }
     assert!(t.emulated && t.tensors > 0 && t.copies >= 2, "{t:?}");
     // Every blob was the CPU's bytes (run_on fails otherwise) and every decode the target.
     assert_eq!(t.cpu_checked, t.tensors);

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use super::cpu::lm::CpuLm;
 use super::cpu::{CpuAt, CpuBackend, Isa};
+use super::cuda::launch::Launcher;
 use super::cuda::lm::CudaLm;
+use super::cuda::profile::{Profiled, Report};
 use super::cuda::CudaBackend;
 use super::lm::LmKernels;
 use super::reference::ReferenceBackend;
@@ -88,6 +90,35 @@ impl Device {
             lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
             delta: Ok(Arc::new(CudaBackend::new(dev, "cuda"))),
         })
+    }
+
+    /// [`Device::cuda`] (or, with `emulated`, [`Device::cuda_emulated`]) with every kernel
+    /// launch and host round trip timed: the device, and the handle whose `report` says
+    /// where its time went (src/backend/cuda/profile.rs).
+    pub fn cuda_profiled(emulated: bool) -> Result<(Device, Arc<dyn Report>)> {
+        fn over<L: Launcher>(dev: L, name: &'static str) -> (Device, Arc<dyn Report>) {
+            let dev = Arc::new(Profiled::new(dev));
+            let device = Device {
+                name: name.into(),
+                lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
+                delta: Ok(Arc::new(CudaBackend::new(dev.clone(), name))),
+            };
+            (device, dev)
+        }
+        if !emulated {
+            return Ok(over(super::cuda::driver::CudaDriver::open()?, "cuda"));
+        }
+        #[cfg(cuda_emulation)]
+        {
+            Ok(over(
+                super::cuda::emulated::HostEmulation::new(),
+                "cuda-emulated",
+            ))
+        }
+        #[cfg(not(cuda_emulation))]
+        Err(Error::Unsupported(
+            "the CUDA host emulation is built on Linux only".into(),
+        ))
     }
 
     /// The CUDA kernels run on the CPU by their host emulation (kernels/host/emulate.h):

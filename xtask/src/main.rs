@@ -13,10 +13,10 @@
 //!   end with CUDA events, floors and measured/floor: examples/cuda_trajectory.rs), the
 //!   bench table (its wgpu rows then time a real GPU), the language model on CUDA
 //!   (tokens/s and KB/s for the shipped tinygpt2 beside the CPU and for a GPT-2-small-shaped
-//!   random model, with the int8 floor and measured/floor); then the wgpu tests with
-//!   `CI=true` (no adapter is a failure), `lockstep parity` with every backend on the
-//!   trajectory in DIR (default ../shared/data/trajectory-gpt2, else the demo), and wgpu's
-//!   LM rows.
+//!   random model, with the int8 floor and measured/floor), each one's time per CUDA
+//!   kernel (`--profile`); then the wgpu tests with `CI=true` (no adapter is a failure),
+//!   `lockstep parity` with every backend on the trajectory in DIR (default
+//!   ../shared/data/trajectory-gpt2, else the demo), and wgpu's LM rows.
 //!   Logs go to `$OUT` when set. Each step runs even if one before failed; the exit status
 //!   says whether all passed. With `--prebuilt BINDIR` it runs `gpu-pack`'s binaries
 //!   instead of cargo (no build, no bench table), each step under a time limit.
@@ -844,6 +844,25 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"));
         step(name, &cmd, &a, &[], *limit);
     }
+    // Where CUDA's time goes, per kernel (src/backend/cuda/profile.rs: a few lines of log,
+    // where a profiler's raw output outgrew what a lease returns): the trajectory at 0.5
+    // GB, and GPT-2-small's shape on one round.
+    let (cmd, mut a) = example("cuda_trajectory");
+    a.extend([
+        "--dir",
+        &dir,
+        "--gb",
+        "0.5",
+        "--check-cpu",
+        "0",
+        "--profile",
+    ]);
+    step("cuda-trajectory-profile", &cmd, &a, &[], 90);
+    let (cmd, mut a) = lm_args(small, "cuda", true);
+    a.extend(["--profile"]);
+    let rounds = a.iter().position(|x| *x == "--rounds").unwrap() + 1;
+    a[rounds] = "1";
+    step("lm-profile-gpt2-small", &cmd, &a, &[], 90);
     // Then wgpu on the GPU's Vulkan driver, apart, so a missing adapter costs only its own
     // steps: its tests, every backend's parity, its LM rows.
     let runs = match prebuilt {

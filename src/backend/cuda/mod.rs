@@ -23,6 +23,7 @@ mod encode;
 pub mod launch;
 pub mod lm;
 pub mod nvrtc;
+pub mod profile;
 pub mod stream;
 pub mod trajectory;
 

@@ -361,24 +361,51 @@ impl Timing {
 
 /// Tile `dir`'s trajectory to about `target_bytes` and time it on `device`: `"cuda"` (a GPU,
 /// CUDA events) or `"cuda-emulated"` (the host emulation, CPU clock, labelled EMULATED).
-pub fn run_on(device: &str, dir: &Path, target_bytes: u64, check_cpu: usize) -> Result<Timing> {
+/// With `profile`, also where the device's time went per kernel (profile.rs; the marks
+/// around every launch are part of the timings then).
+pub fn run_on(
+    device: &str,
+    dir: &Path,
+    target_bytes: u64,
+    check_cpu: usize,
+    profile: bool,
+) -> Result<(Timing, Option<String>)> {
     let (tensors, copies) = tile(dir, target_bytes)?;
+    fn go<L: Launcher>(
+        dev: L,
+        name: &'static str,
+        emulated: bool,
+        tensors: &[Tiled],
+        copies: usize,
+        check_cpu: usize,
+        profile: bool,
+    ) -> Result<(Timing, Option<String>)> {
+        if profile {
+            let dev = std::sync::Arc::new(super::profile::Profiled::new(dev));
+            let b = CudaBackend::new(dev.clone(), name);
+            let timing = run(&b, tensors, copies, emulated, check_cpu)?;
+            return Ok((timing, Some(dev.report()?)));
+        }
+        let b = CudaBackend::new(dev, name);
+        Ok((run(&b, tensors, copies, emulated, check_cpu)?, None))
+    }
     match device {
         "cuda" => {
             let dev = super::driver::CudaDriver::open()?;
-            run(
-                &CudaBackend::new(dev, "cuda"),
-                &tensors,
-                copies,
-                false,
-                check_cpu,
-            )
+            go(dev, "cuda", false, &tensors, copies, check_cpu, profile)
         }
         #[cfg(cuda_emulation)]
         "cuda-emulated" => {
             let dev = super::emulated::HostEmulation::new();
-            let b = CudaBackend::new(dev, "cuda-emulated");
-            run(&b, &tensors, copies, true, check_cpu)
+            go(
+                dev,
+                "cuda-emulated",
+                true,
+                &tensors,
+                copies,
+                check_cpu,
+                profile,
+            )
         }
         other => Err(Error::Unsupported(format!(
             "timed trajectory: no device '{other}' (cuda, or cuda-emulated where it is built)"
