@@ -17,9 +17,8 @@ mod ui;
     about = "Lossless compression for checkpoint trajectories and text"
 )]
 pub struct Cli {
-    /// Compute device: auto takes a CUDA GPU for checkpoints if there is one, else a discrete
-    /// GPU through wgpu, else the CPU; text runs on the CPU (-v says which it chose and why).
-    /// The bytes never depend on it.
+    /// Compute device: auto is the CPU (the GPU paths are slower today); cuda or wgpu runs
+    /// both codecs on a GPU (-v says which it chose and why). The bytes never depend on it.
     #[arg(long, value_enum, global = true, default_value_t = backend::BackendArg::Auto)]
     pub backend: backend::BackendArg,
     /// Print nothing on stderr but errors: no summary lines, notes or progress bars.
