@@ -288,9 +288,32 @@ pub unsafe fn encode_chunk<T: Word>(
     flat: &JointFlat,
     s: &mut Scratch,
 ) -> EncodedChunk {
+    // SAFETY (both): the caller guarantees the features.
+    unsafe { slots_and_tails(d, info, flat, s) };
+    let (states, at) = unsafe { lanes(&s.codes, flat, &mut s.words) };
+    EncodedChunk {
+        words: s.words[at..SLACK + s.codes.len()].to_vec(),
+        states,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
+}
+
+/// Each element's slot in `flat` (not its code) into `s.codes`, and the raw tails into
+/// `s.tail`: the lanes then only gather. The AVX-512 lanes take them too (that level
+/// implies these features).
+///
+/// # Safety
+/// The CPU must support AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx2` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+pub(in crate::backend::cpu) unsafe fn slots_and_tails<T: Word>(
+    d: &[T],
+    info: &[u16],
+    flat: &JointFlat,
+    s: &mut Scratch,
+) {
     s.tail.clear();
     let lo2 = 2 * flat.lo;
-    // Each element's slot in `flat` (not its code): the lanes only gather.
     // SAFETY (all three): the caller guarantees the features; `T` is the width cast to.
     unsafe {
         if TypeId::of::<T>() == TypeId::of::<u16>() {
@@ -307,14 +330,6 @@ pub unsafe fn encode_chunk<T: Word>(
                     + (*c >> 7 & 7);
             }
         }
-    }
-    // SAFETY: the caller guarantees the features.
-    let (states, at) = unsafe { lanes(&s.codes, flat, &mut s.words) };
-    EncodedChunk {
-        words: s.words[at..SLACK + s.codes.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
     }
 }
 
