@@ -6,7 +6,9 @@
 //! ([`EncStage::packed`]), and the flushed words are written with compressing stores, the
 //! output filled from its end backwards: lanes 16..31 of a stage land above lanes 0..15, and
 //! every later (stage, step) below the earlier ones, so the buffer read forwards is exactly the
-//! reference's reversed word stream, with no reversal pass.
+//! reference's reversed word stream, with no reversal pass. The codes the lanes read come
+//! from the AVX2 level's passes (`avx2::encode::codes_and_tails`, and for `--fast` the slots
+//! of `avx2::joint::slots_and_tails`), which this level implies.
 //!
 //! The division `x / freq` runs in single precision and is then made exact: with `q < 2^20`
 //! (rANS normalization: `x < freq << 20` once flushed) a float quotient off by less than one
@@ -15,34 +17,13 @@
 #![cfg(target_arch = "x86_64")]
 
 use core::arch::x86_64::*;
-use std::any::TypeId;
 
-use super::super::encode::{codes, Scratch};
+use super::super::encode::Scratch;
 use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
-use crate::format::bits::BitWriter;
 use crate::format::chunk::{EncodedChunk, LANES};
-
-/// A chunk's per-element codes into `s.codes` and raw tails into `s.tail` (every layout's
-/// first encoding step): 16-bit elements by the vector pass, others by the portable one.
-///
-/// # Safety
-/// The CPU must support the features this level is compiled for.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
-pub unsafe fn codes_and_tails<T: Word>(d: &[T], signed: bool, s: &mut Scratch) {
-    s.tail.clear();
-    if TypeId::of::<T>() == TypeId::of::<u16>() {
-        // SAFETY: `T` is `u16`: same layout. Features: the caller's.
-        unsafe {
-            let d = std::slice::from_raw_parts(d.as_ptr() as *const u16, d.len());
-            codes16(d, signed, &mut s.codes, &mut s.tail);
-        }
-    } else {
-        codes(d, signed, &mut s.codes, Some(&mut s.tail));
-    }
-}
 
 /// One chunk, as `super::super::encode::chunk` codes it, with explicit AVX-512 lanes.
 ///
@@ -59,8 +40,11 @@ pub unsafe fn chunk<T: Word>(
     distance: Option<usize>,
     s: &mut Scratch,
 ) -> EncodedChunk {
-    // SAFETY: the caller guarantees the features.
-    unsafe { codes_and_tails(d, signed, s) };
+    // The codes by the AVX2 level's pass (this level implies its features): vector passes
+    // for 16- and 32-bit floats from the float conversion (avx2c), where this level had a
+    // leading-zero-count pass for 16-bit floats and the portable loop for 32-bit ones.
+    // SAFETY: the caller guarantees the features, AVX2's included (`Isa::available`).
+    unsafe { super::super::avx2::encode::codes_and_tails(d, signed, s) };
     // SAFETY: the caller guarantees the features.
     let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, flat, distance, &mut s.words) };
     EncodedChunk {
@@ -68,86 +52,6 @@ pub unsafe fn chunk<T: Word>(
         states,
         tail: s.tail.bytes(),
         tail_bits: s.tail.bits(),
-    }
-}
-
-/// `super::super::encode::codes` with the tail for 16-bit elements, 16 at a time: codes by
-/// leading-zero counts, the raw tails merged pairwise in the vector (two levels, at most 52
-/// bits each) so the bit writer takes one value per four elements.
-///
-/// # Safety
-/// The CPU must support AVX-512 F, BW, VL, CD.
-#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
-pub(in crate::backend::cpu) unsafe fn codes16(
-    d: &[u16],
-    signed: bool,
-    out: &mut Vec<u32>,
-    tail: &mut BitWriter,
-) {
-    let n = d.len();
-    // Every slot is written below; no clearing memset when the buffer is already as long.
-    out.truncate(n);
-    out.resize(n, 0);
-    let zero = _mm512_setzero_si512();
-    let one = _mm512_set1_epi32(1);
-    let three = _mm512_set1_epi32(3);
-    let mut vals = [0u64; 8];
-    let mut lens = [0u64; 8];
-    for at in (0..n).step_by(16) {
-        let cnt = (n - at).min(16);
-        let k = ((1u32 << cnt) - 1) as __mmask16;
-        // SAFETY: lanes `< cnt` are elements `at..at + cnt <= n`; the others are not read.
-        let raw = unsafe { _mm256_maskz_loadu_epi16(k, d.as_ptr().add(at) as *const _) };
-        let sd = _mm512_cvtepi16_epi32(raw);
-        let (v, neg) = if signed {
-            (_mm512_abs_epi32(sd), _mm512_cmplt_epi32_mask(sd, zero))
-        } else {
-            let z = _mm512_xor_si512(_mm512_slli_epi32::<1>(sd), _mm512_srai_epi32::<31>(sd));
-            (_mm512_and_si512(z, _mm512_set1_epi32(0xFFFF)), 0)
-        };
-        let b = _mm512_sub_epi32(_mm512_set1_epi32(32), _mm512_lzcnt_epi32(v));
-        let sh1 = _mm512_max_epi32(_mm512_sub_epi32(b, _mm512_set1_epi32(2)), zero);
-        let sh2 = _mm512_max_epi32(_mm512_sub_epi32(b, three), zero);
-        let q1 = _mm512_maskz_and_epi32(
-            _mm512_cmpge_epi32_mask(b, _mm512_set1_epi32(2)),
-            _mm512_srlv_epi32(v, sh1),
-            one,
-        );
-        let q2 = _mm512_maskz_and_epi32(
-            _mm512_cmpge_epi32_mask(b, three),
-            _mm512_srlv_epi32(v, sh2),
-            one,
-        );
-        let c = _mm512_or_si512(
-            b,
-            _mm512_or_si512(_mm512_slli_epi32::<7>(q1), _mm512_slli_epi32::<8>(q2)),
-        );
-        let c = _mm512_mask_or_epi32(c, neg, c, _mm512_set1_epi32(1 << 9));
-        // SAFETY: lanes `< cnt` write `out[at..at + cnt]`, `out.len() == n`.
-        unsafe { _mm512_mask_storeu_epi32(out.as_mut_ptr().add(at) as *mut _, k, c) };
-        // Raw tails: the low `b - 3` bits (none for b < 4; lanes past `cnt` are zero).
-        let len = sh2;
-        let val = _mm512_and_si512(v, _mm512_sub_epi32(_mm512_sllv_epi32(one, len), one));
-        let lo32 = _mm512_set1_epi64(0xFFFF_FFFF);
-        let (v_lo, l_lo) = (_mm512_and_si512(val, lo32), _mm512_and_si512(len, lo32));
-        let v2 = _mm512_or_si512(v_lo, _mm512_sllv_epi64(_mm512_srli_epi64::<32>(val), l_lo));
-        let l2 = _mm512_add_epi64(l_lo, _mm512_srli_epi64::<32>(len));
-        let v4 = _mm512_or_si512(v2, _mm512_sllv_epi64(_mm512_bsrli_epi128::<8>(v2), l2));
-        let l4 = _mm512_add_epi64(l2, _mm512_bsrli_epi128::<8>(l2));
-        // SAFETY: 8 `u64` each into `vals` and `lens`.
-        unsafe {
-            _mm512_storeu_si512(vals.as_mut_ptr() as *mut _, v4);
-            _mm512_storeu_si512(lens.as_mut_ptr() as *mut _, l4);
-        }
-        tail.put_many(
-            [vals[0], vals[2], vals[4], vals[6]],
-            [
-                lens[0] as u32,
-                lens[2] as u32,
-                lens[4] as u32,
-                lens[6] as u32,
-            ],
-        );
     }
 }
 
