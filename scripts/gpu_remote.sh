@@ -18,6 +18,10 @@ for f in (".gpu/bin.tar.xz", ".gpu/data.tar.xz"):
         print("(no " + f + ")")
 PY
 if [ "$here" != "$built_in" ]; then
+    if [ -e "$built_in" ] && [ ! -L "$built_in" ]; then
+        echo "$built_in exists and is not this checkout ($here): cannot link it" >&2
+        exit 1
+    fi
     mkdir -p "$(dirname "$built_in")" && ln -sfn "$here" "$built_in"
 fi
 data=$(dirname "$built_in")/shared/data
