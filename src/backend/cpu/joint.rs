@@ -230,7 +230,7 @@ fn drain_part(sub: &mut [u32], stride: usize, from: usize, acc: &mut [u64]) {
 }
 
 /// The residual pass and [`histogram`] in one pass over the tensor, where the level has a
-/// kernel for it (AVX2, 16- and 32-bit floats, tensors of at least twice as many elements
+/// kernel for it (AVX2, also at the AVX-512 level; 16- and 32-bit floats, tensors of at least twice as many elements
 /// as counting slots): each piece of a chunk has its displacements and facts written to
 /// `d` and `info` and its slots counted while it is in L1, so neither is read back from
 /// memory, and the exponent range is found on the way (counted by absolute context, the
@@ -252,7 +252,8 @@ pub fn residual_histogram<T: Word>(
     {
         use super::avx2::hist::{er_range_of, residual_count};
         let n = d.len();
-        if isa != Isa::Avx2
+        // The AVX-512 level takes the AVX2 kernel too (it implies AVX2: `Isa::available`).
+        if isa < Isa::Avx2
             || !(T::BITS == 16 || T::BITS == 32)
             || info_fn.wide()
             || info.len() != n
@@ -267,7 +268,8 @@ pub fn residual_histogram<T: Word>(
         if n < 2 * size_of((0, 255)) {
             // Small enough that the counting tables could outweigh the elements: the
             // tensor's exponent range first, to decide.
-            // SAFETY: `Isa::Avx2` is only ever a level `Isa::available` confirmed on this CPU.
+            // SAFETY: `isa` (AVX2 or AVX-512, each implying the AVX2 features) is only ever a
+            // level `Isa::available` confirmed on this CPU.
             let (lo, hi) = reference
                 .par_chunks(CHUNK_ELEMS * T::SIZE)
                 .map(|r| unsafe { er_range_of::<T>(r, params) })
