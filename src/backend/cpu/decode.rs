@@ -290,22 +290,23 @@ fn joint_lanes<T: Word>(
 }
 
 /// The AVX2 Joint lanes of a block while a step's worth of words is left (`guarded`),
-/// with the tail pass `f` fused into their loop.
+/// with the tail pass `f` fused into their loop: the elements the lanes did, and `f`'s
+/// [`progress`](super::avx2::decode::AfterStep::progress).
 ///
 /// # Safety
 /// The CPU must have AVX2 (`Isa::Avx2` available).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn avx2_lanes<T: Word, A: super::avx2::decode::AfterStep>(
+    mut f: A,
     table: &JointDec,
     reference: &[u8],
     info_fn: InfoFn,
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
-    f: &mut A,
-) -> Result<usize> {
-    super::avx2::joint::decode::<T, A>(
+) -> Result<(usize, usize, u64)> {
+    let k = super::avx2::joint::decode::<T, A>(
         table,
         reference,
         info_fn.joint_params(),
@@ -313,8 +314,10 @@ unsafe fn avx2_lanes<T: Word, A: super::avx2::decode::AfterStep>(
         states,
         st,
         true,
-        f,
-    )
+        &mut f,
+    )?;
+    let (done, bits) = f.progress();
+    Ok((k, done, bits))
 }
 
 /// Elements per block of [`joint_blocked`]: a multiple of `LANES` and of the tail passes'
@@ -380,45 +383,19 @@ fn joint_blocked<T: Word>(
             unsafe {
                 use super::avx2::decode::{Fused16, Fused32};
                 let (tb, bits) = (tail.bytes(), tail.consumed);
+                let (s, c) = (&mut states, &mut st);
                 (k, fused, tail.consumed) = match (T::BITS, signed) {
                     (16, _) => {
-                        let mut f = Fused16::new(r, o, tb, bits, signed);
-                        let k = avx2_lanes::<T, _>(
-                            table,
-                            r,
-                            info_fn,
-                            codes,
-                            &mut states,
-                            &mut st,
-                            &mut f,
-                        )?;
-                        (k, f.done, f.bits)
+                        let f = Fused16::new(r, o, tb, bits, signed);
+                        avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, true) => {
-                        let mut f = Fused32::<true>::new(r, o, tb, bits);
-                        let k = avx2_lanes::<T, _>(
-                            table,
-                            r,
-                            info_fn,
-                            codes,
-                            &mut states,
-                            &mut st,
-                            &mut f,
-                        )?;
-                        (k, f.done, f.bits)
+                        let f = Fused32::<true>::new(r, o, tb, bits);
+                        avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, false) => {
-                        let mut f = Fused32::<false>::new(r, o, tb, bits);
-                        let k = avx2_lanes::<T, _>(
-                            table,
-                            r,
-                            info_fn,
-                            codes,
-                            &mut states,
-                            &mut st,
-                            &mut f,
-                        )?;
-                        (k, f.done, f.bits)
+                        let f = Fused32::<false>::new(r, o, tb, bits);
+                        avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                 };
             }

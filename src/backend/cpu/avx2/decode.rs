@@ -448,11 +448,16 @@ pub(in crate::backend::cpu) trait AfterStep {
     /// # Safety
     /// AVX2 (inlined into code built for it); `codes` valid for `ready` reads.
     unsafe fn after(&mut self, codes: *const u32, ready: usize);
+    /// Elements whose tails are done, and where those tails end (none for `()`).
+    fn progress(&self) -> (usize, u64);
 }
 
 impl AfterStep for () {
     #[inline(always)]
     unsafe fn after(&mut self, _: *const u32, _: usize) {}
+    fn progress(&self) -> (usize, u64) {
+        (0, 0)
+    }
 }
 
 /// [`finish_u16`] run inside the lanes' loop, two groups per step, a step behind the lanes:
@@ -497,6 +502,9 @@ impl<'a> Fused16<'a> {
 }
 
 impl AfterStep for Fused16<'_> {
+    fn progress(&self) -> (usize, u64) {
+        (self.done, self.bits)
+    }
     #[inline(always)]
     unsafe fn after(&mut self, codes: *const u32, ready: usize) {
         // A step behind: the groups of the step before the one the lanes just stored.
@@ -836,6 +844,9 @@ impl<'a, const SIGNED: bool> Fused32<'a, SIGNED> {
 }
 
 impl<const SIGNED: bool> AfterStep for Fused32<'_, SIGNED> {
+    fn progress(&self) -> (usize, u64) {
+        (self.done, self.bits)
+    }
     #[inline(always)]
     unsafe fn after(&mut self, codes: *const u32, ready: usize) {
         let Some(k) = &self.k else {
