@@ -84,41 +84,28 @@ impl Device {
     /// The first CUDA GPU, its kernels compiled by NVRTC for it; "no CUDA driver" and the
     /// like when there is none.
     pub fn cuda() -> Result<Device> {
-        let dev = Arc::new(super::cuda::driver::CudaDriver::open()?);
-        Ok(Device {
-            name: "cuda".into(),
-            lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
-            delta: Ok(Arc::new(CudaBackend::new(dev, "cuda"))),
-        })
+        let dev = super::cuda::driver::CudaDriver::open()?;
+        Ok(Device::on_cuda(Arc::new(dev), "cuda"))
     }
 
     /// [`Device::cuda`] (or, with `emulated`, [`Device::cuda_emulated`]) with every kernel
     /// launch and host round trip timed: the device, and the handle whose `report` says
     /// where its time went (src/backend/cuda/profile.rs).
     pub fn cuda_profiled(emulated: bool) -> Result<(Device, Arc<dyn Report>)> {
-        fn over<L: Launcher>(dev: L, name: &'static str) -> (Device, Arc<dyn Report>) {
+        fn profiled<L: Launcher>(dev: L, name: &'static str) -> (Device, Arc<dyn Report>) {
             let dev = Arc::new(Profiled::new(dev));
-            let device = Device {
-                name: name.into(),
-                lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
-                delta: Ok(Arc::new(CudaBackend::new(dev.clone(), name))),
-            };
-            (device, dev)
+            (Device::on_cuda(dev.clone(), name), dev)
         }
         if !emulated {
-            return Ok(over(super::cuda::driver::CudaDriver::open()?, "cuda"));
+            return Ok(profiled(super::cuda::driver::CudaDriver::open()?, "cuda"));
         }
         #[cfg(cuda_emulation)]
         {
-            Ok(over(
-                super::cuda::emulated::HostEmulation::new(),
-                "cuda-emulated",
-            ))
+            let dev = super::cuda::emulated::HostEmulation::new();
+            Ok(profiled(dev, "cuda-emulated"))
         }
         #[cfg(not(cuda_emulation))]
-        Err(Error::Unsupported(
-            "the CUDA host emulation is built on Linux only".into(),
-        ))
+        Err(no_emulation())
     }
 
     /// The CUDA kernels run on the CPU by their host emulation (kernels/host/emulate.h):
@@ -127,37 +114,20 @@ impl Device {
     pub fn cuda_emulated() -> Result<Device> {
         #[cfg(cuda_emulation)]
         {
-            let dev = Arc::new(super::cuda::emulated::HostEmulation::new());
-            Ok(Device {
-                name: "cuda-emulated".into(),
-                lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
-                delta: Ok(Arc::new(CudaBackend::new(dev, "cuda-emulated"))),
-            })
+            let dev = super::cuda::emulated::HostEmulation::new();
+            Ok(Device::on_cuda(Arc::new(dev), "cuda-emulated"))
         }
         #[cfg(not(cuda_emulation))]
-        Err(Error::Unsupported(
-            "the CUDA host emulation is built on Linux only".into(),
-        ))
+        Err(no_emulation())
     }
 
-    /// This device's delta kernels with `other`'s language model where this device has none
-    /// (`auto`: a GPU for checkpoints, the CPU for text).
-    pub fn lm_from(mut self, other: &Device) -> Device {
-        if self.lm.is_err() {
-            if let Ok(lm) = &other.lm {
-                self.lm = Ok(lm.clone());
-                self.name = format!("{}+{}-lm", self.name, other.name);
-            }
+    /// Both codecs' CUDA host code on one launcher.
+    fn on_cuda<L: Launcher>(dev: Arc<L>, name: &'static str) -> Device {
+        Device {
+            name: name.into(),
+            lm: Ok(Arc::new(CudaLm::new(dev.clone()))),
+            delta: Ok(Arc::new(CudaBackend::new(dev, name))),
         }
-        self
-    }
-
-    /// This device's delta kernels with `other`'s language model, whether or not this device
-    /// has one (`auto` on CUDA: the CUDA LM's parity on a GPU is not yet checked).
-    pub fn lm_of(mut self, other: &Device) -> Device {
-        self.lm = other.lm.clone();
-        self.name = format!("{}+{}-lm", self.name, other.name);
-        self
     }
 
     /// Short name for the command line and parity tables ("cpu", "cpu-avx2", "wgpu", ...).
@@ -215,4 +185,9 @@ impl Device {
         };
         (out, wgpu)
     }
+}
+
+#[cfg(not(cuda_emulation))]
+fn no_emulation() -> Error {
+    Error::Unsupported("the CUDA host emulation is built on Linux only".into())
 }
