@@ -575,35 +575,25 @@ fn gpu_pack(args: &[String]) -> Result<(), String> {
         run("strip", &[&to.display().to_string()])?;
     }
     // One archive, one large window: the binaries share most of their code.
-    let tar = |name: &str, base: &std::path::Path, what: &[&str]| -> Result<(), String> {
-        let to = dir.join(name).canonicalize().unwrap_or(dir.join(name));
-        let mut a = vec!["-C".to_string(), base.display().to_string(), "-cf".into()];
-        a.push("-".into());
-        a.extend(what.iter().map(|s| s.to_string()));
+    // (The shell's redirect runs in this folder; `tar -C` only moves where tar reads.)
+    let tar = |name: &str, base: &std::path::Path, what: &[String]| {
         let script = format!(
-            "tar {} | xz -T0 -9e --lzma2=dict=192MiB > '{}'",
-            a.join(" "),
-            to.display()
+            "tar -C '{}' -cf - {} | xz -T0 -9e --lzma2=dict=192MiB > '{}'",
+            base.display(),
+            what.join(" "),
+            dir.join(name).display()
         );
         run("sh", &["-c", &script])
     };
-    let names: Vec<&str> = files.iter().map(|f| f.1.as_str()).collect();
+    let names: Vec<String> = files.iter().map(|f| f.1.clone()).collect();
     tar("bin.tar.xz", &stage, &names)?;
     std::fs::remove_dir_all(&stage).map_err(|e| e.to_string())?;
     let traj = std::path::Path::new(TRAJECTORY);
-    let steps = [
-        "gpt2_step000200_bf16.safetensors",
-        "gpt2_step000400_bf16.safetensors",
-    ];
+    let steps = ["200", "400"].map(|s| format!("gpt2_step000{s}_bf16.safetensors"));
     if steps.iter().all(|s| traj.join(s).exists()) {
-        tar(
-            "data.tar.xz",
-            traj.parent().unwrap(),
-            &steps.map(|s| {
-                // (paths inside the archive: trajectory-gpt2/<file>)
-                Box::leak(format!("trajectory-gpt2/{s}").into_boxed_str()) as &str
-            }),
-        )?;
+        // Inside the archive: trajectory-gpt2/<file>.
+        let paths = steps.map(|s| format!("trajectory-gpt2/{s}"));
+        tar("data.tar.xz", traj.parent().unwrap(), &paths)?;
     } else {
         eprintln!("no trajectory in {TRAJECTORY}: the GPU run will use the demo checkpoints");
     }
@@ -713,35 +703,30 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
     // The GPU tests, CUDA's first (`LOCKSTEP_REQUIRE=cuda,nvrtc`: without a driver that is
     // a failure here, not a skip), wgpu's after the CUDA timings (`CI=true`: no adapter is
     // a failure).
-    let tests = |filter: &'static str| -> Vec<(String, Vec<&'static str>)> {
+    let tests = |device: &str| -> Vec<(String, Vec<String>)> {
         match &prebuilt {
             // libtest's filters: the device's module, and the cross-decode tests.
             Some(d) => GPU_TESTS
                 .iter()
-                .map(|t| (format!("{d}/{t}"), vec![filter, "cross_decode"]))
+                .map(|t| {
+                    let filters = vec![format!("{device}::"), "cross_decode".into()];
+                    (format!("{d}/{t}"), filters)
+                })
                 .collect(),
-            None => vec![(
-                "cargo".into(),
-                vec![
-                    "nextest",
-                    "run",
-                    "--release",
-                    "--no-fail-fast",
-                    "-E",
-                    filter,
-                ],
-            )],
+            None => {
+                let a = ["nextest", "run", "--release", "--no-fail-fast", "-E"];
+                let mut a: Vec<String> = a.map(String::from).to_vec();
+                a.push(format!("test(/{device}/)"));
+                vec![("cargo".into(), a)]
+            }
         }
     };
-    let runs = match prebuilt {
-        Some(_) => tests("cuda::"),
-        None => tests("test(/cuda/)"),
-    };
-    for (i, (cmd, a)) in runs.iter().enumerate() {
+    for (i, (cmd, a)) in tests("cuda").iter().enumerate() {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
         step(
             &format!("cuda-tests-{i}"),
             cmd,
-            a,
+            &a,
             &[("CI", "true"), ("LOCKSTEP_REQUIRE", "cuda,nvrtc")],
             150,
         );
@@ -824,12 +809,12 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         ("lm-speed-tinygpt2-wgpu", tiny, "wgpu", 60),
         ("lm-speed-gpt2-small-wgpu", small, "wgpu", 60),
     ];
-    let lm_args = |file: &'static str, devices: &'static str, small: bool| {
+    let lm_args = |file: &'static str, devices: &'static str, small: bool, rounds| {
         let (cmd, mut a) = example("lm_devices");
         a.extend([
             file,
             "--rounds",
-            "2",
+            rounds,
             "--devices",
             devices,
             "--int8-rate",
@@ -841,7 +826,7 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         (cmd, a)
     };
     for (name, file, devices, limit) in &lm_rows[..2] {
-        let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"));
+        let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"), "2");
         step(name, &cmd, &a, &[], *limit);
     }
     // Where CUDA's time goes, per kernel (src/backend/cuda/profile.rs: a few lines of log,
@@ -858,22 +843,17 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         "--profile",
     ]);
     step("cuda-trajectory-profile", &cmd, &a, &[], 90);
-    let (cmd, mut a) = lm_args(small, "cuda", true);
-    a.extend(["--profile"]);
-    let rounds = a.iter().position(|x| *x == "--rounds").unwrap() + 1;
-    a[rounds] = "1";
+    let (cmd, mut a) = lm_args(small, "cuda", true, "1");
+    a.push("--profile");
     step("lm-profile-gpt2-small", &cmd, &a, &[], 90);
     // Then wgpu on the GPU's Vulkan driver, apart, so a missing adapter costs only its own
     // steps: its tests, every backend's parity, its LM rows.
-    let runs = match prebuilt {
-        Some(_) => tests("wgpu::"),
-        None => tests("test(/wgpu/)"),
-    };
-    for (i, (cmd, a)) in runs.iter().enumerate() {
+    for (i, (cmd, a)) in tests("wgpu").iter().enumerate() {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
         step(
             &format!("wgpu-tests-{i}"),
             cmd,
-            a,
+            &a,
             &[("CI", "true"), ("LOCKSTEP_REQUIRE", "wgpu")],
             150,
         );
@@ -882,7 +862,7 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
     parity.extend(files.iter().map(String::as_str));
     step("parity", &lockstep, &parity, &[], 90);
     for (name, file, devices, limit) in &lm_rows[2..] {
-        let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"));
+        let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"), "2");
         step(name, &cmd, &a, &[], *limit);
     }
     if failed.is_empty() {
