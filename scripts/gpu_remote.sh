@@ -4,6 +4,7 @@
 # the tests were built in (they find tests/golden and models/ there), put the machine's
 # NVRTC on the library path, and run `xtask gpu-check --prebuilt`. Logs go to $OUT.
 #   device run: carry [".gpu", ".gl"], command: bash scripts/gpu_remote.sh /work/main
+# Arguments after the path go to gpu-check (e.g. --only backends,cuda-trajectory-profile).
 set -u
 built_in=${1:?the checkout path the pack was built in (e.g. /work/main)}
 here=$PWD
@@ -39,4 +40,4 @@ if ! ldconfig -p | grep -q 'libnvrtc.so'; then
 fi
 echo "nvrtc: ${nv:-on the library path}; cuda: $(ldconfig -p | grep -m1 'libcuda.so')"
 cd "$built_in" || exit 1
-"$g/xtask" gpu-check --prebuilt "$g" "$data/trajectory-gpt2"
+"$g/xtask" gpu-check --prebuilt "$g" "${@:2}" "$data/trajectory-gpt2"

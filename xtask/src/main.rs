@@ -5,7 +5,7 @@
 //! - `cross`: the same bytes on another architecture: lockstep built for aarch64 and run
 //!   under qemu must write byte-identical delta and text files to the host build's, decode
 //!   the host's files, and pass `lockstep parity` (tools missing: it says which, and skips).
-//! - `gpu-check [--prebuilt BINDIR] [DIR]`: the one script to run where a GPU is lent, in
+//! - `gpu-check [--prebuilt BINDIR] [--only STEP,..] [DIR]`: the one script to run where a GPU is lent, in
 //!   the order that keeps the most important results if the lease runs out: lists the
 //!   devices, builds, runs the CUDA tests with `LOCKSTEP_REQUIRE=cuda,nvrtc` (parity on the
 //!   GPU), a delta encode on CUDA and on the CPU that must write the same file, the timed
@@ -622,6 +622,13 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         args.drain(i..(i + 2).min(args.len()));
         d
     });
+    // `--only A,B`: just the steps whose names start with A or B (a short first call on a
+    // lent machine, e.g. `--only backends,cuda-trajectory-profile,lm-profile`).
+    let only: Option<Vec<String>> = args.iter().position(|a| a == "--only").map(|i| {
+        let v = args.get(i + 1).cloned().unwrap_or_default();
+        args.drain(i..(i + 2).min(args.len()));
+        v.split(',').map(String::from).collect()
+    });
     // What the machine has (informational: missing tools are not failures).
     for (cmd, a) in [("nvidia-smi", ""), ("vulkaninfo", "--summary")] {
         match Command::new(cmd)
@@ -653,6 +660,11 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
     };
     let mut failed = Vec::new();
     let mut step = |name: &str, cmd: &str, args: &[&str], env: &[(&str, &str)], limit: u32| {
+        if let Some(only) = &only {
+            if !only.iter().any(|p| name.starts_with(p.as_str())) {
+                return;
+            }
+        }
         // Prebuilt: under `timeout` (coreutils), so one hung step cannot eat the lease.
         let limit = limit.to_string();
         let (cmd, args): (&str, Vec<&str>) = match &prebuilt {
