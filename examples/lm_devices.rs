@@ -9,8 +9,8 @@
 //! (every token is coded, so the head counts for each; attention's 2 pos d per layer is left
 //! out) at that rate, and each device's measured/floor. `--profile` times every kernel launch
 //! and host round trip of the CUDA devices (`cuda`, `cuda-emulated`) and prints where their
-//! time went, one row per kernel (src/backend/cuda/profile.rs); their speed rows then
-//! include the profiling's cost.
+//! time went in the last round's compress and its decompress, one row per kernel
+//! (src/backend/cuda/profile.rs); their speed rows then include the profiling's cost.
 
 use std::time::Instant;
 
@@ -88,14 +88,27 @@ fn main() {
     );
     let mut times = vec![(Vec::new(), Vec::new()); devices.len()];
     let mut first: Option<Vec<u8>> = None;
+    // With --profile, the last round's compress and decompress each get their own table.
+    let mut phases = Vec::new();
+    let take = |i: usize, round: usize, phase: &str, phases: &mut Vec<String>| {
+        if let Some(r) = &reports[i].1 {
+            let t = r.take_report().unwrap();
+            if round + 1 == rounds {
+                phases.push(format!("{}, {phase}:\n{t}", reports[i].0));
+            }
+        }
+    };
     for round in 0..rounds {
         for (i, (name, d)) in devices.iter().enumerate() {
+            take(i, round, "before", &mut Vec::new());
             let t = Instant::now();
             let c = compress_unverified(&model, &data, &opts, d).unwrap();
             let tc = t.elapsed().as_secs_f64();
+            take(i, round, "compress", &mut phases);
             let t = Instant::now();
             assert_eq!(decompress(&model, &c, d).unwrap(), data, "{name}");
             let td = t.elapsed().as_secs_f64();
+            take(i, round, "decompress", &mut phases);
             match &first {
                 Some(f) => assert_eq!(&c, f, "{name}: the stream differs"),
                 None => first = Some(c),
@@ -151,9 +164,7 @@ fn main() {
             );
         }
     }
-    for (name, r) in reports {
-        if let Some(r) = r {
-            println!("\n{name}, every round:\n{}", r.report().unwrap());
-        }
+    for p in phases {
+        println!("\n{p}");
     }
 }

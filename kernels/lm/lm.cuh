@@ -12,6 +12,11 @@
 #define LS_KERNEL extern "C" __global__ void
 #define LS_FN static __device__ __forceinline__
 #endif
+// Unroll the next loop four times on the device (the host emulation's C compiler decides).
+#ifndef LS_UNROLL4
+#define LS_PRAGMA(x) _Pragma(#x)
+#define LS_UNROLL4 LS_PRAGMA(unroll 4)
+#endif
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -56,6 +61,8 @@ LS_FN void st64(u32 *b, u64 i, i64 v) {
     b[2u * i] = (u32)(u64)v;
     b[2u * i + 1u] = (u32)((u64)v >> 32);
 }
+
+LS_FN u32 lm_min(u32 a, u32 b) { return a < b ? a : b; }
 
 LS_FN i64 clamp64(i64 v, i64 c) { return v < -c ? -c : (v > c ? c : v); }
 

@@ -21,6 +21,26 @@ pub trait LmKernels: Send + Sync {
     fn describe(&self) -> String;
     /// Make `model` resident (weights uploaded once) with `sequences` empty KV caches.
     fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>>;
+    /// How many sequences of up to `positions` tokens a decoder should run in lockstep on
+    /// this device: one KV cache each. The bytes never depend on it; a GPU with gigabytes
+    /// to spare takes many more than the CPU, whose default keeps the caches to 512 MiB.
+    fn lockstep_sequences(&self, model: &Model, positions: usize) -> usize {
+        sequences_within(model, positions, 512 << 20, 64)
+    }
+    /// How many segments of `positions` tokens the encoder should run in one step (one
+    /// sequence each). One on the CPU, whose kernels are busy with one segment's positions;
+    /// a GPU needs the rows of many to fill itself. The bytes never depend on it.
+    fn compress_sequences(&self, _model: &Model, _positions: usize) -> usize {
+        1
+    }
+}
+
+/// Sequences whose KV caches (`positions` per sequence, keys and values, 4 bytes each per
+/// layer and channel) fit in `bytes`, between 1 and `max`.
+pub fn sequences_within(model: &Model, positions: usize, bytes: usize, max: usize) -> usize {
+    let c = &model.config;
+    let per = (c.n_layer as usize * positions * c.n_embd as usize * 8).max(1);
+    (bytes / per).clamp(1, max)
 }
 
 /// A model resident on a device, with one KV cache per sequence.

@@ -19,8 +19,6 @@ pub const VERSION: u32 = 1;
 const WHAT: &str = "text stream";
 /// Longest segment, in tokens.
 pub const MAX_SEGMENT_TOKENS: u32 = 1 << 16;
-/// Cap on KV-cache memory held by one lockstep decode group.
-const GROUP_CACHE_BYTES: usize = 512 << 20;
 
 /// Header flag: the match model is mixed into the frequencies.
 pub const FLAG_MATCH: u32 = 1;
@@ -126,6 +124,57 @@ pub fn segment_intervals(
     Ok(out)
 }
 
+/// [`segment_intervals`] of several segments in one step, segment `i` as sequence `i` of
+/// `lm`, for segments that fit one window (`seg.len() < n_ctx`: every prediction sees its
+/// whole segment, so a segment is one batch of positions either way). Each item is the one
+/// `segment_intervals` would run, so the intervals are the same integers.
+pub fn batch_intervals(
+    lm: &mut dyn LmSession,
+    model: &Model,
+    segs: &[&[u32]],
+    use_match: bool,
+) -> Result<Vec<Vec<(u64, u64)>>> {
+    let c = model.config.n_ctx as usize;
+    let mut items = Vec::new();
+    for (i, seg) in segs.iter().enumerate() {
+        if seg.len() >= c {
+            return Err(Error::Invalid(format!(
+                "batch_intervals: a segment of {} tokens does not fit one window of {c}",
+                seg.len()
+            )));
+        }
+        let mut s = Vec::with_capacity(seg.len() + 1);
+        s.push(EOT);
+        s.extend_from_slice(seg);
+        let mut mm = use_match.then(|| {
+            let mut m = MatchModel::new();
+            m.update(&s[..1]);
+            m
+        });
+        lm.clear(i)?;
+        for p in 0..seg.len() {
+            let mix = mm.as_mut().and_then(|m| {
+                let pred = m.predict(&s[..=p]);
+                m.update(&s[..p + 2]);
+                pred
+            });
+            items.push(Item {
+                seq: i,
+                token: s[p],
+                query: Some(Query {
+                    find: Find::Symbol(s[p + 1]),
+                    mix,
+                }),
+            });
+        }
+    }
+    let mut coded = lm.step(&items)?.into_iter().map(|c| (c.cum, c.freq));
+    Ok(segs
+        .iter()
+        .map(|seg| coded.by_ref().take(seg.len()).collect())
+        .collect())
+}
+
 /// Which pass a progress report is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
@@ -161,7 +210,6 @@ fn compress_unverified_with(
     progress: Progress,
 ) -> Result<Vec<u8>> {
     check_model(model)?;
-    let mut lm = device.lm()?.load(model, 1)?;
     let c = model.config.n_ctx;
     let seg_len = opts.segment_tokens.unwrap_or(c - 1);
     if seg_len == 0 || seg_len > 1 << 20 {
@@ -169,22 +217,43 @@ fn compress_unverified_with(
             "segment length {seg_len} (1..=2^20)"
         )));
     }
+    // Segments that fit one window run several to a step where the device wants that.
+    let kernels = device.lm()?;
+    let one_window = seg_len < c;
+    let per_step = match one_window {
+        true => kernels
+            .compress_sequences(model, seg_len as usize + 1)
+            .max(1),
+        false => 1,
+    };
+    let mut lm = kernels.load(model, per_step)?;
     let tokens = tokenizer::encode(data)?;
     let mut payloads = Vec::new();
     let mut segments = Vec::new();
     let (mut done, total) = (0u64, tokens.len() as u64);
     progress(Pass::Compress, 0, total);
-    for seg in tokens.chunks(seg_len as usize) {
-        let iv = segment_intervals(lm.as_mut(), model, seg, opts.match_model)?;
-        done += seg.len() as u64;
-        progress(Pass::Compress, done, total);
-        let mut enc = Encoder::new();
-        for (cum, f) in iv {
-            enc.encode(cum, f);
+    let segs: Vec<&[u32]> = tokens.chunks(seg_len as usize).collect();
+    for group in segs.chunks(per_step) {
+        let ivs = match one_window {
+            true => batch_intervals(lm.as_mut(), model, group, opts.match_model)?,
+            false => vec![segment_intervals(
+                lm.as_mut(),
+                model,
+                group[0],
+                opts.match_model,
+            )?],
+        };
+        for (seg, iv) in group.iter().zip(ivs) {
+            done += seg.len() as u64;
+            let mut enc = Encoder::new();
+            for (cum, f) in iv {
+                enc.encode(cum, f);
+            }
+            let bytes = enc.finish();
+            segments.push((seg.len() as u32, bytes.len() as u32));
+            payloads.push(bytes);
         }
-        let bytes = enc.finish();
-        segments.push((seg.len() as u32, bytes.len() as u32));
-        payloads.push(bytes);
+        progress(Pass::Compress, done, total);
     }
     let header = Header {
         model_hash: model.hash,
@@ -435,11 +504,8 @@ fn decompress_pass(
         p += b as usize;
     }
     let c = model.config.n_ctx as usize;
-    let nl = model.config.n_layer as usize;
-    let d = model.config.n_embd as usize;
     let positions = (h.segment_tokens as usize + 1).min(c);
-    let cache_bytes = (nl * positions * d * 8).max(1);
-    let group = (GROUP_CACHE_BYTES / cache_bytes).clamp(1, 64);
+    let group = device.lm()?.lockstep_sequences(model, positions);
     // The header's counts are not trusted for allocation sizes.
     let mut tokens = Vec::with_capacity((h.n_tokens as usize).min(data.len().saturating_mul(8)));
     let total: u64 = h.segments.iter().map(|&(t, _)| t as u64).sum();

@@ -196,6 +196,14 @@ impl Launcher for CudaDriver {
         unsafe { self.run(f, grid, kernel.block(), &p.words(), &views, kernel.symbol()) }
     }
 
+    fn free_memory(&self) -> Option<usize> {
+        self.stream
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(free, _)| free)
+    }
+
     fn launch_lm(
         &self,
         kernel: LmKernel,

@@ -146,6 +146,11 @@ pub trait Launcher: Send + Sync + 'static {
         p: &LmParams,
         bufs: [&Self::Buf; 8],
     ) -> Result<()>;
+    /// Free device memory in bytes, where the device says (how many KV caches the
+    /// language model may hold at once); `None` where it does not (the emulation).
+    fn free_memory(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A shared device: the delta codec's backend and the language model hold one each.
@@ -219,5 +224,8 @@ impl<L: Launcher> Launcher for std::sync::Arc<L> {
         bufs: [&Self::Buf; 8],
     ) -> Result<()> {
         (**self).launch_lm(kernel, grid, p, bufs)
+    }
+    fn free_memory(&self) -> Option<usize> {
+        (**self).free_memory()
     }
 }

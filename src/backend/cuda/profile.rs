@@ -25,11 +25,22 @@ type Launch<E> = (&'static str, u32, E, E);
 pub trait Report: Send + Sync {
     /// See [`Profiled::report`].
     fn report(&self) -> Result<String>;
+    /// The report, then forget what it covered (one table per phase of a run).
+    fn take_report(&self) -> Result<String>;
 }
 
 impl<L: Launcher> Report for Profiled<L> {
     fn report(&self) -> Result<String> {
         Profiled::report(self)
+    }
+    fn take_report(&self) -> Result<String> {
+        let r = Profiled::report(self)?;
+        self.launches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.host.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(r)
     }
 }
 
@@ -197,5 +208,8 @@ impl<L: Launcher> Launcher for Profiled<L> {
         self.launched(kernel.symbol(), grid, || {
             self.inner.launch_lm(kernel, grid, p, bufs)
         })
+    }
+    fn free_memory(&self) -> Option<usize> {
+        self.inner.free_memory()
     }
 }

@@ -73,7 +73,7 @@ impl LmKernel {
     /// (NORM_THREADS, QUANT_THREADS, FREQ_THREADS, ATT_THREADS in the sources).
     pub fn block(self) -> u32 {
         match self {
-            LmKernel::Matmul | LmKernel::Attention => 64,
+            LmKernel::Attention => 64,
             _ => 256,
         }
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::launch::Launcher;
 use crate::backend::lm::{
-    query_last, step_input, Coded, Item, LmKernels, LmSession, Readback, Trace,
+    query_last, sequences_within, step_input, Coded, Item, LmKernels, LmSession, Readback, Trace,
 };
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
@@ -39,6 +39,34 @@ impl<L: Launcher> LmKernels for CudaLm<L> {
             model,
             sequences,
         )?))
+    }
+
+    /// A step's cost hardly grows with its rows until thousands, so decoders run as many
+    /// sequences as a quarter of the free memory holds in KV caches (a session gives each
+    /// the whole context), at most 16 GiB and 1024 sequences.
+    fn lockstep_sequences(&self, model: &Model, _positions: usize) -> usize {
+        sequences_within(model, model.config.n_ctx as usize, self.kv_budget(), 1024)
+    }
+
+    /// As many segments as keep a step to about 16K positions, within the same budget.
+    fn compress_sequences(&self, model: &Model, positions: usize) -> usize {
+        let rows = (STEP_POSITIONS / positions.max(1)).max(1);
+        self.lockstep_sequences(model, positions).min(rows)
+    }
+}
+
+/// Positions per compression step at most: activations of 16K rows of GPT-2 small are about
+/// 2 GB.
+const STEP_POSITIONS: usize = 1 << 14;
+
+impl<L: Launcher> CudaLm<L> {
+    /// Bytes of KV cache a session may hold: a quarter of the free memory (1 GiB where the
+    /// device does not say), at most 16 GiB.
+    fn kv_budget(&self) -> usize {
+        self.dev
+            .free_memory()
+            .map_or(1 << 30, |free| free / 4)
+            .min(16 << 30)
     }
 }
 
@@ -133,8 +161,11 @@ struct CudaSession<'m, L: Launcher> {
     lens: Vec<usize>,
 }
 
+/// The matmul's block geometry (kernels/lm/matmul.cu): weight rows and items per block.
+const MM_ROWS: usize = 64;
+const MM_ITEMS: usize = 8;
 /// Queried rows per head launch: bounds the logits and frequency buffers (rows x vocab).
-const HEAD_ROWS: usize = 256;
+const HEAD_ROWS: usize = 1024;
 /// Bytes of attention scores per launch: items are grouped to stay below it.
 const SCRATCH_BYTES: usize = 64 << 20;
 
@@ -299,7 +330,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 clamp: clamp as u32,
                 ..Default::default()
             };
-            let grid = mat.rows.div_ceil(64) * rows.div_ceil(4);
+            let grid = mat.rows.div_ceil(MM_ROWS) * rows.div_ceil(MM_ITEMS);
             launch(
                 LmKernel::Matmul,
                 grid,
