@@ -39,6 +39,7 @@ LS_KERNEL lm_attention(LM_ARGS) {
     i64 mx = (i64)(1ull << 63);
     for (u32 s = l; s < len; s += ATT_THREADS) {
         i64 dot = 0;
+        LS_UNROLL4
         for (u32 c = 0u; c < p.hd; c++) { dot += (i64)q[c] * kc[(u64)s * p.d + c]; }
         i64 sc = (i64)round_shift((i128)dot * attn_m, 52);
         st64(b6, sb + s, sc);
@@ -70,10 +71,10 @@ LS_KERNEL lm_attention(LM_ARGS) {
     Recip rc = recip((i128)att_red[0]);
     for (u32 c = l; c < p.hd; c += ATT_THREADS) {
         i64 acc = 0;
-        for (u32 s = 0u; s < len; s++) {
-            i64 w = ld64(b6, sb + s);
-            if (w != 0) { acc += w * vc[(u64)s * p.d + c]; }
-        }
+        // (no branch on w == 0, which adds nothing: a loop without one unrolls, and its
+        // independent loads overlap instead of waiting one after another)
+        LS_UNROLL4
+        for (u32 s = 0u; s < len; s++) { acc += ld64(b6, sb + s) * vc[(u64)s * p.d + c]; }
         // |acc| <= 2^57, r <= 2^30
         st64(b7, (u64)t * p.d + off + c, (i64)div_recip((i128)acc, rc));
     }
