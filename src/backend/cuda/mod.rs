@@ -13,6 +13,13 @@
 //! kernels overlapping the next pieces' copies ([`stream`]). Residuals, codes and the
 //! reference stay on the device between stages; data comes back only as histograms,
 //! per-chunk totals and the coded output. [`trajectory`] times all of it for gpu-check.
+//!
+//! Several tensors are in flight at once: each operation (residuals and the resident tensor
+//! they give, a decode) runs on an engine of its own, a [`Launcher::fork`] (on a GPU, a
+//! kernel stream and a copy stream of its own) with its own staging ring, taken from a pool
+//! that grows to as many engines as operations were ever in flight together. One tensor's
+//! lanes are one warp per chunk, a few warps; the CLI's rayon threads (a batch's tensors)
+//! fill the device together.
 
 mod crc;
 mod decode;
