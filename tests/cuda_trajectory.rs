@@ -68,11 +68,23 @@ fn cuda_emulated_timed_trajectory_reports_every_stage_and_the_cpu_bytes() {
         ("decode kernels", t.decode_kernels_s),
         ("encode end to end", t.encode_e2e_s),
         ("decode end to end", t.decode_e2e_s),
+        ("encode, all in flight", t.encode_inflight_s),
+        ("decode, all in flight", t.decode_inflight_s),
         ("device bandwidth", t.device_bw),
         ("h2d bandwidth", t.h2d_bw),
     ] {
         assert!(s > 0.0, "{what} not measured: {t:?}");
     }
+    // The pass with every tensor in flight ran on the rayon pool, with at most one engine per
+    // operation in flight (run_on fails unless its blobs equal the ones coded alone and its
+    // decodes the targets).
+    assert!(t.inflight_threads >= 1, "{t:?}");
+    assert!(
+        (1..=t.inflight_threads.min(t.tensors)).contains(&t.engines),
+        "{t:?}"
+    );
+    assert!(table.contains("encode end to end, all tensors in flight ("));
+    assert!(table.contains("decode end to end, all tensors in flight"));
     // Stages nest in their end-to-end spans.
     assert!(t.decode_kernels_s <= t.decode_s && t.decode_s <= t.decode_e2e_s);
     assert!(t.residuals_s + t.histograms_s + t.encode_s <= t.encode_e2e_s);

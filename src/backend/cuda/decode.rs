@@ -16,27 +16,28 @@ struct Decoded<B> {
 }
 
 impl<L: Launcher> CudaBackend<L> {
-    /// Decode `job`; with `checked`, also the CRC-32s of the output and the reference,
-    /// computed on the device.
+    /// Decode `job` on engine launcher `d` and its staging ring; with `checked`, also the
+    /// CRC-32s of the output and the reference, computed on the device.
     pub(super) fn decode_inner(
         &self,
+        d: &L,
         ring: &mut Ring<L>,
         job: &DecodeJob,
         checked: bool,
     ) -> Result<Checked> {
         let size = (job.fl.width / 8) as usize;
         let n = job.reference.len() / size;
-        let d = self.decode_resident(ring, job, n)?;
-        let (crc, reference_crc) = match (&d.on_device, checked) {
+        let decoded = self.decode_resident(d, ring, job, n)?;
+        let (crc, reference_crc) = match (&decoded.on_device, checked) {
             (Some((out, refs)), true) => (
-                crc::crc32(&self.dev, out, job.fl.width, n)?,
-                crc::crc32(&self.dev, refs, job.fl.width, n)?,
+                crc::crc32(d, out, job.fl.width, n)?,
+                crc::crc32(d, refs, job.fl.width, n)?,
             ),
             // An empty tensor (whose CRC-32 is 0 either way), or no checks asked.
             _ => (0, 0),
         };
         Ok(Checked {
-            out: d.out,
+            out: decoded.out,
             crc,
             reference_crc,
         })
@@ -45,6 +46,7 @@ impl<L: Launcher> CudaBackend<L> {
     /// The reference and the coded stream stream in through the staging ring (stream.rs).
     fn decode_resident(
         &self,
+        d: &L,
         ring: &mut Ring<L>,
         job: &DecodeJob,
         n: usize,
@@ -58,7 +60,6 @@ impl<L: Launcher> CudaBackend<L> {
             });
         };
         let (p, nc) = (input.p, input.chunks);
-        let d = &self.dev;
         let flat = d.upload(&input.tables)?;
         // Zero words past each end, as the kernels' wide loads expect.
         let refs_bytes = &job.reference[..n * size];
@@ -71,10 +72,10 @@ impl<L: Launcher> CudaBackend<L> {
         let out_words = (n * size).div_ceil(4);
         let out = d.zeroed(out_words + 2)?;
         let bufs = [&refs, &flat, &stream, &meta_buf, &codes, &out];
-        let from = self.inner_mark()?;
+        let from = self.inner_mark(d)?;
         d.launch(Kernel::DecLanes, nc as u32, &p, bufs)?;
         d.launch(Kernel::DecTail, nc as u32, &p, bufs)?;
-        self.inner_stage(Stage::DecodeKernels, from, self.inner_mark()?);
+        self.inner_stage(d, Stage::DecodeKernels, from)?;
         let err = d.read(&meta_buf, nc * 36 + 1)?[nc * 36];
         decode_error(err)?;
         let w = d.read(&out, out_words)?;

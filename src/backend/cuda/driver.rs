@@ -1,6 +1,10 @@
 //! A real GPU through cudarc's driver API, loaded at run time: the crate builds and runs on
 //! machines without CUDA. The driver library is probed before a context is created (cudarc
 //! panics when it is missing), so its absence is a plain "no CUDA driver" error.
+//!
+//! [`Launcher::fork`] gives the same context and compiled kernels on two new streams: the
+//! backend runs each tensor's operation on one fork (src/backend/cuda/mod.rs), so several
+//! tensors' kernels and copies are on the GPU at once.
 
 use std::sync::Arc;
 
@@ -22,16 +26,23 @@ use crate::{Error, Result};
 /// runs the staged host-to-device copies of src/backend/cuda/stream.rs, ordered against the
 /// kernels only by the events that code asks for. cudarc's own per-buffer event tracking is
 /// off: it orders whole buffers, so a copy into piece k+1 of a tensor would wait for the
-/// kernel still reading piece k, which is the overlap streaming is for.
+/// kernel still reading piece k, which is the overlap streaming is for. A fork
+/// ([`Launcher::fork`]) has two streams of its own and shares the context and the compiled
+/// functions; nothing orders its streams with another fork's, so a buffer is only ever used
+/// by the driver (fork) that allocated it.
 pub struct CudaDriver {
     stream: Arc<CudaStream>,
     copies: Arc<CudaStream>,
     functions: Vec<CudaFunction>,
-    /// The language model's kernels, compiled on first use (a delta-only run never does).
-    lm: std::sync::OnceLock<std::result::Result<Vec<CudaFunction>, String>>,
+    /// The language model's kernels, compiled on first use (a delta-only run never does);
+    /// shared with every fork, so they are compiled once.
+    lm: Arc<LmFunctions>,
     arch: String,
     describe: String,
 }
+
+/// The language model's compiled kernels, or why they did not compile.
+type LmFunctions = std::sync::OnceLock<std::result::Result<Vec<CudaFunction>, String>>;
 
 fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::Invalid(format!("CUDA {what}: {e:?}"))
@@ -66,10 +77,13 @@ impl CudaDriver {
     fn open_inner() -> Result<CudaDriver> {
         let ctx = CudaContext::new(0)
             .map_err(|e| Error::Unsupported(format!("no usable CUDA device: {e:?}")))?;
-        // SAFETY: before any buffer exists. From here on this driver orders its streams
-        // itself: buffers are allocated, used by kernels and freed on `stream`; `copies`
-        // writes into them only between a `copies_after_kernels` and a `kernels_after` of
-        // the copy's event (stream.rs), so nothing is freed or read while a copy is pending.
+        // SAFETY: before any buffer exists. From here on this driver and its forks order
+        // their streams themselves: a buffer is allocated, used by kernels and freed on the
+        // `stream` of the driver (or fork) that allocated it, and no other driver's streams
+        // touch it (CudaBackend gives each operation one fork; a resident tensor keeps its
+        // fork until it is dropped; the LM uses only the first driver); `copies` writes
+        // into it only between a `copies_after_kernels` and a `kernels_after` of the copy's
+        // event (stream.rs), so nothing is freed or read while a copy is pending.
         unsafe { ctx.disable_event_tracking() };
         // Non-blocking streams: the legacy default stream would serialize the two.
         let stream = ctx.new_stream().map_err(driver_err("stream"))?;
@@ -100,7 +114,7 @@ impl CudaDriver {
             stream,
             copies,
             functions,
-            lm: std::sync::OnceLock::new(),
+            lm: Arc::new(std::sync::OnceLock::new()),
             arch,
             describe: format!("{name} (CUDA, sm_{major}{minor})"),
         })
@@ -142,6 +156,20 @@ impl Launcher for CudaDriver {
 
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+
+    /// Two new non-blocking streams of the same context; the compiled functions (and the
+    /// LM's, compiled or not yet) are shared, so a fork costs two streams, not a compile.
+    fn fork(&self) -> Result<CudaDriver> {
+        let ctx = self.stream.context();
+        Ok(CudaDriver {
+            stream: ctx.new_stream().map_err(driver_err("stream"))?,
+            copies: ctx.new_stream().map_err(driver_err("stream"))?,
+            functions: self.functions.clone(),
+            lm: self.lm.clone(),
+            arch: self.arch.clone(),
+            describe: self.describe.clone(),
+        })
     }
 
     fn upload(&self, words: &[u32]) -> Result<CudaSlice<u32>> {

@@ -67,10 +67,11 @@ struct Ptrs<const N: usize>([*mut u32; N]);
 unsafe impl<const N: usize> Sync for Ptrs<N> {}
 
 /// The emulated device's own threads (one per core, or `RAYON_NUM_THREADS`). A launch runs
-/// its blocks here, never on the caller's rayon pool: the backend holds its one-operation
-/// lock across a launch, and a rayon worker that waits for its own pool steals that pool's
-/// other jobs, such as another tensor's operation, which then waits for the lock its own
-/// thread holds. (CI hung on that at stop 23, in the batch test's 7-thread pool.)
+/// its blocks here, never on the caller's rayon pool: a rayon worker that waits for its own
+/// pool steals that pool's other jobs, such as another tensor's whole operation, which would
+/// then run nested inside this launch. (When the backend ran one operation at a time under a
+/// lock, CI hung on that at stop 23, in the batch test's 7-thread pool: the stolen operation
+/// waited for the lock its own thread held.)
 fn device_threads() -> Result<&'static rayon::ThreadPool> {
     static POOL: OnceLock<std::result::Result<rayon::ThreadPool, String>> = OnceLock::new();
     POOL.get_or_init(|| {
@@ -143,6 +144,14 @@ impl Launcher for HostEmulation {
 
     fn describe(&self) -> String {
         "CUDA kernels, host emulation on the CPU (not a GPU)".into()
+    }
+
+    /// Another handle on the same emulated device: it has no streams to separate (every
+    /// call is done when it returns) and no state but the device's threads, which are
+    /// shared. Forks' launches from different threads do run at once, their blocks
+    /// interleaved on those threads, as several streams' kernels share a GPU.
+    fn fork(&self) -> Result<HostEmulation> {
+        Ok(HostEmulation(()))
     }
 
     fn upload(&self, words: &[u32]) -> Result<HostBuf> {

@@ -3,7 +3,7 @@
 //! src/backend/wgpu/encode.rs, on a [`Launcher`]).
 
 use super::launch::{Kernel, Launcher};
-use super::{blocks, CudaBackend, Stage};
+use super::{blocks, CudaBackend, Engaged, Stage};
 use crate::backend::wgpu::params::{encode_input, hist_layout, EncodeLedger, Params};
 use crate::backend::{HistRequest, Resident};
 use crate::format::chunk::EncodedChunk;
@@ -15,6 +15,9 @@ use crate::Result;
 /// clearing and merging the block's shared histogram stays a small part of its work.
 const HIST_SPAN: usize = 16384;
 
+/// A tensor's residuals on the device, on the engine that computed them: every later stage
+/// runs on that engine's launcher (its buffers belong to it), one at a time (the residents
+/// are not shared between threads).
 pub struct CudaResident<'a, L: Launcher> {
     pub b: &'a CudaBackend<L>,
     pub base: Params,
@@ -24,13 +27,16 @@ pub struct CudaResident<'a, L: Launcher> {
     pub tgts: L::Buf,
     pub resid: L::Buf,
     pub codes: L::Buf,
+    /// Last: fields drop in order, so the buffers are freed (on the engine's stream) before
+    /// the engine goes back to the pool.
+    pub(super) engine: Engaged<'a, L>,
 }
 
 impl<L: Launcher> CudaResident<'_, L> {
     /// The symbol codes of `p`'s layout (recomputed each time: cheaper than two buffers).
     fn codes(&self, p: &Params) -> Result<()> {
         let r = &self.resid;
-        self.b.dev.launch(
+        self.engine.dev().launch(
             Kernel::Symbols,
             blocks(self.n.div_ceil(2)),
             p,
@@ -41,17 +47,15 @@ impl<L: Launcher> CudaResident<'_, L> {
 
 impl<L: Launcher> Resident for CudaResident<'_, L> {
     fn residual_bytes(&self) -> Result<Vec<u8>> {
-        let _one = self.b.one_at_a_time();
         let len = self.n * self.size;
-        let words = self.b.dev.read(&self.resid, len.div_ceil(4))?;
+        let words = self.engine.dev().read(&self.resid, len.div_ceil(4))?;
         let mut out: Vec<u8> = bytemuck::cast_slice(&words).to_vec();
         out.truncate(len);
         Ok(out)
     }
 
     fn histograms_for(&self, requests: &[HistRequest]) -> Result<Vec<Vec<Hist>>> {
-        self.b.timed(Stage::Histograms, || {
-            let _one = self.b.one_at_a_time();
+        self.b.timed(self.engine.dev(), Stage::Histograms, || {
             requests
                 .iter()
                 .map(|r| self.histograms(r.layout, r.distance))
@@ -65,8 +69,7 @@ impl<L: Launcher> Resident for CudaResident<'_, L> {
         tables: &Tables,
         distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
-        self.b.timed(Stage::Encode, || {
-            let _one = self.b.one_at_a_time();
+        self.b.timed(self.engine.dev(), Stage::Encode, || {
             self.encode_inner(layout, tables, distance)
         })
     }
@@ -74,7 +77,7 @@ impl<L: Launcher> Resident for CudaResident<'_, L> {
 
 impl<L: Launcher> CudaResident<'_, L> {
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
-        let d = &self.b.dev;
+        let d = self.engine.dev();
         let h = hist_layout(self.base, layout, distance)?;
         let counts = d.zeroed(h.total)?;
         self.codes(&h.p)?;
@@ -94,7 +97,7 @@ impl<L: Launcher> CudaResident<'_, L> {
         tables: &Tables,
         distance: Option<usize>,
     ) -> Result<Vec<EncodedChunk>> {
-        let d = &self.b.dev;
+        let d = self.engine.dev();
         let nc = self.base.n_chunks as usize;
         if nc == 0 {
             return Ok(Vec::new());

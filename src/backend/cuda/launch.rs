@@ -77,6 +77,15 @@ pub trait Launcher: Send + Sync + 'static {
     type Buf: Send + Sync;
     /// What it runs on, for people.
     fn describe(&self) -> String;
+    /// The same device and compiled kernels on new streams of its own (a kernel stream and
+    /// a copy stream on a GPU), sharing nothing ordered with `self`: what lets several
+    /// tensors' operations be in flight at once ([`super::CudaBackend`] gives each operation
+    /// one such launcher). A tensor's kernels are latency-bound (one warp per chunk and a
+    /// few chunks per tensor), so a GPU is busy only with many tensors on it together.
+    /// Buffers belong to the launcher that made them: only its streams may use them.
+    fn fork(&self) -> Result<Self>
+    where
+        Self: Sized;
     /// A buffer holding `words`.
     fn upload(&self, words: &[u32]) -> Result<Self::Buf>;
     /// A zeroed buffer of `words` words.
@@ -101,9 +110,10 @@ pub trait Launcher: Send + Sync + 'static {
     ) -> Result<()>;
 
     // Streaming (src/backend/cuda/stream.rs decides what goes where and when; these are its
-    // operations). The GPU has two streams: kernels, and reads, run in order on one; the
-    // copies that `copy_in` starts run on the other, ordered against the kernels only by
-    // the waits below. The emulation does everything at once, in call order.
+    // operations). A launcher on a GPU has two streams: kernels, and reads, run in order on
+    // one; the copies that `copy_in` starts run on the other, ordered against the kernels
+    // only by the waits below (a fork has two more, unordered with these). The emulation
+    // does everything at once, in call order.
 
     /// Host memory the device copies from asynchronously (page-locked on a GPU).
     type Staging: Send;
@@ -158,6 +168,10 @@ impl<L: Launcher> Launcher for std::sync::Arc<L> {
     type Buf = L::Buf;
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    /// A fork of the shared device, in an `Arc` of its own.
+    fn fork(&self) -> Result<Self> {
+        Ok(std::sync::Arc::new((**self).fork()?))
     }
     fn upload(&self, words: &[u32]) -> Result<Self::Buf> {
         (**self).upload(words)

@@ -13,6 +13,13 @@
 //! kernels overlapping the next pieces' copies ([`stream`]). Residuals, codes and the
 //! reference stay on the device between stages; data comes back only as histograms,
 //! per-chunk totals and the coded output. [`trajectory`] times all of it for gpu-check.
+//!
+//! Several tensors are in flight at once: each operation (residuals and the resident tensor
+//! they give, a decode) runs on an engine of its own, a [`Launcher::fork`] (on a GPU, a
+//! kernel stream and a copy stream of its own) with its own staging ring, taken from a pool
+//! that grows to as many engines as operations were ever in flight together. One tensor's
+//! lanes are one warp per chunk, a few warps; the CLI's rayon threads (a batch's tensors)
+//! fill the device together.
 
 mod crc;
 mod decode;
@@ -25,6 +32,8 @@ pub mod lm;
 pub mod nvrtc;
 pub mod profile;
 pub mod stream;
+#[cfg(all(test, cuda_emulation))]
+mod tests;
 pub mod trajectory;
 
 use super::wgpu::check_len;
@@ -71,12 +80,62 @@ pub fn kernel_sources() -> Vec<(&'static str, String, Vec<&'static str>)> {
 pub struct CudaBackend<L: Launcher> {
     dev: L,
     name: &'static str,
-    /// One operation at a time (a device is the parallel part), and the staging ring that
-    /// operation streams its inputs through.
-    lock: std::sync::Mutex<stream::Ring<L>>,
+    /// Bytes per piece of every engine's staging ring.
+    piece_bytes: usize,
+    /// The engines no operation holds, for the next ones to take (see [`Engine`]).
+    idle: std::sync::Mutex<Vec<Engine<L>>>,
+    /// Engines made so far: as many as operations were ever in flight at once.
+    engines: std::sync::atomic::AtomicUsize,
     /// Each operation's start and end marks, while gpu-check's timed trajectory asks for
     /// them (trajectory.rs); `None` otherwise.
     marks: std::sync::Mutex<Option<Vec<StageMarks<L>>>>,
+}
+
+/// What one operation runs on: a launcher with streams of its own and the staging ring its
+/// inputs stream through. Operations on different engines overlap on the device (several
+/// tensors in flight: one tensor's kernels leave most of a GPU idle); an engine runs one
+/// operation at a time. A resident tensor holds its engine until it is dropped, since its
+/// buffers live on that engine's streams. Engines are made on demand, never more than the
+/// operations in flight at once (so a thread holding a resident that also decodes simply
+/// gets a second one), and kept for reuse: a fork's streams and pinned staging cost far
+/// more than an operation's wait for the pool's lock.
+struct Engine<L: Launcher> {
+    /// `None`: the backend's own launcher (the first engine); otherwise a fork of it.
+    fork: Option<L>,
+    ring: stream::Ring<L>,
+}
+
+/// An engine taken from the pool for one operation; back in the pool when dropped.
+pub(crate) struct Engaged<'a, L: Launcher> {
+    b: &'a CudaBackend<L>,
+    /// Always `Some` until dropped.
+    engine: Option<Engine<L>>,
+}
+
+impl<L: Launcher> Engaged<'_, L> {
+    /// The engine's launcher.
+    fn dev(&self) -> &L {
+        let e = self.engine.as_ref().expect("an engaged engine");
+        e.fork.as_ref().unwrap_or(&self.b.dev)
+    }
+
+    /// The engine's launcher and its staging ring.
+    fn parts(&mut self) -> (&L, &mut stream::Ring<L>) {
+        let e = self.engine.as_mut().expect("an engaged engine");
+        (e.fork.as_ref().unwrap_or(&self.b.dev), &mut e.ring)
+    }
+}
+
+impl<L: Launcher> Drop for Engaged<'_, L> {
+    fn drop(&mut self) {
+        if let Some(e) = self.engine.take() {
+            self.b
+                .idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(e);
+        }
+    }
 }
 
 /// One operation of the codec on the device, between two timing marks.
@@ -103,12 +162,7 @@ pub enum Stage {
 
 impl<L: Launcher> CudaBackend<L> {
     pub fn new(dev: L, name: &'static str) -> Self {
-        CudaBackend {
-            dev,
-            name,
-            lock: std::sync::Mutex::new(stream::Ring::default()),
-            marks: std::sync::Mutex::new(None),
-        }
+        Self::with_piece_bytes(dev, name, stream::PIECE_BYTES)
     }
 
     /// The same with pieces of `piece_bytes` (tests: many pieces from small tensors).
@@ -116,9 +170,48 @@ impl<L: Launcher> CudaBackend<L> {
         CudaBackend {
             dev,
             name,
-            lock: std::sync::Mutex::new(stream::Ring::new(piece_bytes)),
+            piece_bytes,
+            idle: std::sync::Mutex::new(vec![Engine {
+                fork: None,
+                ring: stream::Ring::new(piece_bytes),
+            }]),
+            engines: std::sync::atomic::AtomicUsize::new(1),
             marks: std::sync::Mutex::new(None),
         }
+    }
+
+    /// An idle engine (the backend's own launcher first, so that one caller at a time runs
+    /// where [`CudaBackend::launcher`]'s marks are), or a new fork when every engine is busy.
+    fn engage(&self) -> Result<Engaged<'_, L>> {
+        let idle = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            match idle.iter().position(|e| e.fork.is_none()) {
+                Some(first) => Some(idle.swap_remove(first)),
+                None => idle.pop(),
+            }
+        };
+        let engine = match idle {
+            Some(e) => e,
+            // Forked outside the lock: making streams takes a while.
+            None => {
+                let fork = self.dev.fork()?;
+                self.engines
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Engine {
+                    fork: Some(fork),
+                    ring: stream::Ring::new(self.piece_bytes),
+                }
+            }
+        };
+        Ok(Engaged {
+            b: self,
+            engine: Some(engine),
+        })
+    }
+
+    /// Engines made so far: the most operations that were in flight at once (at least 1).
+    pub fn engines(&self) -> usize {
+        self.engines.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Start (or stop) recording each operation's marks.
@@ -132,60 +225,57 @@ impl<L: Launcher> CudaBackend<L> {
         m.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// `op`, between two marks when recording. The marks lock is never held across `op`.
-    fn timed<T>(&self, stage: Stage, op: impl FnOnce() -> Result<T>) -> Result<T> {
-        let from = self.inner_mark()?;
+    /// `op` on engine launcher `dev`, between two of its marks when recording. The marks
+    /// lock is never held across `op`.
+    fn timed<T>(&self, dev: &L, stage: Stage, op: impl FnOnce() -> Result<T>) -> Result<T> {
+        let from = self.inner_mark(dev)?;
         let v = op()?;
-        let to = from.is_some().then(|| self.dev.mark()).transpose()?;
-        self.inner_stage(stage, from, to);
+        self.inner_stage(dev, stage, from)?;
         Ok(v)
     }
 
-    /// A mark, when recording (an operation's, or a stage's within one).
-    fn inner_mark(&self) -> Result<Option<L::Event>> {
+    /// A mark on `dev`, when recording (an operation's, or a stage's within one).
+    fn inner_mark(&self, dev: &L) -> Result<Option<L::Event>> {
         let on = self
             .marks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_some();
-        on.then(|| self.dev.mark()).transpose()
+        on.then(|| dev.mark()).transpose()
     }
 
-    /// Record `stage` between two [`CudaBackend::inner_mark`]s.
-    fn inner_stage(&self, stage: Stage, from: Option<L::Event>, to: Option<L::Event>) {
-        if let (Some(from), Some(to)) = (from, to) {
-            if let Some(m) = self
-                .marks
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_mut()
-            {
-                m.push(StageMarks { stage, from, to });
-            }
+    /// Record `stage` from an [`CudaBackend::inner_mark`] to a mark on `dev` now.
+    fn inner_stage(&self, dev: &L, stage: Stage, from: Option<L::Event>) -> Result<()> {
+        let Some(from) = from else { return Ok(()) };
+        let to = dev.mark()?;
+        if let Some(m) = self
+            .marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            m.push(StageMarks { stage, from, to });
         }
+        Ok(())
     }
 
     /// Copy `sources` into fresh device buffers through the staging ring and nothing else:
     /// the host-to-device copy alone, for the timed trajectory.
     pub fn copy_in_only(&self, sources: &[&[u8]]) -> Result<()> {
-        let mut ring = self.one_at_a_time();
-        let d = &self.dev;
+        let mut engine = self.engage()?;
+        let (d, ring) = engine.parts();
         let len = sources.first().map_or(0, |s| s.len());
         let mut bufs = sources
             .iter()
             .map(|_| d.zeroed(len.div_ceil(4)))
             .collect::<Result<Vec<_>>>()?;
         let mut dsts: Vec<&mut L::Buf> = bufs.iter_mut().collect();
-        stream::stream_in(d, &mut ring, sources, &mut dsts, |_, _| Ok(()))
+        stream::stream_in(d, ring, sources, &mut dsts, |_, _| Ok(()))
     }
 
-    /// The device.
+    /// The device (the first engine's launcher).
     pub fn launcher(&self) -> &L {
         &self.dev
-    }
-
-    fn one_at_a_time(&self) -> std::sync::MutexGuard<'_, stream::Ring<L>> {
-        self.lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -206,33 +296,40 @@ impl<L: Launcher> Backend for CudaBackend<L> {
     /// The reference and target stream in piece by piece (stream.rs); each piece's
     /// residuals are computed while the next pieces copy.
     fn residuals<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
-        self.timed(Stage::Residuals, || self.residuals_inner(job))
+        let engine = self.engage()?;
+        let from = self.inner_mark(engine.dev())?;
+        let resident = self.residuals_inner(engine, job)?;
+        self.inner_stage(resident.engine.dev(), Stage::Residuals, from)?;
+        Ok(Box::new(resident))
     }
 
     fn decode(&self, job: &DecodeJob) -> Result<Vec<u8>> {
-        self.timed(Stage::Decode, || {
-            let mut ring = self.one_at_a_time();
-            Ok(self.decode_inner(&mut ring, job, false)?.out)
+        let mut engine = self.engage()?;
+        let (d, ring) = engine.parts();
+        self.timed(d, Stage::Decode, || {
+            Ok(self.decode_inner(d, ring, job, false)?.out)
         })
     }
 
     /// The CRCs of the output and the reference are computed on the device
     /// (kernels/crc32.cu), where both tensors are.
     fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
-        self.timed(Stage::Decode, || {
-            let mut ring = self.one_at_a_time();
-            self.decode_inner(&mut ring, job, true)
-        })
+        let mut engine = self.engage()?;
+        let (d, ring) = engine.parts();
+        self.timed(d, Stage::Decode, || self.decode_inner(d, ring, job, true))
     }
 }
 
 impl<L: Launcher> CudaBackend<L> {
-    fn residuals_inner<'a>(&'a self, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>> {
-        let mut ring = self.one_at_a_time();
+    fn residuals_inner<'a>(
+        &'a self,
+        mut engine: Engaged<'a, L>,
+        job: &EncodeJob<'a>,
+    ) -> Result<CudaResident<'a, L>> {
         let size = (job.fl.width / 8) as usize;
         let n = job.reference.len() / size;
         check_len(n)?;
-        let d = &self.dev;
+        let (d, ring) = engine.parts();
         let bytes = n * size;
         // Two zero words past the end, as the kernels' wide loads expect.
         let mut refs = d.zeroed(bytes.div_ceil(4) + 2)?;
@@ -241,7 +338,7 @@ impl<L: Launcher> CudaBackend<L> {
         let codes = d.zeroed(n.div_ceil(2))?;
         stream::stream_in(
             d,
-            &mut ring,
+            ring,
             &[&job.reference[..bytes], &job.target[..bytes]],
             &mut [&mut refs, &mut tgts],
             |piece, up| {
@@ -258,7 +355,7 @@ impl<L: Launcher> CudaBackend<L> {
                 )
             },
         )?;
-        Ok(Box::new(CudaResident {
+        Ok(CudaResident {
             b: self,
             base: Params::new(job.fl, n, job.condition),
             n,
@@ -267,6 +364,7 @@ impl<L: Launcher> CudaBackend<L> {
             tgts,
             resid,
             codes,
-        }))
+            engine,
+        })
     }
 }

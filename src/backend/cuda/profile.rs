@@ -8,9 +8,11 @@
 //! in what a lease returns (docs/BENCHMARKS.md, 2026-12-04); this table is a few lines.
 //! The marks serialize nothing the stream did not already order, but each launch records
 //! two events: use it to find the expensive kernels, not to quote end-to-end speed.
+//! A fork ([`Launcher::fork`]) records into the same tables, so the report covers every
+//! stream; with several streams busy a launch's span also holds other streams' work.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::launch::{Kernel, Launcher};
@@ -47,7 +49,13 @@ impl<L: Launcher> Report for Profiled<L> {
 /// A launcher that times what it forwards.
 pub struct Profiled<L: Launcher> {
     inner: L,
-    launches: Mutex<Vec<Launch<L::Event>>>,
+    /// Shared by the launcher and its forks.
+    tables: Arc<Tables<L::Event>>,
+}
+
+/// What a profiled launcher and its forks record.
+struct Tables<E> {
+    launches: Mutex<Vec<Launch<E>>>,
     /// Per host operation: calls, words and seconds.
     host: Mutex<BTreeMap<&'static str, (u64, u64, f64)>>,
 }
@@ -56,15 +64,17 @@ impl<L: Launcher> Profiled<L> {
     pub fn new(inner: L) -> Self {
         Profiled {
             inner,
-            launches: Mutex::new(Vec::new()),
-            host: Mutex::new(BTreeMap::new()),
+            tables: Arc::new(Tables {
+                launches: Mutex::new(Vec::new()),
+                host: Mutex::new(BTreeMap::new()),
+            }),
         }
     }
 
     fn timed<T>(&self, what: &'static str, words: usize, f: impl FnOnce() -> T) -> T {
         let t = Instant::now();
         let out = f();
-        let mut h = self.host.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.tables.host.lock().unwrap_or_else(|e| e.into_inner());
         let e = h.entry(what).or_default();
         *e = (e.0 + 1, e.1 + words as u64, e.2 + t.elapsed().as_secs_f64());
         out
@@ -79,7 +89,8 @@ impl<L: Launcher> Profiled<L> {
         let from = self.inner.mark()?;
         go()?;
         let to = self.inner.mark()?;
-        self.launches
+        self.tables
+            .launches
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((name, grid, from, to));
@@ -89,7 +100,11 @@ impl<L: Launcher> Profiled<L> {
     /// Every kernel's launches, total and mean time and grid range, the most expensive
     /// first; then the host operations. Waits for the device to finish what was launched.
     pub fn report(&self) -> Result<String> {
-        let launches = self.launches.lock().unwrap_or_else(|e| e.into_inner());
+        let launches = self
+            .tables
+            .launches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let mut by: BTreeMap<&str, (u64, f64, u32, u32)> = BTreeMap::new();
         for (name, grid, from, to) in launches.iter() {
             let s = self.inner.seconds(from, to)?;
@@ -123,7 +138,8 @@ impl<L: Launcher> Profiled<L> {
             "{:<24} {:>9} {:>11} {:>10}  (host clock, the wait included)\n",
             "host operation", "calls", "total ms", "MB"
         );
-        for (what, (n, words, s)) in self.host.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let host = self.tables.host.lock().unwrap_or_else(|e| e.into_inner());
+        for (what, (n, words, s)) in host.iter() {
             out += &format!(
                 "{what:<24} {n:>9} {:>11.2} {:>10.1}\n",
                 s * 1e3,
@@ -140,6 +156,13 @@ impl<L: Launcher> Launcher for Profiled<L> {
     type Event = L::Event;
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+    /// The inner launcher's fork, recording into the same tables.
+    fn fork(&self) -> Result<Self> {
+        Ok(Profiled {
+            inner: self.inner.fork()?,
+            tables: self.tables.clone(),
+        })
     }
     fn upload(&self, words: &[u32]) -> Result<Self::Buf> {
         self.timed("upload", words.len(), || self.inner.upload(words))
