@@ -37,11 +37,16 @@ impl<L: Launcher> Report for Profiled<L> {
     }
     fn take_report(&self) -> Result<String> {
         let r = Profiled::report(self)?;
-        self.launches
+        self.tables
+            .launches
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        self.host.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.tables
+            .host
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         Ok(r)
     }
 }
