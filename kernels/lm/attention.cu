@@ -4,22 +4,25 @@
 // (item, head). Mirrors cpu/lm/attention.rs.
 
 // b1 qkv (n x 3d i32, Q10), b2 items (sequence, position, token, unused), b3 this layer's
-// key cache, b4 its value cache (sequence x ctx x d i32). p: n, d, ctx. One thread per
-// (item, channel).
+// key cache (sequence x d x ctx i32: channel-major, so that the threads scoring consecutive
+// positions read consecutive words), b4 its value cache (sequence x ctx x d i32: the
+// threads summing consecutive channels read consecutive words). p: n, d, ctx. One thread
+// per (item, channel).
 LS_KERNEL lm_kv_store(LM_ARGS) {
     u64 at = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (at >= (u64)p.n * p.d) { return; }
     u32 t = (u32)(at / p.d);
     u32 i = (u32)(at % p.d);
-    u64 to = ((u64)b2[4u * t] * p.ctx + b2[4u * t + 1u]) * p.d + i;
-    b3[to] = b1[(u64)t * 3u * p.d + p.d + i];
-    b4[to] = b1[(u64)t * 3u * p.d + 2u * p.d + i];
+    u64 seq = b2[4u * t];
+    u64 pos = b2[4u * t + 1u];
+    b3[(seq * p.d + i) * p.ctx + pos] = b1[(u64)t * 3u * p.d + p.d + i];
+    b4[(seq * p.ctx + pos) * p.d + i] = b1[(u64)t * 3u * p.d + 2u * p.d + i];
 }
 
 #define ATT_THREADS 64u
 __shared__ i64 att_red[ATT_THREADS];
 
-// b1 qkv, b2 items, b3 exp24 (u32), b4 key cache, b5 value cache, b6 scratch (per (item of
+// b1 qkv, b2 items, b3 exp24 (u32), b4 key cache, b5 value cache (as lm_kv_store's), b6 scratch (per (item of
 // this launch, head): span i64 scores, then the weights), b7 out (n x d i64).
 // p: d, hd, ctx, heads, exp_len, attn_m, first, span. Block b: item first + b / heads,
 // head b % heads.
@@ -31,7 +34,7 @@ LS_KERNEL lm_attention(LM_ARGS) {
     u32 len = b2[4u * t + 1u] + 1u;
     u32 off = head * p.hd;
     const int *q = (const int *)b1 + (u64)t * 3u * p.d + off;
-    const int *kc = (const int *)b4 + (u64)b2[4u * t] * p.ctx * p.d + off;
+    const int *kc = (const int *)b4 + ((u64)b2[4u * t] * p.d + off) * p.ctx;
     const int *vc = (const int *)b5 + (u64)b2[4u * t] * p.ctx * p.d + off;
     u64 sb = ((u64)local * p.heads + head) * p.span;
     i64 attn_m = (i64)((u64)p.attn_m_lo | ((u64)p.attn_m_hi << 32));
@@ -40,7 +43,7 @@ LS_KERNEL lm_attention(LM_ARGS) {
     for (u32 s = l; s < len; s += ATT_THREADS) {
         i64 dot = 0;
         LS_UNROLL4
-        for (u32 c = 0u; c < p.hd; c++) { dot += (i64)q[c] * kc[(u64)s * p.d + c]; }
+        for (u32 c = 0u; c < p.hd; c++) { dot += (i64)q[c] * kc[(u64)c * p.ctx + s]; }
         i64 sc = (i64)round_shift((i128)dot * attn_m, 52);
         st64(b6, sb + s, sc);
         if (sc > mx) { mx = sc; }

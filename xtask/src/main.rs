@@ -815,9 +815,25 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         "benches/text/prose-genesis.txt",
         "benches/text/code-forward.rs",
     );
+    // And every file of benches/text as one input (165 KB, about 80K tokens): a step of
+    // hundreds of sequences, where a GPU's throughput shows (the small files make a few).
+    let all_text: &'static str = {
+        let path = tmp.join("gpu-check-all-text.txt");
+        let mut all = Vec::new();
+        let mut names: Vec<_> = std::fs::read_dir("benches/text")
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        names.sort();
+        for f in names.iter().filter(|f| !f.ends_with("README.md")) {
+            all.extend(std::fs::read(f).unwrap_or_default());
+        }
+        let _ = std::fs::write(&path, all);
+        String::leak(path.display().to_string())
+    };
     let lm_rows = [
         ("lm-speed-tinygpt2", tiny, "cuda,cpu", 120),
         ("lm-speed-gpt2-small", small, "cuda", 120),
+        ("lm-speed-gpt2-small-all-text", all_text, "cuda", 120),
         ("lm-speed-tinygpt2-wgpu", tiny, "wgpu", 60),
         ("lm-speed-gpt2-small-wgpu", small, "wgpu", 60),
     ];
@@ -837,7 +853,7 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         }
         (cmd, a)
     };
-    for (name, file, devices, limit) in &lm_rows[..2] {
+    for (name, file, devices, limit) in &lm_rows[..3] {
         let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"), "2");
         step(name, &cmd, &a, &[], *limit);
     }
@@ -873,7 +889,7 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
     let mut parity = vec!["parity"];
     parity.extend(files.iter().map(String::as_str));
     step("parity", &lockstep, &parity, &[], 90);
-    for (name, file, devices, limit) in &lm_rows[2..] {
+    for (name, file, devices, limit) in &lm_rows[3..] {
         let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"), "2");
         step(name, &cmd, &a, &[], *limit);
     }

@@ -20,11 +20,33 @@ use kernels::{LmKernel, LmParams};
 /// The language model's kernels on a CUDA device (shared with its delta codec's backend).
 pub struct CudaLm<L: Launcher> {
     dev: Arc<L>,
+    /// The last model made resident, by hash: compression's verifying decode, every decode
+    /// group and every later call reuse its weights instead of packing and uploading them
+    /// again (a third of a second for GPT-2 small, as long as a compression's kernels).
+    resident: std::sync::Mutex<Option<([u8; 32], Arc<Weights<L::Buf>>)>>,
 }
 
 impl<L: Launcher> CudaLm<L> {
     pub fn new(dev: Arc<L>) -> Self {
-        CudaLm { dev }
+        CudaLm {
+            dev,
+            resident: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// `model`'s weights on the device: the cached ones when they are this model's.
+    fn weights(&self, model: &Model) -> Result<Arc<Weights<L::Buf>>> {
+        let mut cached = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((hash, w)) = cached.as_ref() {
+            if *hash == model.hash {
+                return Ok(w.clone());
+            }
+        }
+        // The old model's buffers go before the new one's are made.
+        *cached = None;
+        let w = Arc::new(Weights::new(&*self.dev, model)?);
+        *cached = Some((model.hash, w.clone()));
+        Ok(w)
     }
 }
 
@@ -34,9 +56,11 @@ impl<L: Launcher> LmKernels for CudaLm<L> {
     }
 
     fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>> {
+        let weights = self.weights(model)?;
         Ok(Box::new(CudaSession::new(
             self.dev.clone(),
             model,
+            weights,
             sequences,
         )?))
     }
@@ -111,27 +135,52 @@ fn packed_rows(w: &[i8], rows: usize, k: usize) -> Vec<u32> {
     out
 }
 
-fn matrix<L: Launcher>(dev: &L, lin: &Linear, with_bias: bool) -> Result<Matrix<L::Buf>> {
-    let k4 = lin.k.div_ceil(4);
-    let rows = packed_rows(&lin.w, lin.rows, lin.k);
-    let mut cols = vec![0u32; rows.len()];
-    for (j, row) in rows.chunks_exact(k4).enumerate() {
-        for (c, &word) in row.iter().enumerate() {
-            cols[c * lin.rows + j] = word;
+/// A matrix packed on the host for [`Matrix`]: weight words column-major (rows transposed
+/// in tiles, which keeps both sides of the copy in cache) and the per-row information.
+struct Packed {
+    cols: Vec<u32>,
+    info: Vec<u32>,
+    rows: usize,
+    k4: usize,
+}
+
+impl Packed {
+    fn new(lin: &Linear, with_bias: bool) -> Packed {
+        let k4 = lin.k.div_ceil(4);
+        let rows = packed_rows(&lin.w, lin.rows, lin.k);
+        let mut cols = vec![0u32; rows.len()];
+        const TILE: usize = 64;
+        for j0 in (0..lin.rows).step_by(TILE) {
+            for c0 in (0..k4).step_by(TILE) {
+                for j in j0..(j0 + TILE).min(lin.rows) {
+                    for c in c0..(c0 + TILE).min(k4) {
+                        cols[c * lin.rows + j] = rows[j * k4 + c];
+                    }
+                }
+            }
+        }
+        let mut info = Vec::with_capacity(lin.rows * 4);
+        for j in 0..lin.rows {
+            let (m16, e16) = lin.m16(j);
+            let bias = if with_bias { lin.bias[j] } else { 0 };
+            info.extend([m16 as u32, e16 as u32, bias as u32, 0]);
+        }
+        Packed {
+            cols,
+            info,
+            rows: lin.rows,
+            k4,
         }
     }
-    let mut info = Vec::with_capacity(lin.rows * 4);
-    for j in 0..lin.rows {
-        let (m16, e16) = lin.m16(j);
-        let bias = if with_bias { lin.bias[j] } else { 0 };
-        info.extend([m16 as u32, e16 as u32, bias as u32, 0]);
+
+    fn upload<L: Launcher>(&self, dev: &L) -> Result<Matrix<L::Buf>> {
+        Ok(Matrix {
+            w: dev.upload(&self.cols)?,
+            rowinfo: dev.upload(&self.info)?,
+            rows: self.rows,
+            k4: self.k4,
+        })
     }
-    Ok(Matrix {
-        w: dev.upload(&cols)?,
-        rowinfo: dev.upload(&info)?,
-        rows: lin.rows,
-        k4,
-    })
 }
 
 fn norm<L: Launcher>(dev: &L, ln: &LayerNorm) -> Result<Norm<L::Buf>> {
@@ -141,22 +190,88 @@ fn norm<L: Launcher>(dev: &L, ln: &LayerNorm) -> Result<Norm<L::Buf>> {
     })
 }
 
-/// The model resident on the device, one KV cache per sequence.
+/// A model's weights and tables on the device (shared by every session of that model).
+struct Weights<B> {
+    /// The head (the matmul's layout) and the embedding rows (token-major) of the same wte.
+    wte: Matrix<B>,
+    wte_rows: B,
+    /// Per token: the embedding's full row scale (m, e).
+    wte_scale: B,
+    wpe: B,
+    blocks: Vec<BlockBufs<B>>,
+    ln_f: Norm<B>,
+    gelu: B,
+    exp24: B,
+    exp40: B,
+}
+
+impl<B: Send + Sync> Weights<B> {
+    /// Pack every matrix (in parallel: the host's share of a model's upload) and upload.
+    fn new<L: Launcher<Buf = B>>(g: &L, model: &Model) -> Result<Weights<B>> {
+        use rayon::prelude::*;
+        if model.config.vocab > 1 << 16 {
+            return Err(Error::Unsupported(format!(
+                "the CUDA language model takes vocabularies up to 65536 (this model: {})",
+                model.config.vocab
+            )));
+        }
+        let scale: Vec<u32> = (0..model.wte.rows)
+            .flat_map(|t| [model.wte.m[t] as u32, model.wte.e[t] as u32])
+            .collect();
+        let packed: Vec<[Packed; 4]> = model
+            .blocks
+            .par_iter()
+            .map(|b| {
+                [
+                    Packed::new(&b.qkv, true),
+                    Packed::new(&b.attn_proj, true),
+                    Packed::new(&b.fc, true),
+                    Packed::new(&b.proj, true),
+                ]
+            })
+            .collect();
+        let (wte, wte_rows) = rayon::join(
+            || Packed::new(&model.wte, false),
+            || packed_rows(&model.wte.w, model.wte.rows, model.wte.k),
+        );
+        let blocks = model
+            .blocks
+            .iter()
+            .zip(&packed)
+            .map(|(b, [qkv, attn_proj, fc, proj])| {
+                Ok(BlockBufs {
+                    ln1: norm(g, &b.ln1)?,
+                    qkv: qkv.upload(g)?,
+                    attn_proj: attn_proj.upload(g)?,
+                    ln2: norm(g, &b.ln2)?,
+                    fc: fc.upload(g)?,
+                    proj: proj.upload(g)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let t = &model.tables;
+        let exp24: Vec<u32> = t.exp24.iter().map(|&v| v as u32).collect();
+        Ok(Weights {
+            wte: wte.upload(g)?,
+            wte_rows: g.upload(&wte_rows)?,
+            wte_scale: g.upload(&scale)?,
+            wpe: g.upload(bytemuck::cast_slice(&model.wpe))?,
+            blocks,
+            ln_f: norm(g, &model.ln_f)?,
+            gelu: g.upload(bytemuck::cast_slice(&t.gelu))?,
+            exp24: g.upload(&exp24)?,
+            exp40: g.upload(&i64_words(t.exp40.iter().map(|&v| v as i64)))?,
+        })
+    }
+}
+
+/// A model resident on the device ([`Weights`]), one KV cache per sequence.
 struct CudaSession<'m, L: Launcher> {
     dev: Arc<L>,
     model: &'m Model,
-    /// The head (the matmul's layout) and the embedding rows (token-major) of the same wte.
-    wte: Matrix<L::Buf>,
-    wte_rows: L::Buf,
-    /// Per token: the embedding's full row scale (m, e).
-    wte_scale: L::Buf,
-    wpe: L::Buf,
-    blocks: Vec<BlockBufs<L::Buf>>,
-    ln_f: Norm<L::Buf>,
-    gelu: L::Buf,
-    exp24: L::Buf,
-    exp40: L::Buf,
-    /// Per layer: keys and values, sequence x n_ctx x n_embd i32.
+    w: Arc<Weights<L::Buf>>,
+    /// Per layer: keys (sequence x n_embd x n_ctx i32, channel-major) and values (sequence x
+    /// n_ctx x n_embd i32), as kernels/lm/attention.cu reads them.
     kv: Vec<(L::Buf, L::Buf)>,
     lens: Vec<usize>,
 }
@@ -170,50 +285,20 @@ const HEAD_ROWS: usize = 1024;
 const SCRATCH_BYTES: usize = 64 << 20;
 
 impl<'m, L: Launcher> CudaSession<'m, L> {
-    fn new(dev: Arc<L>, model: &'m Model, sequences: usize) -> Result<CudaSession<'m, L>> {
+    fn new(
+        dev: Arc<L>,
+        model: &'m Model,
+        w: Arc<Weights<L::Buf>>,
+        sequences: usize,
+    ) -> Result<CudaSession<'m, L>> {
         let c = &model.config;
-        let (d, ctx) = (c.n_embd as usize, c.n_ctx as usize);
-        if c.vocab > 1 << 16 {
-            return Err(Error::Unsupported(format!(
-                "the CUDA language model takes vocabularies up to 65536 (this model: {})",
-                c.vocab
-            )));
-        }
-        let g = &*dev;
-        let scale: Vec<u32> = (0..model.wte.rows)
-            .flat_map(|t| [model.wte.m[t] as u32, model.wte.e[t] as u32])
-            .collect();
-        let kv_words = sequences.max(1) * ctx * d;
+        let kv_words = sequences.max(1) * c.n_ctx as usize * c.n_embd as usize;
         let mut kv = Vec::new();
         for _ in 0..model.blocks.len() {
-            kv.push((g.zeroed(kv_words)?, g.zeroed(kv_words)?));
+            kv.push((dev.zeroed(kv_words)?, dev.zeroed(kv_words)?));
         }
-        let blocks = model
-            .blocks
-            .iter()
-            .map(|b| {
-                Ok(BlockBufs {
-                    ln1: norm(g, &b.ln1)?,
-                    qkv: matrix(g, &b.qkv, true)?,
-                    attn_proj: matrix(g, &b.attn_proj, true)?,
-                    ln2: norm(g, &b.ln2)?,
-                    fc: matrix(g, &b.fc, true)?,
-                    proj: matrix(g, &b.proj, true)?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let t = &model.tables;
-        let exp24: Vec<u32> = t.exp24.iter().map(|&v| v as u32).collect();
         Ok(CudaSession {
-            wte: matrix(g, &model.wte, false)?,
-            wte_rows: g.upload(&packed_rows(&model.wte.w, model.wte.rows, model.wte.k))?,
-            wte_scale: g.upload(&scale)?,
-            wpe: g.upload(bytemuck::cast_slice(&model.wpe))?,
-            blocks,
-            ln_f: norm(g, &model.ln_f)?,
-            gelu: g.upload(bytemuck::cast_slice(&t.gelu))?,
-            exp24: g.upload(&exp24)?,
-            exp40: g.upload(&i64_words(t.exp40.iter().map(|&v| v as i64)))?,
+            w,
             kv,
             lens: vec![0; sequences],
             dev,
@@ -357,7 +442,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         let p = LmParams {
             n: n as u32,
             d: d as u32,
-            k4: self.wte.k4 as u32,
+            k4: self.w.wte.k4 as u32,
             clamp: RES_MAX as u32,
             ..Default::default()
         };
@@ -365,9 +450,15 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
             LmKernel::Embed,
             per_thread(n * d),
             p,
-            &[&item_buf, &self.wte_rows, &self.wte_scale, &self.wpe, &h],
+            &[
+                &item_buf,
+                &self.w.wte_rows,
+                &self.w.wte_scale,
+                &self.w.wpe,
+                &h,
+            ],
         )?;
-        for (l, blk) in self.blocks.iter().enumerate() {
+        for (l, blk) in self.w.blocks.iter().enumerate() {
             let (kc, vc) = &self.kv[l];
             layer_norm(&h, &blk.ln1, &y, n)?;
             if traced {
@@ -404,7 +495,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                     LmKernel::Attention,
                     heads * count,
                     p,
-                    &[&qkv, &item_buf, &self.exp24, kc, vc, &scratch, &o],
+                    &[&qkv, &item_buf, &self.w.exp24, kc, vc, &scratch, &o],
                 )?;
             }
             quantize(&o, d, FQKV, &xq, &sc, n)?;
@@ -424,7 +515,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 LmKernel::Gelu,
                 per_thread(n * 4 * d),
                 p,
-                &[&f, &self.gelu, &gq],
+                &[&f, &self.w.gelu, &gq],
             )?;
             quantize(&gq, 4 * d, FGELU, &xq, &sc, n)?;
             matmul(&blk.proj, &xq, &sc, &a, FR, RES_MAX, n)?;
@@ -446,7 +537,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
             let (rows, qbuf) = (g.upload(&rows)?, g.upload(&qwords)?);
             let hq = g.zeroed(nq * d)?;
             let yq = g.zeroed(nq * d * 2)?;
-            let xqq = g.zeroed(nq * self.wte.k4)?;
+            let xqq = g.zeroed(nq * self.w.wte.k4)?;
             let scq = g.zeroed(nq * 2)?;
             let logits = g.zeroed(nq * v)?;
             let by_gap = g.zeroed(nq * exp_len)?;
@@ -458,9 +549,9 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 ..Default::default()
             };
             launch(LmKernel::Gather, per_thread(nq * d), p, &[&h, &rows, &hq])?;
-            layer_norm(&hq, &self.ln_f, &yq, nq)?;
+            layer_norm(&hq, &self.w.ln_f, &yq, nq)?;
             quantize(&yq, d, FLN, &xqq, &scq, nq)?;
-            matmul(&self.wte, &xqq, &scq, &logits, FLOGIT, LOGIT_MAX, nq)?;
+            matmul(&self.w.wte, &xqq, &scq, &logits, FLOGIT, LOGIT_MAX, nq)?;
             let p = LmParams {
                 n: nq as u32,
                 rows: v as u32,
@@ -471,7 +562,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 LmKernel::Frequencies,
                 nq,
                 p,
-                &[&logits, &self.exp40, &qbuf, &by_gap, &freqs, &answers],
+                &[&logits, &self.w.exp40, &qbuf, &by_gap, &freqs, &answers],
             )?;
             for w in g.read(&answers, nq * 4)?.chunks_exact(4) {
                 coded.push(Coded {
