@@ -23,8 +23,11 @@ pub struct CudaLm<L: Launcher> {
     /// The last model made resident, by hash: compression's verifying decode, every decode
     /// group and every later call reuse its weights instead of packing and uploading them
     /// again (a third of a second for GPT-2 small, as long as a compression's kernels).
-    resident: std::sync::Mutex<Option<([u8; 32], Arc<Weights<L::Buf>>)>>,
+    resident: std::sync::Mutex<Option<Cached<L::Buf>>>,
 }
+
+/// A model's hash and its weights on the device.
+type Cached<B> = ([u8; 32], Arc<Weights<B>>);
 
 impl<L: Launcher> CudaLm<L> {
     pub fn new(dev: Arc<L>) -> Self {
