@@ -357,10 +357,48 @@ fn same_trace_gpt2_small_shape(device: &Device) {
     assert_eq!(got_table, want_table, "{}: step_table", device.name());
 }
 
+/// `step_tables` (the mixing coder's batched call) gives the reference's tables: two
+/// sequences interleaved, items with and without queries, queries with a match mix (which
+/// the tables ignore), then a second call that continues the sequences.
+fn same_tables(device: &Device) {
+    let m = wide();
+    let tokens = lockstep::lm::tokenizer::encode(TEXT).unwrap();
+    let run = |d: &Device| {
+        let mut lm = d.lm().unwrap().load(m, 2).unwrap();
+        let mut out = Vec::new();
+        for round in 0..2 {
+            let items: Vec<Item> = tokens[round * 9..round * 9 + 9]
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| Item {
+                    seq: i % 2,
+                    token,
+                    query: (i % 3 != 1).then_some(Query {
+                        find: Find::Symbol(token),
+                        mix: (i % 2 == 0).then_some((token, 30_000)),
+                    }),
+                })
+                .collect();
+            out.push(lm.step_tables(&items).unwrap());
+        }
+        out
+    };
+    let want = run(&Device::reference());
+    assert_eq!(want[0].len(), 6);
+    assert_eq!(run(device), want, "{}: step_tables", device.name());
+}
+
 macro_rules! lm_parity {
     ($name:ident) => {
         mod $name {
             use super::*;
+
+            #[test]
+            fn step_tables_equal_the_reference() {
+                if let Some(d) = devices::device(stringify!($name)) {
+                    same_tables(&d);
+                }
+            }
 
             #[test]
             fn streams_equal_the_reference() {

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use super::launch::Launcher;
 use crate::backend::lm::{
-    query_last, sequences_within, step_input, Coded, Item, LmKernels, LmSession, Readback, Trace,
+    query_last, sequences_within, step_input, Coded, Find, Item, LmKernels, LmSession, Query,
+    Readback, Trace,
 };
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
@@ -313,14 +314,14 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         &mut self,
         items: &[Item],
         trace: Option<&mut Trace>,
-        want_table: bool,
-    ) -> Result<(Vec<Coded>, Option<Vec<u64>>)> {
+        tables: Tables,
+    ) -> Result<(Vec<Coded>, Vec<Vec<u64>>)> {
         let input = step_input(items, &self.lens, &self.model.config)?;
         if items.is_empty() {
-            return Ok((Vec::new(), None));
+            return Ok((Vec::new(), Vec::new()));
         }
         let traced = trace.is_some();
-        let (coded, rb, table) = self.forward(&input.words, &input.queries, traced, want_table)?;
+        let (coded, rb, table) = self.forward(&input.words, &input.queries, traced, tables)?;
         self.lens = input.next;
         if let Some(t) = trace {
             t.absorb(
@@ -332,15 +333,15 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         Ok((coded, table))
     }
 
-    /// Launch one step; returns the answers, the traced integers (when `traced`) and the last
-    /// query's table (when `want_table`).
+    /// Launch one step; returns the answers, the traced integers (when `traced`) and the
+    /// frequency tables `tables` asks for, in query order.
     fn forward(
         &self,
         items: &[u32],
         queries: &[(usize, [u32; 4])],
         traced: bool,
-        want_table: bool,
-    ) -> Result<(Vec<Coded>, Readback, Option<Vec<u64>>)> {
+        tables: Tables,
+    ) -> Result<(Vec<Coded>, Readback, Vec<Vec<u64>>)> {
         let g = &*self.dev;
         let m = self.model;
         let cfg = &m.config;
@@ -531,7 +532,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         // The head and the tables, for the queried items only, in groups of rows.
         let exp_len = m.tables.exp40.len();
         let mut coded = Vec::with_capacity(queries.len());
-        let mut table = None;
+        let mut table = Vec::new();
         let chunks = queries.len().div_ceil(HEAD_ROWS);
         for (c, chunk) in queries.chunks(HEAD_ROWS).enumerate() {
             let nq = chunk.len();
@@ -574,11 +575,16 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                     freq: w[2] as u64,
                 });
             }
-            let last = c + 1 == chunks;
-            if traced || (want_table && last) {
+            let wanted = match tables {
+                Tables::None => 0..0,
+                Tables::Last if c + 1 == chunks => nq - 1..nq,
+                Tables::Last => 0..0,
+                Tables::All => 0..nq,
+            };
+            if traced || !wanted.is_empty() {
                 let f = g.read(&freqs, nq * v)?;
-                if want_table && last {
-                    table = Some(f[(nq - 1) * v..].iter().map(|&x| x as u64).collect());
+                for r in wanted {
+                    table.push(f[r * v..(r + 1) * v].iter().map(|&x| x as u64).collect());
                 }
                 if traced {
                     let l = g.read(&logits, nq * v)?;
@@ -605,18 +611,46 @@ impl<L: Launcher> LmSession for CudaSession<'_, L> {
     }
 
     fn step(&mut self, items: &[Item]) -> Result<Vec<Coded>> {
-        Ok(self.run(items, None, false)?.0)
+        Ok(self.run(items, None, Tables::None)?.0)
     }
 
     fn step_traced(&mut self, items: &[Item], trace: &mut Trace) -> Result<Vec<Coded>> {
-        Ok(self.run(items, Some(trace), false)?.0)
+        Ok(self.run(items, Some(trace), Tables::None)?.0)
     }
 
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
-        self.run(&run, None, true)?
+        self.run(&run, None, Tables::Last)?
             .1
+            .pop()
             .ok_or_else(|| Error::Invalid("step_table: no table came back".into()))
     }
+
+    /// One forward pass for the whole batch (the mixing coder's 64 words, or a word of every
+    /// block decoded in lockstep), not the default's one pass per query. Each query becomes
+    /// the unmixed table's (the answer it also gets is not read).
+    fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
+        let run: Vec<Item> = items
+            .iter()
+            .map(|it| Item {
+                query: it.query.map(|_| Query {
+                    find: Find::Symbol(0),
+                    mix: None,
+                }),
+                ..*it
+            })
+            .collect();
+        Ok(self.run(&run, None, Tables::All)?.1)
+    }
+}
+
+/// Which frequency tables a step sends back to the host.
+#[derive(Clone, Copy)]
+enum Tables {
+    None,
+    /// The last query's ([`LmSession::step_table`]).
+    Last,
+    /// Every query's, in order ([`LmSession::step_tables`]).
+    All,
 }
