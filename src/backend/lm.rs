@@ -201,6 +201,32 @@ pub fn query_last(items: &[Item]) -> Result<Vec<Item>> {
         .collect())
 }
 
+/// Which frequency tables a GPU step sends back to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tables {
+    None,
+    /// The last query's ([`LmSession::step_table`]).
+    Last,
+    /// Every query's, in order ([`LmSession::step_tables`]).
+    All,
+}
+
+/// `items` with every query made a plain one (an encoder's query for symbol 0, no match
+/// mix), so that its table is the unmixed one [`LmSession::step_tables`] returns: what a
+/// device runs for that call as one batch.
+pub fn unmixed_queries(items: &[Item]) -> Vec<Item> {
+    items
+        .iter()
+        .map(|it| Item {
+            query: it.query.map(|_| Query {
+                find: Find::Symbol(0),
+                mix: None,
+            }),
+            ..*it
+        })
+        .collect()
+}
+
 /// A GPU step's input, checked before anything runs: the sequences' lengths after the step
 /// (a session keeps them, and so moves its caches, only when the step succeeds), four words
 /// per item (sequence, position, token, 0) and each query's item with its words

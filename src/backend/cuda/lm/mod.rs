@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use super::launch::Launcher;
 use crate::backend::lm::{
-    query_last, sequences_within, step_input, Coded, Find, Item, LmKernels, LmSession, Query,
-    Readback, Trace,
+    query_last, sequences_within, step_input, unmixed_queries, Coded, Item, LmKernels, LmSession,
+    Readback, Tables, Trace,
 };
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
@@ -628,29 +628,8 @@ impl<L: Launcher> LmSession for CudaSession<'_, L> {
     }
 
     /// One forward pass for the whole batch (the mixing coder's 64 words, or a word of every
-    /// block decoded in lockstep), not the default's one pass per query. Each query becomes
-    /// the unmixed table's (the answer it also gets is not read).
+    /// block decoded in lockstep), not the default's one pass per query.
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
-        let run: Vec<Item> = items
-            .iter()
-            .map(|it| Item {
-                query: it.query.map(|_| Query {
-                    find: Find::Symbol(0),
-                    mix: None,
-                }),
-                ..*it
-            })
-            .collect();
-        Ok(self.run(&run, None, Tables::All)?.1)
+        Ok(self.run(&unmixed_queries(items), None, Tables::All)?.1)
     }
-}
-
-/// Which frequency tables a step sends back to the host.
-#[derive(Clone, Copy)]
-enum Tables {
-    None,
-    /// The last query's ([`LmSession::step_table`]).
-    Last,
-    /// Every query's, in order ([`LmSession::step_tables`]).
-    All,
 }

@@ -10,7 +10,8 @@ use std::sync::{Arc, OnceLock};
 
 use super::gpu::Gpu;
 use crate::backend::lm::{
-    query_last, step_input, Coded, Item, LmKernels, LmSession, Readback, Trace,
+    query_last, step_input, unmixed_queries, Coded, Item, LmKernels, LmSession, Readback, Tables,
+    Trace,
 };
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
@@ -212,16 +213,16 @@ impl<'m> WgpuSession<'m> {
         &mut self,
         items: &[Item],
         trace: Option<&mut Trace>,
-        want_table: bool,
-    ) -> Result<(Vec<Coded>, Option<Vec<u64>>)> {
+        tables: Tables,
+    ) -> Result<(Vec<Coded>, Vec<Vec<u64>>)> {
         let input = step_input(items, &self.lens, &self.model.config)?;
         if items.is_empty() {
-            return Ok((Vec::new(), None));
+            return Ok((Vec::new(), Vec::new()));
         }
         let traced = trace.is_some();
         let gpu = self.gpu.clone();
         let (coded, rb, table) = gpu.checked("language model step", || {
-            self.forward(&input.words, &input.queries, traced, want_table)
+            self.forward(&input.words, &input.queries, traced, tables)
         })?;
         self.lens = input.next;
         if let Some(t) = trace {
@@ -235,14 +236,14 @@ impl<'m> WgpuSession<'m> {
     }
 
     /// Record and run one step; returns the answers, the traced integers (when `traced`) and
-    /// the last query's table (when `want_table`).
+    /// the frequency tables `tables` asks for, in query order.
     fn forward(
         &self,
         items: &[u32],
         queries: &[(usize, [u32; 4])],
         traced: bool,
-        want_table: bool,
-    ) -> Result<(Vec<Coded>, Readback, Option<Vec<u64>>)> {
+        tables: Tables,
+    ) -> Result<(Vec<Coded>, Readback, Vec<Vec<u64>>)> {
         let g = &*self.gpu;
         let k = &*self.k;
         let m = self.model;
@@ -482,8 +483,8 @@ impl<'m> WgpuSession<'m> {
             pending.push((nq, coded, logits, freqs));
         }
         // The last query's whole table, for step_table: copied to a buffer of its own.
-        let table_row = match (want_table, pending.last()) {
-            (true, Some((nq, _, _, freqs))) => {
+        let table_row = match (tables, pending.last()) {
+            (Tables::Last, Some((nq, _, _, freqs))) => {
                 let row = g.zeroed(v * 4)?;
                 enc.copy_buffer_to_buffer(
                     freqs,
@@ -498,10 +499,13 @@ impl<'m> WgpuSession<'m> {
         };
         // One submission, then the readbacks: answers always, the rest when asked.
         let mut reads: Vec<(&wgpu::Buffer, u64)> = Vec::new();
+        let read_freqs = traced || tables == Tables::All;
         for (nq, coded, logits, freqs) in &pending {
             reads.push((coded, (nq * 16) as u64));
             if traced {
                 reads.push((logits, (nq * v * 4) as u64));
+            }
+            if read_freqs {
                 reads.push((freqs, (nq * v * 4) as u64));
             }
         }
@@ -517,6 +521,7 @@ impl<'m> WgpuSession<'m> {
         let mut it = data.into_iter();
         let mut coded = Vec::with_capacity(queries.len());
         let mut rb = Readback::default();
+        let mut table = Vec::new();
         for (nq, _, _, _) in &pending {
             let words = super::u32s(&it.next().unwrap());
             for w in words.chunks_exact(4).take(*nq) {
@@ -529,17 +534,24 @@ impl<'m> WgpuSession<'m> {
             if traced {
                 let l = super::u32s(&it.next().unwrap());
                 rb.logits.extend(l.iter().map(|&x| x as i32));
+            }
+            if read_freqs {
                 let f = super::u32s(&it.next().unwrap());
-                rb.freqs.extend(
-                    f.chunks_exact(v)
-                        .map(|r| r.iter().map(|&x| x as u64).collect()),
-                );
+                let rows = f
+                    .chunks_exact(v)
+                    .map(|r| r.iter().map(|&x| x as u64).collect());
+                if traced {
+                    rb.freqs.extend(rows.clone());
+                }
+                if tables == Tables::All {
+                    table.extend(rows);
+                }
             }
         }
-        let table = table_row.map(|_| {
+        if table_row.is_some() {
             let words = super::u32s(&it.next().unwrap());
-            words.iter().map(|&x| x as u64).collect()
-        });
+            table.push(words.iter().map(|&x| x as u64).collect());
+        }
         for _ in 0..trace_ln.len() {
             rb.ln1.push(i64s(&it.next().unwrap()));
             rb.ln2.push(i64s(&it.next().unwrap()));
@@ -572,19 +584,26 @@ impl LmSession for WgpuSession<'_> {
     }
 
     fn step(&mut self, items: &[Item]) -> Result<Vec<Coded>> {
-        Ok(self.run(items, None, false)?.0)
+        Ok(self.run(items, None, Tables::None)?.0)
     }
 
     fn step_traced(&mut self, items: &[Item], trace: &mut Trace) -> Result<Vec<Coded>> {
-        Ok(self.run(items, Some(trace), false)?.0)
+        Ok(self.run(items, Some(trace), Tables::None)?.0)
     }
 
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
-        self.run(&run, None, true)?
+        self.run(&run, None, Tables::Last)?
             .1
+            .pop()
             .ok_or_else(|| Error::Invalid("step_table: no table came back".into()))
+    }
+
+    /// One step for the whole batch and every query's table read back, instead of the
+    /// default's one step per query.
+    fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
+        Ok(self.run(&unmixed_queries(items), None, Tables::All)?.1)
     }
 }
 
