@@ -165,8 +165,6 @@ impl<'a> Block<'a> {
 /// Blocks decoded together at most: each holds its own adaptive models (megabytes) and, with
 /// the LM, one KV cache on the device.
 const MAX_LOCKSTEP: usize = 32;
-/// Cap on the KV caches of one lockstep group (as version 1's segment groups).
-const GROUP_CACHE_BYTES: usize = 512 << 20;
 
 /// Decode independently coded blocks, `(payload, length)` each, in lockstep: every block
 /// decodes until its LM needs the next word's table, then the LM runs the calls of all
@@ -175,11 +173,10 @@ const GROUP_CACHE_BYTES: usize = 512 << 20;
 pub fn decode_blocks(blocks: &[(&[u8], u64)], setup: Setup, progress: Progress) -> Result<Vec<u8>> {
     let total: u64 = blocks.iter().map(|b| b.1).sum();
     let group = match setup.lm {
-        Some((model, _)) => {
-            let c = &model.config;
-            let kv = (c.n_layer as usize * c.n_ctx as usize * c.n_embd as usize * 8).max(1);
-            (GROUP_CACHE_BYTES / kv).clamp(1, MAX_LOCKSTEP)
-        }
+        // As many as the device holds KV caches for (its call: 512 MiB of them on the CPU).
+        Some((model, kernels)) => kernels
+            .lockstep_sequences(model, model.config.n_ctx as usize)
+            .min(MAX_LOCKSTEP),
         None => MAX_LOCKSTEP,
     };
     let mut out = Vec::with_capacity(total.min(1 << 30) as usize);
