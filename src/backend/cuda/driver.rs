@@ -85,6 +85,7 @@ impl CudaDriver {
         // into it only between a `copies_after_kernels` and a `kernels_after` of the copy's
         // event (stream.rs), so nothing is freed or read while a copy is pending.
         unsafe { ctx.disable_event_tracking() };
+        keep_freed_memory(&ctx);
         // Non-blocking streams: the legacy default stream would serialize the two.
         let stream = ctx.new_stream().map_err(driver_err("stream"))?;
         let copies = ctx.new_stream().map_err(driver_err("stream"))?;
@@ -118,6 +119,39 @@ impl CudaDriver {
             arch,
             describe: format!("{name} (CUDA, sm_{major}{minor})"),
         })
+    }
+}
+
+/// Buffers come from the device's default stream-ordered pool (cudarc allocates with
+/// `cuMemAllocAsync`), whose release threshold is 0 by default: at every synchronization
+/// (each read back: the LM reads once per step, the delta codec several times per tensor)
+/// the pool hands its free memory back to the system and the next allocation maps it again,
+/// which is known to be slow (NVIDIA/cuda-python#771 raised the threshold for the same
+/// reason). Freed memory now stays in the pool, up to the process's peak use. Set before
+/// any timing of ours; what it gains on a GPU is not measured yet. Best effort: where the
+/// driver refuses, only speed differs.
+fn keep_freed_memory(ctx: &CudaContext) {
+    use cudarc::driver::sys;
+    // SAFETY: the pool handle comes from the driver for this context's device and is only
+    // passed back to it; the attribute's value is a u64, as the release threshold takes.
+    let pools = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED;
+    if ctx.attribute(pools).unwrap_or(0) == 0 {
+        return; // (cudarc then allocates without a pool)
+    }
+    unsafe {
+        let mut pool = std::mem::MaybeUninit::<sys::CUmemoryPool>::uninit();
+        if ctx.bind_to_thread().is_err()
+            || sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), ctx.cu_device())
+                != sys::CUresult::CUDA_SUCCESS
+        {
+            return;
+        }
+        let mut keep = u64::MAX;
+        let _ = sys::cuMemPoolSetAttribute(
+            pool.assume_init(),
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast(),
+        );
     }
 }
 
