@@ -102,9 +102,47 @@ impl<L: Launcher> Profiled<L> {
         Ok(())
     }
 
+    /// The most launches in progress at once on the device's timeline (each from its start
+    /// mark to its end mark; forks' launches included): whether several tensors in flight
+    /// really overlapped. Waits for the device to finish what was launched.
+    pub fn most_at_once(&self) -> Result<usize> {
+        let launches = self
+            .tables
+            .launches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(origin) = launches.first().map(|l| &l.2) else {
+            return Ok(0);
+        };
+        // Each mark's offset from the origin, signed: `seconds` gives 0 (the emulation) or
+        // less (CUDA) for a mark before the origin, and then the other order is positive.
+        let at = |e: &L::Event| -> Result<f64> {
+            let after = self.inner.seconds(origin, e)?;
+            Ok(if after > 0.0 {
+                after
+            } else {
+                -self.inner.seconds(e, origin)?
+            })
+        };
+        let mut edges = Vec::with_capacity(2 * launches.len());
+        for (_, _, from, to) in launches.iter() {
+            edges.push((at(from)?, 1i64));
+            edges.push((at(to)?, -1));
+        }
+        // At equal times ends first: launches that only touch do not overlap.
+        edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let (mut now, mut most) = (0i64, 0i64);
+        for (_, d) in edges {
+            now += d;
+            most = most.max(now);
+        }
+        Ok(most as usize)
+    }
+
     /// Every kernel's launches, total and mean time and grid range, the most expensive
     /// first; then the host operations. Waits for the device to finish what was launched.
     pub fn report(&self) -> Result<String> {
+        let at_once = self.most_at_once()?;
         let launches = self
             .tables
             .launches
@@ -120,7 +158,7 @@ impl<L: Launcher> Profiled<L> {
         rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
         let total: f64 = rows.iter().map(|r| r.1 .1).sum();
         let mut out = format!(
-            "kernels on {} ({} launches, {:.1} ms between marks)\n\
+            "kernels on {} ({} launches, {:.1} ms between marks, at most {at_once} at once)\n\
              {:<24} {:>9} {:>11} {:>10} {:>6}  grid\n",
             self.inner.describe(),
             launches.len(),
