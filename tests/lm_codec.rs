@@ -471,3 +471,85 @@ fn rehashed_but_inconsistent_model_files_are_refused() {
         Err(Error::Unsupported(_))
     ));
 }
+
+/// The CUDA frequency kernel alone, on a row chosen so that its shortcut matters: it takes
+/// `floor(w r / W)` for every gap from one reciprocal of `W` and corrects the estimate where
+/// it is one short, which for a given gap happens about once in `2^65 / w` tables (the
+/// parity tests above would pass without the correction). So the row is searched for: four
+/// logits `0, -a, -b, -c` whose table needs it at one of their gaps, then the kernel's table
+/// must equal the CPU's.
+fn frequency_kernel_corrects_its_reciprocal<L: lockstep::backend::cuda::launch::Launcher>(
+    dev: &L,
+) {
+    use lockstep::backend::cpu::lm::freq::frequencies;
+    use lockstep::backend::cuda::lm::kernels::{LmKernel, LmParams};
+    use lockstep::backend::Isa;
+    let exp40 = lockstep::format::lm::fixed::exp_table(40);
+    let v = 4u64;
+    let r = (1u64 << 32) - v;
+    let short = |gaps: [usize; 4]| {
+        let total: u64 = gaps.iter().map(|&g| exp40[g]).sum();
+        let inv = (((r as u128) << 64) / total as u128) as u64;
+        gaps.iter().any(|&g| {
+            let w = exp40[g];
+            let q = ((w as u128 * inv as u128) >> 64) as u64;
+            w.wrapping_mul(r).wrapping_sub(q.wrapping_mul(total)) >= total
+        })
+    };
+    // Small gaps first: their weights are the largest, so the likeliest to need it.
+    let len = exp40.len();
+    let gaps = (1..len)
+        .flat_map(|b| (1..=b).flat_map(move |a| (b..len).map(move |c| [0, a, b, c])))
+        .find(|&g| short(g))
+        .expect("some table needs the correction");
+    let logits = gaps.map(|g| -(g as i32));
+    let want: Vec<u32> = frequencies(Isa::Portable, &logits, &exp40)
+        .unwrap()
+        .iter()
+        .map(|&f| f as u32)
+        .collect();
+    let words: Vec<u32> = exp40.iter().flat_map(|&w| [w as u32, (w >> 32) as u32]).collect();
+    let bufs = [
+        dev.upload(&logits.map(|l| l as u32)).unwrap(),
+        dev.upload(&words).unwrap(),
+        // one query: symbol 0, nothing mixed in
+        dev.upload(&[0, 0, u32::MAX, 0]).unwrap(),
+        dev.zeroed(exp40.len()).unwrap(),
+        dev.zeroed(v as usize).unwrap(),
+        dev.zeroed(4).unwrap(),
+        dev.zeroed(4).unwrap(),
+        dev.zeroed(4).unwrap(),
+    ];
+    let p = LmParams {
+        n: 1,
+        rows: v as u32,
+        exp_len: exp40.len() as u32,
+        ..Default::default()
+    };
+    dev.launch_lm(LmKernel::Frequencies, 1, &p, bufs.each_ref())
+        .unwrap();
+    let got = dev.read(&bufs[4], v as usize).unwrap();
+    assert_eq!(got, want, "frequencies of logits {logits:?}");
+}
+
+mod kernels {
+    mod cuda {
+        #[test]
+        fn frequency_kernel_corrects_its_reciprocal() {
+            if super::super::devices::device("cuda").is_some() {
+                let dev = lockstep::backend::cuda::driver::CudaDriver::open().unwrap();
+                super::super::frequency_kernel_corrects_its_reciprocal(&dev);
+            }
+        }
+    }
+
+    mod cuda_emulated {
+        #[test]
+        fn frequency_kernel_corrects_its_reciprocal() {
+            if super::super::devices::device("cuda_emulated").is_some() {
+                let dev = lockstep::backend::cuda::emulated::HostEmulation::new();
+                super::super::frequency_kernel_corrects_its_reciprocal(&dev);
+            }
+        }
+    }
+}

@@ -28,7 +28,7 @@
 #include "../lm/elementwise.cu"
 #include "../lm/freq.cu"
 
-#define LS_EMU_MAX_THREADS 256u
+#define LS_EMU_MAX_THREADS 1024u
 #define LS_EMU_STACK (128u * 1024u)
 
 typedef void (*ls_kernel_fn)(const Params, u32 *, u32 *, u32 *, u32 *, u32 *, u32 *);

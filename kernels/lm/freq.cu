@@ -1,11 +1,12 @@
 // Logits (Q8) -> frequency table of total 2^32 -> the query's answer (docs/INTEGER_GPT2.md
-// §5, §10), one block of 256 threads per queried item; the table stays on the device.
+// §5, §10), one block of 1024 threads per queried item (a decode step has few items, so
+// each item's passes over the vocabulary get many threads); the table stays on the device.
 // Mirrors cpu/lm/freq.rs: w_j = EXP40[L - l_j] (0 past the table), f_j = 1 + floor(w_j R / W)
 // with R = 2^32 - V, the remainder to the largest logit (lowest id on ties), then the match
 // mix. Every frequency and every prefix sum below the total fits a u32 (the table sums to
 // 2^32 and each entry is at least 1), so u32 sums that wrap at 2^32 are exact.
 
-#define FREQ_THREADS 256u
+#define FREQ_THREADS 1024u
 __shared__ int freq_best_v[FREQ_THREADS];
 __shared__ u32 freq_best_i[FREQ_THREADS];
 __shared__ u64 freq_red64[FREQ_THREADS];
@@ -73,10 +74,23 @@ LS_KERNEL lm_frequencies(LM_ARGS) {
         __syncthreads();
     }
     u64 total_w = freq_red64[0];
-    // f by gap: each distinct gap divided once
+    // f by gap, each distinct gap once: floor(w r / W) from one reciprocal of W, as
+    // cpu/lm/freq.rs's floor_by_gap (inv = floor(r 2^64 / W) < 2^64 when W > r; then
+    // q = floor(w inv / 2^64) is the floor or one less, and the remainder w r - q W, in
+    // 0..2W and so exact in wrapping u64 (W < 2^56), says which). The specification's
+    // table always has W >= 2^40 > r; the plain division stays for any other.
     u64 r = (1ull << 32) - v;
+    u64 inv = total_w > r ? (u64)(((u128)r << 64) / total_w) : 0u;
     for (u32 g = l; g < p.exp_len; g += FREQ_THREADS) {
-        by_gap[g] = 1u + (u32)((u128)(u64)ld64(b2, g) * r / total_w);
+        u64 w = (u64)ld64(b2, g);
+        u64 q;
+        if (total_w > r) {
+            q = (u64)(((u128)w * inv) >> 64);
+            q += w * r - q * total_w >= total_w ? 1u : 0u;
+        } else {
+            q = (u64)((u128)w * r / total_w);
+        }
+        by_gap[g] = 1u + (u32)q;
     }
     __syncthreads();
     u32 s = 0u;

@@ -39,11 +39,10 @@ typedef struct {
     u32 ctx;   // context (positions per sequence in the KV cache)
     u32 heads;
     u32 exp_len; // entries of the exp table the kernel reads
-    u32 span;    // attention: score slots per (item, head) in the scratch buffer
-    u32 first;   // attention: the first item of this launch
     u32 eps_lo, eps_hi;       // LayerNorm's eps_q (i64)
     u32 attn_m_lo, attn_m_hi; // attention's score multiplier (i64)
-    u32 pad[15];
+    u32 split;   // matmul: warps sharing one row tile's k (1 or 4)
+    u32 pad[16];
 } LmParams;
 
 // Every LM kernel takes the parameter block and eight buffers of u32 words (unused ones get a

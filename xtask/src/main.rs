@@ -857,6 +857,21 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
         let (cmd, a) = lm_args(file, devices, name.contains("gpt2-small"), "2");
         step(name, &cmd, &a, &[], *limit);
     }
+    // The CLI end to end on the same input (tinygpt2, built in; verified by decompressing
+    // first): the default mixing stream (v2) and the model alone (v1, `--no-mix`), on CUDA
+    // and on the host's CPU, then each file decompressed.
+    for (b, limit) in [("cuda", 120), ("cpu", 120)] {
+        for (v, extra) in [("v2", None), ("v1", Some("--no-mix"))] {
+            let out = tmp.join(format!("gpu-check-{b}-{v}.lst")).display().to_string();
+            let back = tmp.join(format!("gpu-check-{b}-{v}.txt")).display().to_string();
+            let mut a = vec!["text", "compress", "--backend", b, "-f", "-o", &out];
+            a.extend(extra);
+            a.push(all_text);
+            step(&format!("lm-cli-{b}-{v}-compress"), &lockstep, &a, &[], limit);
+            let a = ["text", "decompress", "--backend", b, "-f", "-o", &back, &out];
+            step(&format!("lm-cli-{b}-{v}-decompress"), &lockstep, &a, &[], limit);
+        }
+    }
     // Where CUDA's time goes, per kernel (src/backend/cuda/profile.rs: a few lines of log,
     // where a profiler's raw output outgrew what a lease returns): the trajectory at 0.5
     // GB, and GPT-2-small's shape on one round.

@@ -70,10 +70,11 @@ impl LmKernel {
     }
 
     /// Threads per block: the row kernels' reductions are written for these sizes
-    /// (NORM_THREADS, QUANT_THREADS, FREQ_THREADS, ATT_THREADS in the sources).
+    /// (NORM_THREADS, QUANT_THREADS, FREQ_THREADS, ATT_THREADS, MM_WARPS in the sources).
     pub fn block(self) -> u32 {
         match self {
-            LmKernel::Attention => 64,
+            LmKernel::Matmul => 128,
+            LmKernel::Frequencies => 1024,
             _ => 256,
         }
     }
@@ -117,16 +118,15 @@ pub struct LmParams {
     pub ctx: u32,
     pub heads: u32,
     pub exp_len: u32,
-    pub span: u32,
-    pub first: u32,
     pub eps: i64,
     pub attn_m: i64,
+    pub split: u32,
 }
 
 impl LmParams {
     pub fn words(&self) -> [u32; 32] {
         let mut w = [0u32; 32];
-        w[..17].copy_from_slice(&[
+        w[..16].copy_from_slice(&[
             self.n,
             self.d,
             self.k,
@@ -138,12 +138,11 @@ impl LmParams {
             self.ctx,
             self.heads,
             self.exp_len,
-            self.span,
-            self.first,
             self.eps as u32,
             (self.eps >> 32) as u32,
             self.attn_m as u32,
             (self.attn_m >> 32) as u32,
+            self.split,
         ]);
         w
     }

@@ -56,7 +56,11 @@ impl<L: Launcher> CudaLm<L> {
 
 impl<L: Launcher> LmKernels for CudaLm<L> {
     fn describe(&self) -> String {
-        format!("{}, __dp4a int8 matmul", self.dev.describe())
+        // (describe names sm_XY on a GPU; the emulation is a host build: __dp4a)
+        format!(
+            "{}, int8 matmul on tensor cores (mma.sync) from sm_80, __dp4a below",
+            self.dev.describe()
+        )
     }
 
     fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>> {
@@ -152,7 +156,9 @@ impl Packed {
     fn new(lin: &Linear, with_bias: bool) -> Packed {
         let k4 = lin.k.div_ceil(4);
         let rows = packed_rows(&lin.w, lin.rows, lin.k);
-        let mut cols = vec![0u32; rows.len()];
+        // Whole k-steps of 8 words (zeros past k), and spare words for the last row tile
+        // (kernels/lm/matmul.cu reads whole tiles).
+        let mut cols = vec![0u32; k4.next_multiple_of(MM_K_WORDS) * lin.rows + MM_SPARE];
         const TILE: usize = 64;
         for j0 in (0..lin.rows).step_by(TILE) {
             for c0 in (0..k4).step_by(TILE) {
@@ -280,13 +286,20 @@ struct CudaSession<'m, L: Launcher> {
     lens: Vec<usize>,
 }
 
-/// The matmul's block geometry (kernels/lm/matmul.cu): weight rows and items per block.
-const MM_ROWS: usize = 64;
-const MM_ITEMS: usize = 8;
+/// The matmul's geometry (kernels/lm/matmul.cu): rows of a warp's tile, items per block,
+/// warps per block, words per k-step, spare words after a weight matrix; and the blocks
+/// below which a launch splits k over a block's warps (a decode step's few items).
+const MM_TILE_ROWS: usize = 16;
+const MM_ITEMS: usize = 64;
+const MM_WARPS: usize = 4;
+const MM_K_WORDS: usize = 8;
+const MM_SPARE: usize = 64;
+const MM_SPLIT_BELOW: usize = 512;
 /// Queried rows per head launch: bounds the logits and frequency buffers (rows x vocab).
 const HEAD_ROWS: usize = 1024;
-/// Bytes of attention scores per launch: items are grouped to stay below it.
-const SCRATCH_BYTES: usize = 64 << 20;
+/// The longest context whose scores an attention block keeps in shared memory (ATT_SPAN in
+/// kernels/lm/attention.cu).
+const ATT_SPAN: usize = 1024;
 
 impl<'m, L: Launcher> CudaSession<'m, L> {
     fn new(
@@ -296,6 +309,13 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         sequences: usize,
     ) -> Result<CudaSession<'m, L>> {
         let c = &model.config;
+        if c.n_ctx as usize > ATT_SPAN {
+            return Err(Error::Unsupported(format!(
+                "the CUDA language model attends over at most {ATT_SPAN} positions; this \
+                 model's context is {}",
+                c.n_ctx
+            )));
+        }
         let kv_words = sequences.max(1) * c.n_ctx as usize * c.n_embd as usize;
         let mut kv = Vec::new();
         for _ in 0..model.blocks.len() {
@@ -352,8 +372,9 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         let item_buf = g.upload(items)?;
         let h = g.zeroed(n * d)?;
         let y = g.zeroed(n * d * 2)?;
-        // The widest quantized row is the MLP's 4d int8: d words.
-        let xq = g.zeroed(n * d)?;
+        // The widest quantized row is the MLP's 4d int8: d words; the matmul reads whole
+        // tiles of items and 8 words past the last.
+        let xq = g.zeroed(n.next_multiple_of(MM_ITEMS) * d + MM_K_WORDS)?;
         let sc = g.zeroed(n * 2)?;
         let qkv = g.zeroed(n * 3 * d)?;
         let o = g.zeroed(n * d * 2)?;
@@ -361,15 +382,6 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         let f = g.zeroed(n * 4 * d)?;
         let gq = g.zeroed(n * 4 * d * 2)?;
         let dummy = g.zeroed(4)?;
-        // Attention scores: items in groups small enough for one scratch buffer.
-        let span = items
-            .chunks_exact(4)
-            .map(|w| w[1] as usize + 1)
-            .max()
-            .unwrap_or(1);
-        let per_item = heads * span * 8;
-        let attn_group = (SCRATCH_BYTES / per_item).clamp(1, n);
-        let scratch = g.zeroed(attn_group * per_item / 4)?;
 
         let launch = |k: LmKernel, grid: usize, p: LmParams, bufs: &[&L::Buf]| {
             let mut all = [&dummy; 8];
@@ -411,15 +423,19 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                       frac: i32,
                       clamp: i64,
                       rows: usize| {
+            let item_blocks = rows.div_ceil(MM_ITEMS);
+            let whole = mat.rows.div_ceil(MM_TILE_ROWS * MM_WARPS) * item_blocks;
+            let split = if whole < MM_SPLIT_BELOW { MM_WARPS } else { 1 };
             let p = LmParams {
                 n: rows as u32,
                 rows: mat.rows as u32,
                 k4: mat.k4 as u32,
                 frac,
                 clamp: clamp as u32,
+                split: split as u32,
                 ..Default::default()
             };
-            let grid = mat.rows.div_ceil(MM_ROWS) * rows.div_ceil(MM_ITEMS);
+            let grid = mat.rows.div_ceil(MM_TILE_ROWS * MM_WARPS / split) * item_blocks;
             launch(
                 LmKernel::Matmul,
                 grid,
@@ -482,26 +498,21 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 p,
                 &[&qkv, &item_buf, kc, vc],
             )?;
-            for first in (0..n).step_by(attn_group) {
-                let count = attn_group.min(n - first);
-                let p = LmParams {
-                    d: d as u32,
-                    hd: hd as u32,
-                    ctx: ctx as u32,
-                    heads: heads as u32,
-                    exp_len: m.tables.exp24.len() as u32,
-                    attn_m: m.tables.attn_m,
-                    first: first as u32,
-                    span: span as u32,
-                    ..Default::default()
-                };
-                launch(
-                    LmKernel::Attention,
-                    heads * count,
-                    p,
-                    &[&qkv, &item_buf, &self.w.exp24, kc, vc, &scratch, &o],
-                )?;
-            }
+            let p = LmParams {
+                d: d as u32,
+                hd: hd as u32,
+                ctx: ctx as u32,
+                heads: heads as u32,
+                exp_len: m.tables.exp24.len() as u32,
+                attn_m: m.tables.attn_m,
+                ..Default::default()
+            };
+            launch(
+                LmKernel::Attention,
+                heads * n,
+                p,
+                &[&qkv, &item_buf, &self.w.exp24, kc, vc, &o],
+            )?;
             quantize(&o, d, FQKV, &xq, &sc, n)?;
             matmul(&blk.attn_proj, &xq, &sc, &a, FR, RES_MAX, n)?;
             add_residual(&a)?;
@@ -541,7 +552,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
             let (rows, qbuf) = (g.upload(&rows)?, g.upload(&qwords)?);
             let hq = g.zeroed(nq * d)?;
             let yq = g.zeroed(nq * d * 2)?;
-            let xqq = g.zeroed(nq * self.w.wte.k4)?;
+            let xqq = g.zeroed(nq.next_multiple_of(MM_ITEMS) * self.w.wte.k4 + MM_K_WORDS)?;
             let scq = g.zeroed(nq * 2)?;
             let logits = g.zeroed(nq * v)?;
             let by_gap = g.zeroed(nq * exp_len)?;
