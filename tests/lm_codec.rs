@@ -478,9 +478,7 @@ fn rehashed_but_inconsistent_model_files_are_refused() {
 /// parity tests above would pass without the correction). So the row is searched for: four
 /// logits `0, -a, -b, -c` whose table needs it at one of their gaps, then the kernel's table
 /// must equal the CPU's.
-fn frequency_kernel_corrects_its_reciprocal<L: lockstep::backend::cuda::launch::Launcher>(
-    dev: &L,
-) {
+fn frequency_kernel_corrects_its_reciprocal<L: lockstep::backend::cuda::launch::Launcher>(dev: &L) {
     use lockstep::backend::cpu::lm::freq::frequencies;
     use lockstep::backend::cuda::lm::kernels::{LmKernel, LmParams};
     use lockstep::backend::Isa;
@@ -508,7 +506,10 @@ fn frequency_kernel_corrects_its_reciprocal<L: lockstep::backend::cuda::launch::
         .iter()
         .map(|&f| f as u32)
         .collect();
-    let words: Vec<u32> = exp40.iter().flat_map(|&w| [w as u32, (w >> 32) as u32]).collect();
+    let words: Vec<u32> = exp40
+        .iter()
+        .flat_map(|&w| [w as u32, (w >> 32) as u32])
+        .collect();
     let bufs = [
         dev.upload(&logits.map(|l| l as u32)).unwrap(),
         dev.upload(&words).unwrap(),

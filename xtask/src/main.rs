@@ -862,14 +862,41 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
     // and on the host's CPU, then each file decompressed.
     for (b, limit) in [("cuda", 120), ("cpu", 120)] {
         for (v, extra) in [("v2", None), ("v1", Some("--no-mix"))] {
-            let out = tmp.join(format!("gpu-check-{b}-{v}.lst")).display().to_string();
-            let back = tmp.join(format!("gpu-check-{b}-{v}.txt")).display().to_string();
+            let out = tmp
+                .join(format!("gpu-check-{b}-{v}.lst"))
+                .display()
+                .to_string();
+            let back = tmp
+                .join(format!("gpu-check-{b}-{v}.txt"))
+                .display()
+                .to_string();
             let mut a = vec!["text", "compress", "--backend", b, "-f", "-o", &out];
             a.extend(extra);
             a.push(all_text);
-            step(&format!("lm-cli-{b}-{v}-compress"), &lockstep, &a, &[], limit);
-            let a = ["text", "decompress", "--backend", b, "-f", "-o", &back, &out];
-            step(&format!("lm-cli-{b}-{v}-decompress"), &lockstep, &a, &[], limit);
+            step(
+                &format!("lm-cli-{b}-{v}-compress"),
+                &lockstep,
+                &a,
+                &[],
+                limit,
+            );
+            let a = [
+                "text",
+                "decompress",
+                "--backend",
+                b,
+                "-f",
+                "-o",
+                &back,
+                &out,
+            ];
+            step(
+                &format!("lm-cli-{b}-{v}-decompress"),
+                &lockstep,
+                &a,
+                &[],
+                limit,
+            );
         }
     }
     // Where CUDA's time goes, per kernel (src/backend/cuda/profile.rs: a few lines of log,

@@ -97,10 +97,9 @@ impl CudaDriver {
         let arch = format!("compute_{major}{minor}");
         let mut functions = Vec::new();
         let mut modules = Vec::new();
-        for (file, source, _) in super::kernel_sources() {
-            let ptx = nvrtc.compile(file, &source, &arch)?;
+        for (file, ptx) in compile_all(&nvrtc, super::kernel_sources(), &arch) {
             let m = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx?))
                 .map_err(driver_err("module load"))?;
             modules.push((file, m));
         }
@@ -155,6 +154,30 @@ fn keep_freed_memory(ctx: &CudaContext) {
     }
 }
 
+/// Every module's PTX, compiled at once on threads of their own (NVRTC compiles separate
+/// programs concurrently): a process's first launch waits for the slowest module, not for
+/// their sum.
+fn compile_all(
+    nvrtc: &Nvrtc,
+    sources: Vec<(&'static str, String, Vec<&'static str>)>,
+    arch: &str,
+) -> Vec<(&'static str, Result<String>)> {
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = sources
+            .iter()
+            .map(|(file, source, _)| (*file, s.spawn(move || nvrtc.compile(file, source, arch))))
+            .collect();
+        jobs.into_iter()
+            .map(|(file, job)| {
+                let ptx = job.join().unwrap_or_else(|_| {
+                    Err(Error::Invalid(format!("NVRTC panicked compiling {file}")))
+                });
+                (file, ptx)
+            })
+            .collect()
+    })
+}
+
 impl CudaDriver {
     fn lm_functions(&self) -> Result<&[CudaFunction]> {
         self.lm
@@ -162,10 +185,9 @@ impl CudaDriver {
                 let nvrtc = Nvrtc::open(None).map_err(|e| e.to_string())?;
                 let ctx = self.stream.context();
                 let mut modules = Vec::new();
-                for (file, source, _) in super::lm::kernels::kernel_sources() {
-                    let ptx = nvrtc
-                        .compile(file, &source, &self.arch)
-                        .map_err(|e| e.to_string())?;
+                let sources = super::lm::kernels::kernel_sources();
+                for (file, ptx) in compile_all(&nvrtc, sources, &self.arch) {
+                    let ptx = ptx.map_err(|e| e.to_string())?;
                     let m = ctx
                         .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                         .map_err(|e| format!("CUDA module load: {e:?}"))?;
