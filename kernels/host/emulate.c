@@ -214,7 +214,7 @@ static const struct {
     int syncs;
 } LS_LM_KERNELS[] = {
     {lm_embed, 0},     {lm_layer_norm, 1},   {lm_quantize, 1}, {lm_matmul, 1},
-    {lm_kv_store, 0},  {lm_attention, 1},    {lm_add_residual, 0}, {lm_gelu, 0},
+    {lm_kv_store, 0},  {lm_attention, 1},    {lm_add_residual, 0}, {lm_gelu, 1},
     {lm_gather, 0},    {lm_frequencies, 1},
 };
 

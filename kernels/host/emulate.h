@@ -21,6 +21,7 @@
 #define LS_KERNEL static void
 #define LS_FN static inline
 #define LS_UNROLL4
+#define LS_UNROLL16
 #define __device__
 #define __shared__ static __thread
 

@@ -46,7 +46,7 @@ LS_KERNEL lm_attention(LM_ARGS) {
     i64 mx = (i64)(1ull << 63);
     for (u32 s = l; s < len; s += ATT_THREADS) {
         i64 dot = 0;
-        LS_UNROLL4
+        LS_UNROLL16
         for (u32 c = 0u; c < p.hd; c++) { dot += (i64)q[c] * kc[(u64)c * p.ctx + s]; }
         i64 sc = (i64)round_shift((i128)dot * attn_m, 52);
         st64(sw, s, sc);
@@ -86,7 +86,7 @@ LS_KERNEL lm_attention(LM_ARGS) {
         if (group < groups && c < p.hd) {
             // (no branch on w == 0, which adds nothing: a loop without one unrolls, and its
             // independent loads overlap instead of waiting one after another)
-            LS_UNROLL4
+            LS_UNROLL16
             for (u32 s = group; s < len; s += groups) {
                 acc += ld64(sw, s) * vc[(u64)s * p.d + c];
             }

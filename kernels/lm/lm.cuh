@@ -12,10 +12,12 @@
 #define LS_KERNEL extern "C" __global__ void
 #define LS_FN static __device__ __forceinline__
 #endif
-// Unroll the next loop four times on the device (the host emulation's C compiler decides).
+// Unroll the next loop four (sixteen) times on the device, so that the loads of several
+// iterations are in flight at once (the host emulation's C compiler decides).
 #ifndef LS_UNROLL4
 #define LS_PRAGMA(x) _Pragma(#x)
 #define LS_UNROLL4 LS_PRAGMA(unroll 4)
+#define LS_UNROLL16 LS_PRAGMA(unroll 16)
 #endif
 
 typedef unsigned int u32;
@@ -42,7 +44,8 @@ typedef struct {
     u32 eps_lo, eps_hi;       // LayerNorm's eps_q (i64)
     u32 attn_m_lo, attn_m_hi; // attention's score multiplier (i64)
     u32 split;   // matmul: warps sharing one row tile's k (1 or 4)
-    u32 pad[16];
+    u32 add;     // LayerNorm: add a residual first (0: no)
+    u32 pad[15];
 } LmParams;
 
 // Every LM kernel takes the parameter block and eight buffers of u32 words (unused ones get a
@@ -140,6 +143,68 @@ LS_FN u128 isqrt128(u128 x) {
 // Element i of a row of int8 packed four to a word.
 LS_FN int int8_at(const u32 *row, u32 i) {
     return (int)(signed char)(unsigned char)((row[i >> 2] >> ((i & 3u) * 8u)) & 0xffu);
+}
+
+// Per-row int8 quantization with an integer scale (docs/INTEGER_GPT2.md §4; mirrors
+// format::lm::fixed::quantize_row), by a block's `threads` threads (t: this one's index):
+// the row y (k i64 words, Q`frac`) -> four int8 per u32 word in xq (zero padded to k4
+// words) and the row's scale (t_m, t_e) in scale[0..2]. `red` is the caller's shared array
+// of `threads` u64. Call from uniform control flow (it synchronizes the block); y may have
+// been written by this block just before (it synchronizes first).
+LS_FN void lm_quantize_row(const u32 *y, u32 k, u32 k4, int frac, u32 *xq, u32 *scale, u32 t,
+                           u32 threads, u64 *red) {
+    __syncthreads();
+    u64 m = 0u;
+    for (u32 i = t; i < k; i += threads) {
+        i64 v = ld64(y, i);
+        u64 a = v < 0 ? 0ull - (u64)v : (u64)v;
+        if (a > m) { m = a; }
+    }
+    red[t] = m;
+    __syncthreads();
+    for (u32 off = threads / 2u; off > 0u; off /= 2u) {
+        if (t < off && red[t + off] > red[t]) { red[t] = red[t + off]; }
+        __syncthreads();
+    }
+    i128 a = (i128)red[0];
+    if (t == 0u) {
+        if (a == 0) {
+            scale[0] = 0u;
+            scale[1] = 0u;
+        } else {
+            // t_m = rdiv(A * 2^k, 127) in [2^15, 2^16), from e = 22 - floor(log2 A)
+            int e = 22 - ((int)bits128((u128)a) - 1);
+            for (;;) {
+                i128 tm = e >= 0 ? rdiv_pos(a << e, 127) : rdiv_pos(a, (i128)127 << (-e));
+                if (tm >= 65536) {
+                    e -= 1;
+                } else if (tm < 32768) {
+                    e += 1;
+                } else {
+                    scale[0] = (u32)tm;
+                    scale[1] = (u32)(frac + e);
+                    break;
+                }
+            }
+        }
+    }
+    Recip rc;
+    rc.r = 0;
+    rc.s = 0;
+    if (a != 0) { rc = recip(a); }
+    for (u32 w = t; w < k4; w += threads) {
+        u32 word = 0u;
+        for (u32 b = 0u; b < 4u; b++) {
+            u32 i = 4u * w + b;
+            int q = 0;
+            if (i < k && a != 0) {
+                i128 v = div_recip(127 * (i128)ld64(y, i), rc);
+                q = (int)(v < -127 ? -127 : (v > 127 ? 127 : v));
+            }
+            word |= ((u32)q & 0xffu) << (8u * b);
+        }
+        xq[w] = word;
+    }
 }
 
 #endif

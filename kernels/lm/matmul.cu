@@ -36,7 +36,7 @@ LS_FN void mm_tiles(int *acc, const u32 *a, u64 row, u64 word, const u32 *b, u64
     for (u32 nt = 0u; nt < MM_TILES; nt++) {
         const u32 *bn = b + (8u * nt + g) * item;
         u32 b0 = bn[q], b1 = bn[q + 4u];
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+r"(acc[4u * nt]), "+r"(acc[4u * nt + 1u]), "+r"(acc[4u * nt + 2u]),
                        "+r"(acc[4u * nt + 3u])
@@ -77,6 +77,8 @@ LS_KERNEL lm_matmul(LM_ARGS) {
     int acc[4u * MM_TILES];
     for (u32 i = 0u; i < 4u * MM_TILES; i++) { acc[i] = 0; }
     const u32 *b = b3 + (u64)t0 * p.k4;
+    // (unrolled: the next steps' fragments load while this step's products run)
+    LS_UNROLL4
     for (u32 s = s0; s < s1; s++) {
         mm_tiles(acc, b1 + (u64)8u * s * p.rows + j0, 1u, p.rows, b + 8u * s, p.k4, lane);
     }

@@ -1,5 +1,7 @@
 // Integer LayerNorm (docs/INTEGER_GPT2.md §4), one block of 256 threads per row: h (Q12 i32)
-// -> y (Q26 i64). Mirrors cpu/lm/norm.rs::layer_norm_row integer for integer.
+// -> y (Q26 i64), then y quantized (lm_quantize_row) in the same launch, which the forward
+// pass always does next; first, where asked, the residual add that precedes it. Mirrors
+// cpu/lm/norm.rs::layer_norm_row integer for integer.
 
 #define NORM_THREADS 256u
 __shared__ i64 norm_sum[NORM_THREADS];
@@ -7,12 +9,21 @@ __shared__ u128 norm_sq[NORM_THREADS];
 __shared__ i128 norm_r;
 __shared__ int norm_s;
 
-// b1 h (n x d i32), b2 gamma (i32), b3 beta (i64), b4 y (n x d i64). p: n, d, eps.
+// b1 h (n x d i32), b2 gamma (i32), b3 beta (i64), b4 y (n x d i64), b5 xq (n x k4 words),
+// b6 scales (n x (t_m, t_e)), b7 with p.add: a residual (n x d i32) to add to h first,
+// h = clamp(h + b7, +-clamp). p: n, d, k4 (d / 4 rounded up), frac, eps, add, clamp.
 LS_KERNEL lm_layer_norm(LM_ARGS) {
     u32 row = blockIdx.x;
     u32 t = threadIdx.x;
     u32 d = p.d;
     const int *h = (const int *)b1 + (u64)row * d;
+    if (p.add != 0u) {
+        // (each thread adds the elements its loops below read)
+        for (u32 i = t; i < d; i += NORM_THREADS) {
+            u64 at = (u64)row * d + i;
+            b1[at] = (u32)(int)clamp64((i64)(int)b1[at] + (int)b7[at], (i64)p.clamp);
+        }
+    }
     // S = sum h (|S| <= 2^39)
     i64 s = 0;
     for (u32 i = t; i < d; i += NORM_THREADS) { s += h[i]; }
@@ -60,4 +71,6 @@ LS_KERNEL lm_layer_norm(LM_ARGS) {
         i128 beta = ld64(b3, i);
         st64(b4, (u64)row * d + i, (i64)((i128)(int)b2[i] * z + beta));
     }
+    lm_quantize_row(b4 + 2u * (u64)row * d, d, p.k4, p.frac, b5 + (u64)row * p.k4, b6 + 2u * row,
+                    t, NORM_THREADS, (u64 *)norm_sum);
 }

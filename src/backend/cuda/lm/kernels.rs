@@ -121,12 +121,13 @@ pub struct LmParams {
     pub eps: i64,
     pub attn_m: i64,
     pub split: u32,
+    pub add: bool,
 }
 
 impl LmParams {
     pub fn words(&self) -> [u32; 32] {
         let mut w = [0u32; 32];
-        w[..16].copy_from_slice(&[
+        w[..17].copy_from_slice(&[
             self.n,
             self.d,
             self.k,
@@ -143,6 +144,7 @@ impl LmParams {
             self.attn_m as u32,
             (self.attn_m >> 32) as u32,
             self.split,
+            self.add as u32,
         ]);
         w
     }

@@ -392,18 +392,31 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
             g.launch_lm(k, grid, &p, all)
         };
         let per_thread = |len: usize| len.div_ceil(256);
-        let layer_norm = |src: &L::Buf, ln: &Norm<L::Buf>, dst: &L::Buf, rows: usize| {
+        // LayerNorm of h's rows into y, quantized into (dq, dsc) in the same launch; with
+        // `add`, the residual a is added to h first.
+        let layer_norm = |src: &L::Buf,
+                          add: Option<&L::Buf>,
+                          ln: &Norm<L::Buf>,
+                          dst: &L::Buf,
+                          dq: &L::Buf,
+                          dsc: &L::Buf,
+                          rows: usize| {
             let p = LmParams {
                 n: rows as u32,
                 d: d as u32,
+                k4: d.div_ceil(4) as u32,
+                frac: FLN,
                 eps: cfg.eps_q,
+                add: add.is_some(),
+                clamp: RES_MAX as u32,
                 ..Default::default()
             };
+            let a = add.unwrap_or(&dummy);
             launch(
                 LmKernel::LayerNorm,
                 rows,
                 p,
-                &[src, &ln.gamma, &ln.beta, dst],
+                &[src, &ln.gamma, &ln.beta, dst, dq, dsc, a],
             )
         };
         let quantize = |src: &L::Buf, width: usize, frac: i32, dq: &L::Buf, dsc: &L::Buf, rows| {
@@ -478,13 +491,16 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 &h,
             ],
         )?;
+        // The residual add that ends a block is left to the next block's first LayerNorm (one
+        // launch fewer), except after the last block or where the trace reads h.
+        let mut pending = None;
+        let last = self.w.blocks.len().saturating_sub(1);
         for (l, blk) in self.w.blocks.iter().enumerate() {
             let (kc, vc) = &self.kv[l];
-            layer_norm(&h, &blk.ln1, &y, n)?;
+            layer_norm(&h, pending.take(), &blk.ln1, &y, &xq, &sc, n)?;
             if traced {
                 rb.ln1.push(read_i64s(&y, n * d)?);
             }
-            quantize(&y, d, FLN, &xq, &sc, n)?;
             matmul(&blk.qkv, &xq, &sc, &qkv, FQKV, QKV_MAX, n)?;
             let p = LmParams {
                 n: n as u32,
@@ -515,26 +531,25 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
             )?;
             quantize(&o, d, FQKV, &xq, &sc, n)?;
             matmul(&blk.attn_proj, &xq, &sc, &a, FR, RES_MAX, n)?;
-            add_residual(&a)?;
-            layer_norm(&h, &blk.ln2, &y, n)?;
+            layer_norm(&h, Some(&a), &blk.ln2, &y, &xq, &sc, n)?;
             if traced {
                 rb.ln2.push(read_i64s(&y, n * d)?);
             }
-            quantize(&y, d, FLN, &xq, &sc, n)?;
             matmul(&blk.fc, &xq, &sc, &f, FGELU, 1 << 15, n)?;
             let p = LmParams {
-                n: (n * 4 * d) as u32,
+                n: n as u32,
+                k: (4 * d) as u32,
+                k4: d as u32,
+                frac: FGELU,
                 ..Default::default()
             };
-            launch(
-                LmKernel::Gelu,
-                per_thread(n * 4 * d),
-                p,
-                &[&f, &self.w.gelu, &gq],
-            )?;
-            quantize(&gq, 4 * d, FGELU, &xq, &sc, n)?;
+            launch(LmKernel::Gelu, n, p, &[&f, &self.w.gelu, &gq, &xq, &sc])?;
             matmul(&blk.proj, &xq, &sc, &a, FR, RES_MAX, n)?;
-            add_residual(&a)?;
+            if traced || l == last {
+                add_residual(&a)?;
+            } else {
+                pending = Some(&a);
+            }
             if traced {
                 let words = g.read(&h, n * d)?;
                 rb.resid.push(words.iter().map(|&x| x as i32).collect());
@@ -564,8 +579,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 ..Default::default()
             };
             launch(LmKernel::Gather, per_thread(nq * d), p, &[&h, &rows, &hq])?;
-            layer_norm(&hq, &self.w.ln_f, &yq, nq)?;
-            quantize(&yq, d, FLN, &xqq, &scq, nq)?;
+            layer_norm(&hq, None, &self.w.ln_f, &yq, &xqq, &scq, nq)?;
             matmul(&self.w.wte, &xqq, &scq, &logits, FLOGIT, LOGIT_MAX, nq)?;
             let p = LmParams {
                 n: nq as u32,
