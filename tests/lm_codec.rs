@@ -235,7 +235,7 @@ fn same_trace(device: &Device) {
     let m = wide();
     let tokens = lockstep::lm::tokenizer::encode(TEXT).unwrap();
     let run = |d: &Device| {
-        let mut lm = d.lm().unwrap().load(m, 2).unwrap();
+        let mut lm = d.lm().unwrap().load(m, 2, m.config.n_ctx as usize).unwrap();
         let mut trace = Trace::default();
         let mut answers = Vec::new();
         // Sequence 1 runs the text backwards, interleaved with sequence 0's items.
@@ -296,7 +296,7 @@ fn same_trace_gpt2_small_shape(device: &Device) {
     let m = gpt2_small_shape();
     let tokens = lockstep::lm::tokenizer::encode(TEXT).unwrap();
     let run = |d: &Device| {
-        let mut lm = d.lm().unwrap().load(m, 2).unwrap();
+        let mut lm = d.lm().unwrap().load(m, 2, m.config.n_ctx as usize).unwrap();
         let mut traces = Vec::new();
         let q = |next: u32| {
             Some(Query {
@@ -364,7 +364,7 @@ fn same_tables(device: &Device) {
     let m = wide();
     let tokens = lockstep::lm::tokenizer::encode(TEXT).unwrap();
     let run = |d: &Device| {
-        let mut lm = d.lm().unwrap().load(m, 2).unwrap();
+        let mut lm = d.lm().unwrap().load(m, 2, m.config.n_ctx as usize).unwrap();
         let mut out = Vec::new();
         for round in 0..2 {
             let items: Vec<Item> = tokens[round * 9..round * 9 + 9]
@@ -533,6 +533,24 @@ fn frequency_kernel_corrects_its_reciprocal<L: lockstep::backend::cuda::launch::
     assert_eq!(got, want, "frequencies of logits {logits:?}");
 }
 
+/// A CUDA session sizes its KV caches by the positions it was loaded for: a step past them
+/// is an error (never a write past a cache), and the steps up to them run.
+fn a_step_past_the_sessions_positions_is_an_error(device: &Device) {
+    let m = small();
+    let mut lm = device.lm().unwrap().load(m, 2, 4).unwrap();
+    let item = |seq, token| Item {
+        seq,
+        token,
+        query: None,
+    };
+    lm.step(&[item(0, 1), item(0, 2), item(1, 3)]).unwrap();
+    lm.step(&[item(0, 4), item(1, 5)]).unwrap();
+    // sequence 0 reaches its 4th position, then would take a 5th
+    lm.step(&[item(1, 6), item(0, 7)]).unwrap();
+    let err = lm.step(&[item(1, 8), item(0, 9)]).unwrap_err();
+    assert!(err.to_string().contains("4 positions"), "{err}");
+}
+
 mod kernels {
     mod cuda {
         #[test]
@@ -540,6 +558,13 @@ mod kernels {
             if super::super::devices::device("cuda").is_some() {
                 let dev = lockstep::backend::cuda::driver::CudaDriver::open().unwrap();
                 super::super::frequency_kernel_corrects_its_reciprocal(&dev);
+            }
+        }
+
+        #[test]
+        fn a_step_past_the_sessions_positions_is_an_error() {
+            if let Some(d) = super::super::devices::device("cuda") {
+                super::super::a_step_past_the_sessions_positions_is_an_error(&d);
             }
         }
     }
@@ -550,6 +575,13 @@ mod kernels {
             if super::super::devices::device("cuda_emulated").is_some() {
                 let dev = lockstep::backend::cuda::emulated::HostEmulation::new();
                 super::super::frequency_kernel_corrects_its_reciprocal(&dev);
+            }
+        }
+
+        #[test]
+        fn a_step_past_the_sessions_positions_is_an_error() {
+            if let Some(d) = super::super::devices::device("cuda_emulated") {
+                super::super::a_step_past_the_sessions_positions_is_an_error(&d);
             }
         }
     }

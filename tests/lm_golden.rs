@@ -67,7 +67,11 @@ fn score(model: &Model, g: &Golden) -> (f64, f64, usize, usize) {
     let items = every_position(&g.tokens);
     let mut trace = Trace::default();
     let dev = Device::cpu();
-    let mut lm = dev.lm().unwrap().load(model, 1).unwrap();
+    let mut lm = dev
+        .lm()
+        .unwrap()
+        .load(model, 1, model.config.n_ctx as usize)
+        .unwrap();
     lm.step_traced(&items, &mut trace).unwrap();
     let (mut bi, mut bf, mut agree) = (0.0, 0.0, 0);
     let n = g.tokens.len() - 1;
@@ -130,7 +134,11 @@ fn float64_reference_matches_golden_and_localizes_error() {
     assert!(max_diff < 1e-3);
     let mut stats = Trace::default();
     let dev = Device::cpu();
-    let mut lm = dev.lm().unwrap().load(m, 1).unwrap();
+    let mut lm = dev
+        .lm()
+        .unwrap()
+        .load(m, 1, m.config.n_ctx as usize)
+        .unwrap();
     lm.step_traced(&every_position(toks), &mut stats).unwrap();
     let logits = &stats.logits;
     for (l, (hi, hr)) in stats.resid.iter().zip(&ref_resid).enumerate() {

@@ -19,8 +19,15 @@ use crate::Result;
 pub trait LmKernels: Send + Sync {
     /// What runs them, for people ("CPU, AVX2").
     fn describe(&self) -> String;
-    /// Make `model` resident (weights uploaded once) with `sequences` empty KV caches.
-    fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>>;
+    /// Make `model` resident (weights uploaded once) with `sequences` empty KV caches, each
+    /// for up to `positions` positions (at most the model's context; a device may size its
+    /// caches by it, and then refuses a step past it).
+    fn load<'m>(
+        &self,
+        model: &'m Model,
+        sequences: usize,
+        positions: usize,
+    ) -> Result<Box<dyn LmSession + 'm>>;
     /// How many sequences of up to `positions` tokens a decoder should run in lockstep on
     /// this device: one KV cache each. The bytes never depend on it; a GPU with gigabytes
     /// to spare takes many more than the CPU, whose default keeps the caches to 512 MiB.

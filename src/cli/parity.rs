@@ -187,7 +187,7 @@ fn text_parity(path: &std::path::Path, model: &Model, out: &mut Report) -> Resul
             for t in &tokens {
                 h[0].update(&t.to_le_bytes());
             }
-            let mut session = device.lm()?.load(model, 1)?;
+            let mut session = device.lm()?.load(model, 1, model.config.n_ctx as usize)?;
             for seg in tokens.chunks(seg_len) {
                 let iv =
                     text_codec::segment_intervals(session.as_mut(), model, seg, opts.match_model)?;

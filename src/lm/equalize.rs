@@ -40,7 +40,7 @@ pub fn calibrate(model: &Model) -> Result<Trace> {
     let toks = tokenizer::encode(CALIBRATION_TEXT.as_bytes())?;
     let c = (model.config.n_ctx as usize).max(2);
     for chunk in toks.chunks(c - 1) {
-        let mut session = lm.lm()?.load(model, 1)?;
+        let mut session = lm.lm()?.load(model, 1, model.config.n_ctx as usize)?;
         let items: Vec<Item> = std::iter::once(tokenizer::EOT)
             .chain(chunk.iter().copied())
             .filter(|&t| t < model.config.vocab)

@@ -220,13 +220,15 @@ fn compress_unverified_with(
     // Segments that fit one window run several to a step where the device wants that.
     let kernels = device.lm()?;
     let one_window = seg_len < c;
+    let positions = match one_window {
+        true => seg_len as usize + 1,
+        false => c as usize,
+    };
     let per_step = match one_window {
-        true => kernels
-            .compress_sequences(model, seg_len as usize + 1)
-            .max(1),
+        true => kernels.compress_sequences(model, positions).max(1),
         false => 1,
     };
-    let mut lm = kernels.load(model, per_step)?;
+    let mut lm = kernels.load(model, per_step, positions)?;
     let tokens = tokenizer::encode(data)?;
     let mut payloads = Vec::new();
     let mut segments = Vec::new();
@@ -514,7 +516,7 @@ fn decompress_pass(
         let segs = &h.segments[gi * group..gi * group + chunk.len()];
         let base = tokens.len() as u64;
         let report = |n: u64| progress(pass, base + n, total);
-        let mut lm = device.lm()?.load(model, chunk.len())?;
+        let mut lm = device.lm()?.load(model, chunk.len(), positions)?;
         let use_match = h.flags & FLAG_MATCH != 0;
         let dec = decode_group(lm.as_mut(), model, chunk, segs, use_match, &report)?;
         for s in dec {

@@ -187,7 +187,9 @@ pub fn decode_blocks(blocks: &[(&[u8], u64)], setup: Setup, progress: Progress) 
             .map(|&(payload, len)| Block::new(payload, len, setup))
             .collect::<Result<_>>()?;
         let mut session = match setup.lm {
-            Some((model, kernels)) => Some(kernels.load(model, wave.len())?),
+            Some((model, kernels)) => {
+                Some(kernels.load(model, wave.len(), model.config.n_ctx as usize)?)
+            }
             None => None,
         };
         let mut waiting = vec![false; decs.len()];

@@ -204,7 +204,7 @@ impl<'m> Plan<'m> {
     fn new(model: &'m Model, kernels: &dyn LmKernels, data: &[u8]) -> Result<Self> {
         Ok(Plan {
             calls: calls(model, data)?,
-            session: kernels.load(model, PLAN_SEQS)?,
+            session: kernels.load(model, PLAN_SEQS, model.config.n_ctx as usize)?,
             next: 0,
             seq: 0,
             ready: VecDeque::new(),

@@ -29,7 +29,7 @@ pub struct PerRound<'m> {
 impl<'m> PerRound<'m> {
     pub fn new(model: &'m Model, kernels: &dyn LmKernels, count: usize) -> Result<Self> {
         Ok(PerRound {
-            session: kernels.load(model, count)?,
+            session: kernels.load(model, count, model.config.n_ctx as usize)?,
         })
     }
 }
@@ -99,7 +99,7 @@ impl<'m> Ahead<'m> {
         let count = strands.len();
         let spare = SPARE_SEQS.min(most.saturating_sub(count));
         Ok(Ahead {
-            session: kernels.load(model, count + spare)?,
+            session: kernels.load(model, count + spare, model.config.n_ctx as usize)?,
             calls,
             round: 0,
             strand: 0,

@@ -56,7 +56,13 @@ impl LmKernels for CpuLm {
         )
     }
 
-    fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>> {
+    /// (Caches for the whole context: `positions` is a GPU's memory question.)
+    fn load<'m>(
+        &self,
+        model: &'m Model,
+        sequences: usize,
+        _positions: usize,
+    ) -> Result<Box<dyn LmSession + 'm>> {
         Ok(Box::new(CpuSession::new(self.0, model, sequences)))
     }
 }

@@ -63,21 +63,30 @@ impl<L: Launcher> LmKernels for CudaLm<L> {
         )
     }
 
-    fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>> {
+    /// KV caches sized by `positions` (a segment of 255 tokens needs a quarter of GPT-2's
+    /// context: four times the sequences in the same memory, and less to allocate).
+    fn load<'m>(
+        &self,
+        model: &'m Model,
+        sequences: usize,
+        positions: usize,
+    ) -> Result<Box<dyn LmSession + 'm>> {
         let weights = self.weights(model)?;
         Ok(Box::new(CudaSession::new(
             self.dev.clone(),
             model,
             weights,
             sequences,
+            positions,
         )?))
     }
 
     /// A step's cost hardly grows with its rows until thousands, so decoders run as many
-    /// sequences as a quarter of the free memory holds in KV caches (a session gives each
-    /// the whole context), at most 16 GiB and 1024 sequences.
-    fn lockstep_sequences(&self, model: &Model, _positions: usize) -> usize {
-        sequences_within(model, model.config.n_ctx as usize, self.kv_budget(), 1024)
+    /// sequences as a quarter of the free memory holds in KV caches of `positions` each, at
+    /// most 16 GiB and 1024 sequences.
+    fn lockstep_sequences(&self, model: &Model, positions: usize) -> usize {
+        let positions = positions.clamp(1, model.config.n_ctx as usize);
+        sequences_within(model, positions, self.kv_budget(), 1024)
     }
 
     /// As many segments as keep a step to about 16K positions, within the same budget.
@@ -280,9 +289,11 @@ struct CudaSession<'m, L: Launcher> {
     dev: Arc<L>,
     model: &'m Model,
     w: Arc<Weights<L::Buf>>,
-    /// Per layer: keys (sequence x n_embd x n_ctx i32, channel-major) and values (sequence x
-    /// n_ctx x n_embd i32), as kernels/lm/attention.cu reads them.
+    /// Per layer: keys (sequence x n_embd x positions i32, channel-major) and values
+    /// (sequence x positions x n_embd i32), as kernels/lm/attention.cu reads them.
     kv: Vec<(L::Buf, L::Buf)>,
+    /// Positions each cache holds (the kernels' `ctx`): at most the model's context.
+    positions: usize,
     lens: Vec<usize>,
 }
 
@@ -307,6 +318,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         model: &'m Model,
         w: Arc<Weights<L::Buf>>,
         sequences: usize,
+        positions: usize,
     ) -> Result<CudaSession<'m, L>> {
         let c = &model.config;
         if c.n_ctx as usize > ATT_SPAN {
@@ -316,7 +328,8 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 c.n_ctx
             )));
         }
-        let kv_words = sequences.max(1) * c.n_ctx as usize * c.n_embd as usize;
+        let positions = positions.clamp(1, c.n_ctx as usize);
+        let kv_words = sequences.max(1) * positions * c.n_embd as usize;
         let mut kv = Vec::new();
         for _ in 0..model.blocks.len() {
             kv.push((dev.zeroed(kv_words)?, dev.zeroed(kv_words)?));
@@ -324,6 +337,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         Ok(CudaSession {
             w,
             kv,
+            positions,
             lens: vec![0; sequences],
             dev,
             model,
@@ -337,6 +351,12 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         tables: Tables,
     ) -> Result<(Vec<Coded>, Vec<Vec<u64>>)> {
         let input = step_input(items, &self.lens, &self.model.config)?;
+        if let Some(&too_far) = input.next.iter().find(|&&len| len > self.positions) {
+            return Err(Error::Invalid(format!(
+                "forward: a sequence of {too_far} positions in a session loaded for {} positions",
+                self.positions
+            )));
+        }
         if items.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -365,7 +385,8 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         let g = &*self.dev;
         let m = self.model;
         let cfg = &m.config;
-        let (d, ctx, v) = (cfg.n_embd as usize, cfg.n_ctx as usize, cfg.vocab as usize);
+        // (the caches' positions are the kernels' context)
+        let (d, ctx, v) = (cfg.n_embd as usize, self.positions, cfg.vocab as usize);
         let heads = cfg.n_head as usize;
         let hd = m.head_dim();
         let n = items.len() / 4;

@@ -66,7 +66,13 @@ impl LmKernels for WgpuLm {
         )
     }
 
-    fn load<'m>(&self, model: &'m Model, sequences: usize) -> Result<Box<dyn LmSession + 'm>> {
+    /// (Caches for the whole context: `positions` is a GPU's memory question.)
+    fn load<'m>(
+        &self,
+        model: &'m Model,
+        sequences: usize,
+        _positions: usize,
+    ) -> Result<Box<dyn LmSession + 'm>> {
         let k = self.kernels()?;
         let gpu = self.gpu.clone();
         let s = gpu.clone().checked("language model upload", || {
@@ -635,7 +641,7 @@ mod tests {
             })
             .collect();
         let run = |k: &dyn LmKernels| {
-            let mut s = k.load(&model, 2).unwrap();
+            let mut s = k.load(&model, 2, model.config.n_ctx as usize).unwrap();
             let mut t = Trace::default();
             let a = s.step_traced(&items, &mut t).unwrap();
             (t, a)
