@@ -22,6 +22,7 @@
 #define LS_FN static inline
 #define LS_UNROLL4
 #define LS_UNROLL16
+#define LS_UNROLL
 #define __device__
 #define __shared__ static __thread
 

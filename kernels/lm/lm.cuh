@@ -18,6 +18,8 @@
 #define LS_PRAGMA(x) _Pragma(#x)
 #define LS_UNROLL4 LS_PRAGMA(unroll 4)
 #define LS_UNROLL16 LS_PRAGMA(unroll 16)
+// Unroll completely: a loop over a register array must, or the array goes to local memory.
+#define LS_UNROLL LS_PRAGMA(unroll)
 #endif
 
 typedef unsigned int u32;
@@ -104,8 +106,13 @@ LS_FN i64 round_shift64(i64 x, int s) {
     return x * ((i64)1 << l);
 }
 
-// rdiv (fixed::rdiv) for n >= 0, d > 0: round(n / d), ties up.
-LS_FN i128 rdiv_pos(i128 n, i128 d) { return (2 * n + d) / (2 * d); }
+// rdiv (fixed::rdiv) for n >= 0, d > 0: round(n / d), ties up. (A GPU divides in software:
+// a 64-bit division where both fit is several times shorter than a 128-bit one, and equal.)
+LS_FN i128 rdiv_pos(i128 n, i128 d) {
+    u128 num = (u128)(2 * n + d), den = (u128)(2 * d);
+    if ((num >> 64) == 0u && (den >> 64) == 0u) { return (i128)((u64)num / (u64)den); }
+    return (i128)(num / den);
+}
 
 // The spec's reciprocal (fixed::recip): s = floor(log2 d) + 30, r = floor(2^s / d), d > 0.
 typedef struct {
@@ -116,7 +123,12 @@ typedef struct {
 LS_FN Recip recip(i128 d) {
     Recip rc;
     rc.s = (int)bits128((u128)d) - 1 + 30;
-    rc.r = (i128)(((u128)1 << rc.s) / (u128)d);
+    // (d < 2^s: below 2^64 where 2^s is; then the 64-bit division gives the same quotient)
+    if (rc.s < 64) {
+        rc.r = (i128)((1ull << rc.s) / (u64)d);
+    } else {
+        rc.r = (i128)(((u128)1 << rc.s) / (u128)d);
+    }
     return rc;
 }
 

@@ -149,10 +149,13 @@ impl<L: Launcher> Profiled<L> {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let mut by: BTreeMap<&str, (u64, f64, u32, u32)> = BTreeMap::new();
+        let mut by_grid: BTreeMap<(&str, u32), (u64, f64)> = BTreeMap::new();
         for (name, grid, from, to) in launches.iter() {
             let s = self.inner.seconds(from, to)?;
             let e = by.entry(name).or_insert((0, 0.0, u32::MAX, 0));
             *e = (e.0 + 1, e.1 + s, e.2.min(*grid), e.3.max(*grid));
+            let g = by_grid.entry((name, *grid)).or_insert((0, 0.0));
+            *g = (g.0 + 1, g.1 + s);
         }
         let mut rows: Vec<_> = by.into_iter().collect();
         rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
@@ -176,6 +179,18 @@ impl<L: Launcher> Profiled<L> {
                 s * 1e6 / *n as f64,
                 100.0 * s / total.max(1e-12)
             );
+            // A kernel launched on a few grid sizes (the LM's matmul: one per matrix shape)
+            // is split by grid, where one mean would hide which launch costs.
+            let grids: Vec<_> = by_grid.range((*name, 0)..=(*name, u32::MAX)).collect();
+            if (2..=6).contains(&grids.len()) {
+                for ((_, grid), (n, s)) in grids {
+                    out += &format!(
+                        "  grid {grid:<17} {n:>9} {:>11.2} {:>10.1}\n",
+                        s * 1e3,
+                        s * 1e6 / *n as f64
+                    );
+                }
+            }
         }
         out += &format!(
             "{:<24} {:>9} {:>11} {:>10}  (host clock, the wait included)\n",
