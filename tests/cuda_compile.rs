@@ -71,14 +71,6 @@ fn every_kernel_compiles_to_ptx_and_sm90() {
                 "{file}: the PTX lacks kernel {k}"
             );
         }
-        // What the driver loads on a GPU (driver.rs): NVRTC's own machine code for sm_90.
-        let cubin = nvrtc
-            .compile_cubin(file, &source, "sm_90")
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            cubin.starts_with(b"\x7fELF"),
-            "{file}: the CUBIN is not an ELF image"
-        );
         let file = file.replace('/', "_");
         let ptx_path = dir.path().join(format!("{file}.ptx"));
         std::fs::write(&ptx_path, &ptx).unwrap();

@@ -22,7 +22,6 @@
 #define LS_FN static inline
 #define LS_UNROLL4
 #define LS_UNROLL16
-#define LS_UNROLL
 #define __device__
 #define __shared__ static __thread
 

@@ -18,8 +18,6 @@
 #define LS_PRAGMA(x) _Pragma(#x)
 #define LS_UNROLL4 LS_PRAGMA(unroll 4)
 #define LS_UNROLL16 LS_PRAGMA(unroll 16)
-// Unroll completely: a loop over a register array must, or the array goes to local memory.
-#define LS_UNROLL LS_PRAGMA(unroll)
 #endif
 
 typedef unsigned int u32;

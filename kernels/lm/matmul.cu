@@ -10,8 +10,7 @@
 // p.split chooses how the warps share a block: 1, four row tiles over the whole k (many
 // items: compression); 4, one row tile whose k the four warps split (a decode step's few
 // items: four times the warps to hide memory latency with), their sums meeting in shared
-// memory, where each warp then adds up and rescales a quarter of the tile. The host picks
-// it; the bytes never depend on it.
+// memory. The host picks it; the bytes never depend on it.
 //
 // The weights are stored word-column-major (word c of row j at c * rows + j), their words
 // padded with zeros to a multiple of 8 and followed by 64 spare words, and the items' buffer
@@ -21,7 +20,7 @@
 #define MM_WARPS 4u
 #define MM_ITEMS 64u
 #define MM_TILES (MM_ITEMS / 8u)
-__shared__ int mm_part[MM_WARPS * 32u * MM_TILES * 4u];
+__shared__ int mm_part[(MM_WARPS - 1u) * 32u * MM_TILES * 4u];
 
 // A warp's product of a 16 x 32 int8 tile of A (element word (r, w) at a[r * row + w * word])
 // with eight 32 x 8 tiles of B (item n of tile nt, word w at b[(8 nt + n) * item + w]),
@@ -83,39 +82,29 @@ LS_KERNEL lm_matmul(LM_ARGS) {
     for (u32 s = s0; s < s1; s++) {
         mm_tiles(acc, b1 + (u64)8u * s * p.rows + j0, 1u, p.rows, b + 8u * s, p.k4, lane);
     }
-    // The n-tiles this warp rescales: all of its own, or, where the warps split k, a quarter
-    // of the block's, summed over the four warps' partial sums.
-    u32 nt0 = 0u, nt1 = MM_TILES;
     if (split > 1u) {
         // (split is uniform over the block, so every thread reaches the barrier)
-        for (u32 i = 0u; i < 4u * MM_TILES; i++) {
-            mm_part[(warp * 4u * MM_TILES + i) * 32u + lane] = acc[i];
+        if (warp > 0u) {
+            for (u32 i = 0u; i < 4u * MM_TILES; i++) {
+                mm_part[((warp - 1u) * 4u * MM_TILES + i) * 32u + lane] = acc[i];
+            }
         }
         __syncthreads();
-        nt0 = warp * (MM_TILES / MM_WARPS);
-        nt1 = nt0 + MM_TILES / MM_WARPS;
-        LS_UNROLL
-        for (u32 i = 0u; i < 4u * MM_TILES; i++) {
-            if (i / 4u < nt0 || i / 4u >= nt1) { continue; }
-            int sum = 0;
-            for (u32 w = 0u; w < split; w++) {
-                sum += mm_part[(w * 4u * MM_TILES + i) * 32u + lane];
+        if (warp > 0u) { return; }
+        for (u32 w = 1u; w < split; w++) {
+            for (u32 i = 0u; i < 4u * MM_TILES; i++) {
+                acc[i] += mm_part[((w - 1u) * 4u * MM_TILES + i) * 32u + lane];
             }
-            acc[i] = sum;
         }
     }
     u32 g = lane / 4u, q = lane % 4u;
-    LS_UNROLL
     for (u32 h = 0u; h < 2u; h++) {
         u32 j = j0 + g + 8u * h;
         if (j >= p.rows) { continue; }
         i64 m16 = b2[4u * j];
         int e16 = (int)b2[4u * j + 1u];
         i64 bias = (int)b2[4u * j + 2u];
-        LS_UNROLL
         for (u32 nt = 0u; nt < MM_TILES; nt++) {
-            if (nt < nt0 || nt >= nt1) { continue; }
-            LS_UNROLL
             for (u32 e = 0u; e < 2u; e++) {
                 u32 t = t0 + 8u * nt + 2u * q + e;
                 if (t >= p.n) { continue; }

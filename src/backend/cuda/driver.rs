@@ -16,8 +16,6 @@ use cudarc::driver::{
 
 use super::launch::{Kernel, Launcher};
 use super::lm::kernels::{LmKernel, LmParams};
-use cudarc::nvrtc::Ptx;
-
 use super::nvrtc::Nvrtc;
 use crate::backend::wgpu::params::Params;
 use crate::{Error, Result};
@@ -100,7 +98,9 @@ impl CudaDriver {
         let mut functions = Vec::new();
         let mut modules = Vec::new();
         for (file, ptx) in compile_all(&nvrtc, super::kernel_sources(), &arch) {
-            let m = ctx.load_module(ptx?).map_err(driver_err("module load"))?;
+            let m = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx?))
+                .map_err(driver_err("module load"))?;
             modules.push((file, m));
         }
         for k in Kernel::ALL {
@@ -154,26 +154,18 @@ fn keep_freed_memory(ctx: &CudaContext) {
     }
 }
 
-/// Every module, compiled at once on threads of their own (NVRTC compiles separate programs
-/// concurrently): a process's first launch waits for the slowest module, not for their sum.
-/// To machine code for the device (`compute_XY` -> `sm_XY`), so that the driver has no PTX to
-/// compile when a module is first used; to PTX where this NVRTC cannot (a GPU newer than it).
+/// Every module's PTX, compiled at once on threads of their own (NVRTC compiles separate
+/// programs concurrently): a process's first launch waits for the slowest module, not for
+/// their sum.
 fn compile_all(
     nvrtc: &Nvrtc,
     sources: Vec<(&'static str, String, Vec<&'static str>)>,
     arch: &str,
-) -> Vec<(&'static str, Result<Ptx>)> {
-    let sass = arch.replace("compute_", "sm_");
-    let compile = |file: &str, source: &str| -> Result<Ptx> {
-        match nvrtc.compile_cubin(file, source, &sass) {
-            Ok(cubin) => Ok(Ptx::from_binary(cubin)),
-            Err(_) => Ok(Ptx::from_src(nvrtc.compile(file, source, arch)?)),
-        }
-    };
+) -> Vec<(&'static str, Result<String>)> {
     std::thread::scope(|s| {
         let jobs: Vec<_> = sources
             .iter()
-            .map(|(file, source, _)| (*file, s.spawn(move || compile(file, source))))
+            .map(|(file, source, _)| (*file, s.spawn(move || nvrtc.compile(file, source, arch))))
             .collect();
         jobs.into_iter()
             .map(|(file, job)| {
@@ -197,7 +189,7 @@ impl CudaDriver {
                 for (file, ptx) in compile_all(&nvrtc, sources, &self.arch) {
                     let ptx = ptx.map_err(|e| e.to_string())?;
                     let m = ctx
-                        .load_module(ptx)
+                        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                         .map_err(|e| format!("CUDA module load: {e:?}"))?;
                     modules.push((file, m));
                 }

@@ -68,33 +68,6 @@ impl Nvrtc {
     /// Integer kernels, and no fast-math: nothing here may change a result. 128-bit integers
     /// are on (`--device-int128`): the LM's kernels use them where the spec does.
     pub fn compile(&self, name: &str, source: &str, arch: &str) -> Result<String> {
-        let ptx = self.compile_to(name, source, arch, b"nvrtcGetPTXSize\0", b"nvrtcGetPTX\0")?;
-        Ok(CStr::from_bytes_until_nul(&ptx)
-            .map(|c| c.to_string_lossy().into_owned())
-            .unwrap_or_default())
-    }
-
-    /// The same, to machine code (a CUBIN) for a real architecture `arch` (e.g. "sm_90"):
-    /// what the driver would otherwise compile from PTX when a process first uses a module.
-    pub fn compile_cubin(&self, name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
-        self.compile_to(
-            name,
-            source,
-            arch,
-            b"nvrtcGetCUBINSize\0",
-            b"nvrtcGetCUBIN\0",
-        )
-    }
-
-    /// Compile, then read the output that `size` and `get` (NVRTC's getters) name.
-    fn compile_to(
-        &self,
-        name: &str,
-        source: &str,
-        arch: &str,
-        size: &[u8],
-        get: &[u8],
-    ) -> Result<Vec<u8>> {
         type Create = unsafe extern "C" fn(
             *mut Prog,
             *const c_char,
@@ -111,8 +84,8 @@ impl Nvrtc {
         let compile: Compile = self.sym(b"nvrtcCompileProgram\0")?;
         let log_size: Size = self.sym(b"nvrtcGetProgramLogSize\0")?;
         let get_log: Get = self.sym(b"nvrtcGetProgramLog\0")?;
-        let out_size: Size = self.sym(size)?;
-        let get_out: Get = self.sym(get)?;
+        let ptx_size: Size = self.sym(b"nvrtcGetPTXSize\0")?;
+        let get_ptx: Get = self.sym(b"nvrtcGetPTX\0")?;
         let destroy: Destroy = self.sym(b"nvrtcDestroyProgram\0")?;
         let src = CString::new(source).map_err(|_| Error::Invalid("NUL in a kernel".into()))?;
         let cname = CString::new(name).map_err(|_| Error::Invalid("NUL in a name".into()))?;
@@ -153,11 +126,15 @@ impl Nvrtc {
                 )))
             } else {
                 let mut n = 0usize;
-                let what = String::from_utf8_lossy(&get[..get.len() - 1]).into_owned();
-                check(out_size(prog, &mut n), &what)?;
-                let mut bytes = vec![0u8; n.max(1)];
-                check(get_out(prog, bytes.as_mut_ptr() as *mut c_char), &what)?;
-                Ok(bytes)
+                check(ptx_size(prog, &mut n), "nvrtcGetPTXSize")?;
+                let mut ptx = vec![0u8; n.max(1)];
+                check(
+                    get_ptx(prog, ptx.as_mut_ptr() as *mut c_char),
+                    "nvrtcGetPTX",
+                )?;
+                Ok(CStr::from_bytes_until_nul(&ptx)
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .unwrap_or_default())
             };
             destroy(&mut prog);
             out
