@@ -810,7 +810,7 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
     // the shipped model beside the CPU (the example checks that every device writes the
     // same stream), GPT-2-small's shape on the GPU alone (the CPU would take minutes). The
     // floor assumes the H200's dense int8 tensor-core rate, 1979 TOPS = 989.5e12 MAC/s (the
-    // kernels use __dp4a today, so they cannot reach it).
+    // matmul's mma.sync, which reaches a fraction of it).
     let (tiny, small) = (
         "benches/text/prose-genesis.txt",
         "benches/text/code-forward.rs",
