@@ -336,6 +336,120 @@ pub fn table(
     Ok(f)
 }
 
+/// [`answer`] of [`table`] without the table: the query's interval from one pass of block
+/// sums over the logits (two with a match mix) and a walk through one block.
+///
+/// Every token's frequency is a lookup by its gap (`by_gap`, or with a mix the same table
+/// mixed entry by entry, as [`mix`] changes every token's frequency alone) except at most two:
+/// the remainder's token and the mix's token. Those are kept aside as `(token, lookup value,
+/// true value)` and corrected wherever a sum passes them. `top` is the largest logit when the
+/// caller knows it.
+///
+/// The block sums wrap in u32: a block's true sum lies in `1..=2^32` (every frequency is at
+/// least 1 and they all sum to 2^32), so 0 stands for 2^32.
+pub fn coded(
+    isa: Isa,
+    logits: &[i32],
+    top: Option<i32>,
+    exp40: &[u64],
+    mix_in: Option<(u32, u64)>,
+    find: Find,
+) -> Result<Coded> {
+    let g = ByGap::new(isa, logits, top, exp40)?;
+    let v = logits.len();
+    let block_value = |s: u32| if s == 0 { TOTAL } else { s as u64 };
+    let mut blocks = Vec::new();
+    freq_scan::block_sums(isa, logits, g.top, &g.by_gap, &mut blocks);
+    let rem = ByGap::rem(blocks.iter().map(|&s| block_value(s)).sum())?;
+    let (arg, top_floor) = (g.arg(), g.by_gap[0] as u64);
+    let n = g.by_gap.len() - 1;
+    let lookup = |lut: &[u32], j: usize| {
+        let gap = ((g.top as i64 - logits[j] as i64) as u64).min(n as u64);
+        lut[gap as usize] as u64
+    };
+    // [`mix`] is the identity for these; its token must be in the table.
+    let mix_in = mix_in.filter(|&(x, l)| (x as usize) < v && l != 0 && l < 1 << 16);
+    let (lut, specials) = match mix_in {
+        None => (g.by_gap.clone(), vec![(arg, top_floor, top_floor + rem)]),
+        Some((x, lambda)) => {
+            let x = x as usize;
+            let mixed = |f: u64| (f - ((f * lambda) >> 16)).max(1);
+            let lut: Vec<u32> = g.by_gap.iter().map(|&f| mixed(f as u64) as u32).collect();
+            blocks.clear();
+            freq_scan::block_sums(isa, logits, g.top, &lut, &mut blocks);
+            let all: u64 = blocks.iter().map(|&s| block_value(s)).sum();
+            let at_x = lookup(&lut, x);
+            // Every token but x, mixed: the lookups, with the remainder's token's own value.
+            let mut rest = all - at_x;
+            let mut specials = Vec::with_capacity(2);
+            if arg != x {
+                let true_arg = mixed(top_floor + rem);
+                rest = rest - lut[0] as u64 + true_arg;
+                specials.push((arg, lut[0] as u64, true_arg));
+            }
+            let true_x = TOTAL
+                .checked_sub(rest)
+                .ok_or_else(|| Error::Invalid("LM mix: the rest past 2^32".into()))?;
+            specials.push((x, at_x, true_x));
+            (lut, specials)
+        }
+    };
+    let value = |j: usize| match specials.iter().find(|s| s.0 == j) {
+        Some(s) => s.2,
+        None => lookup(&lut, j),
+    };
+    // A block's sum with its special tokens' true values.
+    let block = |b: usize| {
+        let range = b * freq_scan::BLOCK..((b + 1) * freq_scan::BLOCK).min(v);
+        let fix = specials
+            .iter()
+            .filter(|s| range.contains(&s.0))
+            .fold(0i64, |a, s| a + s.2 as i64 - s.1 as i64);
+        (block_value(blocks[b]) as i64 + fix) as u64
+    };
+    match find {
+        Find::Symbol(s) => {
+            let s = s as usize;
+            if s >= v {
+                return Err(Error::Invalid(format!("symbol {s} beyond the vocabulary")));
+            }
+            let first = s / freq_scan::BLOCK;
+            let cum = (0..first).map(block).sum::<u64>()
+                + (first * freq_scan::BLOCK..s).map(value).sum::<u64>();
+            Ok(Coded {
+                symbol: s as u32,
+                cum,
+                freq: value(s),
+            })
+        }
+        Find::Target(t) => {
+            let mut cum = 0u64;
+            for b in 0..blocks.len() {
+                let size = block(b);
+                if t >= cum + size {
+                    cum += size;
+                    continue;
+                }
+                for j in b * freq_scan::BLOCK..((b + 1) * freq_scan::BLOCK).min(v) {
+                    let freq = value(j);
+                    if t < cum + freq {
+                        return Ok(Coded {
+                            symbol: j as u32,
+                            cum,
+                            freq,
+                        });
+                    }
+                    cum += freq;
+                }
+                break;
+            }
+            Err(Error::Invalid(format!(
+                "target {t} beyond the table's total"
+            )))
+        }
+    }
+}
+
 /// Answer a query from its table: the symbol's interval, or the symbol whose interval holds
 /// the target (every frequency is at least 1, so there is exactly one).
 pub fn answer(f: &[u64], find: Find) -> Result<Coded> {
@@ -595,6 +709,73 @@ mod tests {
         }
         let short = prefix_sums_in_order(Isa::Portable, &[1, 2], None, &[0], 1, &t, Split::SERIAL);
         assert!(short.is_err());
+    }
+
+    /// Answers without the table equal the table's answers: every level, with and without
+    /// a mix (its token the remainder's or another, a lambda of 1 and 2^16 - 1), symbols at
+    /// and around block edges and the special tokens, targets at every interval's ends.
+    #[test]
+    fn answers_without_the_table_equal_the_tables() {
+        let t = exp_table(40);
+        let mut next = lcg(21);
+        let mut rnd = || next() >> 33;
+        let mut cases: Vec<Vec<i32>> = [(50257usize, 3000i64), (9000, 600), (513, 40000), (2, 1)]
+            .into_iter()
+            .map(|(v, spread)| {
+                (0..v)
+                    .map(|_| (rnd() as i64 % spread - spread / 2) as i32)
+                    .collect()
+            })
+            .collect();
+        cases.push(vec![LOGIT_MAX, -LOGIT_MAX, LOGIT_MAX, 0, LOGIT_MAX - 1]);
+        cases.push(vec![5, 5]);
+        // One token all but certain: its floor near 2^32, the rest 1.
+        let mut sharp = vec![-LOGIT_MAX; 700];
+        sharp[300] = LOGIT_MAX;
+        cases.push(sharp);
+        for logits in &cases {
+            let v = logits.len();
+            let arg = logits
+                .iter()
+                .position(|&l| l == *logits.iter().max().unwrap())
+                .unwrap();
+            let mut mixes = vec![None, Some((arg as u32, 30000)), Some((v as u32, 5))];
+            for lambda in [1, 30000, (1 << 16) - 1, 1 << 16, 0] {
+                mixes.push(Some(((v - 1 - arg.min(v - 1)) as u32, lambda)));
+                mixes.push(Some(((rnd() as usize % v) as u32, lambda)));
+            }
+            for mix_in in mixes {
+                let f = table(Isa::Portable, logits, &t, mix_in).unwrap();
+                let mut symbols: Vec<usize> = vec![0, v - 1, arg, v / 2];
+                symbols.extend([255, 256, 257, 511, 512].into_iter().filter(|&s| s < v));
+                if let Some((x, _)) = mix_in {
+                    symbols.push((x as usize).min(v - 1));
+                }
+                symbols.extend((0..20).map(|_| rnd() as usize % v));
+                let mut cum = vec![0u64];
+                for &x in &f {
+                    cum.push(cum.last().unwrap() + x);
+                }
+                for isa in levels() {
+                    let at = format!("{isa:?} v={v} mix={mix_in:?}");
+                    for top in [None, logits.iter().max().copied()] {
+                        for &s in &symbols {
+                            let got = coded(isa, logits, top, &t, mix_in, Find::Symbol(s as u32));
+                            let want = answer(&f, Find::Symbol(s as u32)).unwrap();
+                            assert_eq!(got.unwrap(), want, "{at} symbol {s}");
+                            for target in [cum[s], cum[s + 1] - 1, cum[s] + f[s] / 2] {
+                                let got = coded(isa, logits, top, &t, mix_in, Find::Target(target));
+                                let want = answer(&f, Find::Target(target)).unwrap();
+                                assert_eq!(got.unwrap(), want, "{at} target {target}");
+                            }
+                        }
+                    }
+                    let beyond = |find| coded(isa, logits, None, &t, mix_in, find).is_err();
+                    assert!(beyond(Find::Symbol(v as u32)), "{at}");
+                    assert!(beyond(Find::Target(TOTAL)), "{at}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -135,6 +135,45 @@ fn floor_sums_portable(
     s
 }
 
+/// Tokens per block of [`block_sums`].
+pub const BLOCK: usize = 256;
+
+/// The sums of `lut[min(top - l, n)]` (wrapping u32, `n = lut.len() - 1`) over each block of
+/// [`BLOCK`] logits (the last block shorter), appended to `out`: one pass that stores nothing
+/// per token, from which a coder's question is answered by a walk through at most one block.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn block_sums(isa: Isa, logits: &[i32], top: i32, lut: &[u32], out: &mut Vec<u32>) {
+    assert!(!lut.is_empty() && lut.len() <= 1 << 31);
+    out.reserve(logits.len().div_ceil(BLOCK));
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 {
+            // SAFETY: as in `weight_sum`; every index is clamped to `lut.len() - 1`.
+            return unsafe { x86::block_sums_avx512(logits, top, lut, out) };
+        }
+        if isa == Isa::Avx2 {
+            // SAFETY: as in `top`; every index is clamped to `lut.len() - 1`.
+            return unsafe { x86::block_sums_avx2(logits, top, lut, out) };
+        }
+    }
+    block_sums_portable(logits, top, lut, out)
+}
+
+fn block_sums_portable(logits: &[i32], top: i32, lut: &[u32], out: &mut Vec<u32>) {
+    for b in logits.chunks(BLOCK) {
+        out.push(lut_sum_portable(b, top, lut));
+    }
+}
+
+/// The wrapping u32 sum of `lut[min(top - l, n)]` over `logits`.
+#[inline(always)]
+fn lut_sum_portable(logits: &[i32], top: i32, lut: &[u32]) -> u32 {
+    let n = (lut.len() - 1) as u32;
+    logits.iter().fold(0u32, |s, &l| {
+        s.wrapping_add(lut[gap(top, l).min(n) as usize])
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -239,6 +278,74 @@ mod x86 {
         _mm256_storeu_si256(lanes.as_mut_ptr().cast(), _mm256_add_epi64(acc[0], acc[1]));
         let from = logits.len() - rest.len();
         lanes.iter().sum::<u64>() + super::weight_sum_portable(rest, from, top, exp40, at_top)
+    }
+
+    /// Sixteen lookups per step into two accumulators (the gathers' latency overlapped),
+    /// reduced once per block.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn block_sums_avx512(logits: &[i32], top: i32, lut: &[u32], out: &mut Vec<u32>) {
+        let top_v = _mm512_set1_epi32(top);
+        let n_v = _mm512_set1_epi32((lut.len() - 1) as i32);
+        let look = |c: &[i32]| {
+            let l = _mm512_loadu_si512(c.as_ptr().cast());
+            let idx = _mm512_min_epu32(_mm512_sub_epi32(top_v, l), n_v);
+            _mm512_i32gather_epi32::<4>(idx, lut.as_ptr().cast())
+        };
+        let whole = logits.len() / super::BLOCK * super::BLOCK;
+        for b in logits[..whole].chunks_exact(super::BLOCK) {
+            let mut acc = [_mm512_setzero_si512(); 2];
+            for c in b.chunks_exact(32) {
+                acc[0] = _mm512_add_epi32(acc[0], look(&c[..16]));
+                acc[1] = _mm512_add_epi32(acc[1], look(&c[16..]));
+            }
+            out.push(_mm512_reduce_add_epi32(_mm512_add_epi32(acc[0], acc[1])) as u32);
+        }
+        if whole < logits.len() {
+            let rest = &logits[whole..];
+            let full = rest.len() / 16 * 16;
+            let mut acc = _mm512_setzero_si512();
+            for c in rest[..full].chunks_exact(16) {
+                acc = _mm512_add_epi32(acc, look(c));
+            }
+            let s = _mm512_reduce_add_epi32(acc) as u32;
+            out.push(s.wrapping_add(super::lut_sum_portable(&rest[full..], top, lut)));
+        }
+    }
+
+    /// Eight lookups per step, as [`block_sums_avx512`].
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn block_sums_avx2(logits: &[i32], top: i32, lut: &[u32], out: &mut Vec<u32>) {
+        let top_v = _mm256_set1_epi32(top);
+        let n_v = _mm256_set1_epi32((lut.len() - 1) as i32);
+        let look = |c: &[i32]| {
+            let l = _mm256_loadu_si256(c.as_ptr().cast());
+            let idx = _mm256_min_epu32(_mm256_sub_epi32(top_v, l), n_v);
+            _mm256_i32gather_epi32::<4>(lut.as_ptr().cast(), idx)
+        };
+        let reduce = |v: __m256i| {
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+            _mm_cvtsi128_si32(s) as u32
+        };
+        let whole = logits.len() / super::BLOCK * super::BLOCK;
+        for b in logits[..whole].chunks_exact(super::BLOCK) {
+            let mut acc = [_mm256_setzero_si256(); 2];
+            for c in b.chunks_exact(16) {
+                acc[0] = _mm256_add_epi32(acc[0], look(&c[..8]));
+                acc[1] = _mm256_add_epi32(acc[1], look(&c[8..]));
+            }
+            out.push(reduce(_mm256_add_epi32(acc[0], acc[1])));
+        }
+        if whole < logits.len() {
+            let rest = &logits[whole..];
+            let full = rest.len() / 8 * 8;
+            let mut acc = _mm256_setzero_si256();
+            for c in rest[..full].chunks_exact(8) {
+                acc = _mm256_add_epi32(acc, look(c));
+            }
+            out.push(reduce(acc).wrapping_add(super::lut_sum_portable(&rest[full..], top, lut)));
+        }
     }
 
     /// Sixteen floors per step: gathered, summed within the vector in four shifted adds, then
@@ -394,6 +501,11 @@ mod tests {
                     v.into_iter().map(|x| unsafe { x.assume_init() }).collect()
                 };
                 assert_eq!((s, read(got)), (w, read(want)), "{at}: floor sums");
+                let (mut got, mut want) = (vec![9], vec![9]);
+                block_sums(isa, &logits, t, &by_gap, &mut got);
+                block_sums_portable(&logits, t, &by_gap, &mut want);
+                assert_eq!(got, want, "{at}: block sums");
+                assert_eq!(got.len(), 1 + n.div_ceil(BLOCK), "{at}: blocks");
             }
         }
     }
