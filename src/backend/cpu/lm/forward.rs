@@ -104,10 +104,10 @@ impl<'m> CpuWeights<'m> {
     }
 }
 
-/// Run `items` through the model; returns the logits (Q8, `vocab` per item) of the items that
-/// have a query, in item order, and each one's largest logit where the head's kernel found it
-/// on the way. `split` says whether the kernels may use the pool (the caller runs this inside
-/// [`Split::run`]).
+/// Run `items` through the model; the logits (Q8, `vocab` per item) of the items that have a
+/// query, in item order, replace the contents of `logits`, and each one's largest logit is
+/// returned where the head's kernel found it on the way. `split` says whether the kernels may
+/// use the pool (the caller runs this inside [`Split::run`]).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     isa: Isa,
@@ -117,7 +117,8 @@ pub fn forward(
     caches: &mut [KvCache],
     items: &[Item],
     mut stats: Option<&mut Trace>,
-) -> Result<(Vec<i32>, Option<Vec<i32>>)> {
+    logits: &mut Vec<i32>,
+) -> Result<Option<Vec<i32>>> {
     let d = model.config.n_embd as usize;
     let n = items.len();
     if let Some(t) = stats.as_deref_mut() {
@@ -289,13 +290,14 @@ pub fn forward(
         .flat_map(|(i, _)| h[i * d..(i + 1) * d].iter().copied())
         .collect();
     if hw.is_empty() {
-        return Ok((Vec::new(), None));
+        logits.clear();
+        return Ok(None);
     }
     let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q, split);
     let (xq, sc) = quantize(isa, &y, d, FLN, split);
     let head = &weights.head;
     Ok(matmul_tops(
-        isa, split, head, &xq, &sc, FLOGIT, LOGIT_MAX, true,
+        isa, split, head, &xq, &sc, FLOGIT, LOGIT_MAX, true, logits,
     ))
 }
 

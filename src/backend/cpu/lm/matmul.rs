@@ -748,11 +748,16 @@ pub fn matmul(
     out_frac: i32,
     clamp: i64,
 ) -> Vec<i32> {
-    matmul_tops(isa, split, cl, xq, sc, out_frac, clamp, false).0
+    let mut out = Vec::new();
+    matmul_tops(isa, split, cl, xq, sc, out_frac, clamp, false, &mut out);
+    out
 }
 
-/// [`matmul`], and each item's largest output where `want_tops` and the kernel found it on
-/// the way (the fused VNNI rescale: the LM head's logits then need no pass for their top).
+/// [`matmul`] into `out` (its old contents replaced; its storage reused: the LM head's
+/// logits are tens of MB a step, which fresh from the allocator are fresh pages, faulted in
+/// and zeroed by the kernel every step), and each item's largest output where `want_tops`
+/// and the kernel found it on the way (the fused VNNI rescale: the LM head's logits then need
+/// no pass for their top).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_tops(
     isa: Isa,
@@ -763,14 +768,17 @@ pub fn matmul_tops(
     out_frac: i32,
     clamp: i64,
     want_tops: bool,
-) -> (Vec<i32>, Option<Vec<i32>>) {
+    out: &mut Vec<i32>,
+) -> Option<Vec<i32>> {
     let lin = &*cl.lin;
     let k = lin.k;
     let n = sc.len();
     let rows = lin.rows;
     debug_assert_eq!(xq.len(), n * k);
+    out.clear();
     if n == 0 || rows == 0 {
-        return (vec![0i32; n * rows], None);
+        out.resize(n * rows, 0);
+        return None;
     }
     let xu: Vec<u8> = if cl.kernel == Dot::Vnni {
         cl.vnni.activations(xq, k)
@@ -795,7 +803,7 @@ pub fn matmul_tops(
             clamp,
             tops: want_tops.then_some(&tops[..]),
         };
-        let mut out: Vec<i32> = Vec::with_capacity(n * rows);
+        out.reserve(n * rows);
         let outp = SyncPtr(out.as_mut_ptr());
         (0..tiles)
             .into_par_iter()
@@ -812,10 +820,9 @@ pub fn matmul_tops(
             });
         // SAFETY: the tiles cover every row of every item: all n * rows elements are written.
         unsafe { out.set_len(n * rows) };
-        let tops = want_tops.then(|| tops.into_iter().map(AtomicI32::into_inner).collect());
-        return (out, tops);
+        return want_tops.then(|| tops.into_iter().map(AtomicI32::into_inner).collect());
     }
-    let mut out = vec![0i32; n * rows];
+    out.resize(n * rows, 0);
     // `dst[t]` is where item t's outputs of the tile's rows go (w of them).
     let run_tile = |ti: usize, dst: &mut [&mut [i32]]| {
         let j0 = ti * tile;
@@ -856,7 +863,7 @@ pub fn matmul_tops(
     };
     if tiles == 1 {
         run_tile(0, &mut out.chunks_exact_mut(rows).collect::<Vec<_>>());
-        return (out, None);
+        return None;
     }
     // Each tile writes its rows of every item's output in place (no tile-sized copy).
     let outp = SyncPtr(out.as_mut_ptr());
@@ -875,7 +882,7 @@ pub fn matmul_tops(
                 .collect();
             run_tile(ti, &mut dst);
         });
-    (out, None)
+    None
 }
 
 /// A raw pointer that tasks writing disjoint elements may share.
@@ -959,7 +966,10 @@ mod tests {
                         assert_eq!(got, want, "{isa:?} {split:?} rows={rows} k={k} n={n}");
                         // Tops, where the kernel gives them, are each item's largest output.
                         let cl = CpuLinear::new(isa, &lin);
-                        let (out, tops) = matmul_tops(isa, split, &cl, &xq, &sc, 12, clamp, true);
+                        // Into a buffer that held more than this call writes.
+                        let mut out = vec![-7; n * rows + 99];
+                        let tops =
+                            matmul_tops(isa, split, &cl, &xq, &sc, 12, clamp, true, &mut out);
                         assert_eq!(out, want);
                         if let Some(tops) = tops {
                             let real: Vec<i32> = want

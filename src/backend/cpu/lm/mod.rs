@@ -79,6 +79,9 @@ struct CpuSession<'m> {
     /// The order of the head's rows when a prefix-sum order set it ([`CpuSession::order_head`]):
     /// the order's tokens, then the tokens it leaves out by id; and the order's length.
     head_order: Option<(Arc<Vec<u32>>, usize)>,
+    /// The last step's logits (the head's output), kept so that the next step reuses the
+    /// storage.
+    logits: Vec<i32>,
 }
 
 impl<'m> CpuSession<'m> {
@@ -91,6 +94,7 @@ impl<'m> CpuSession<'m> {
             caches: vec![KvCache::new(nl); sequences],
             forced: None,
             head_order: None,
+            logits: Vec::new(),
         }
     }
 
@@ -132,22 +136,21 @@ impl<'m> CpuSession<'m> {
     /// The forward pass of `items` then `each` of the logits of the items that carry a query
     /// (`vocab` each, in token order unless `head_order`: then as the head's rows are), with
     /// their largest logit where the head's kernel found it, in item order: the whole step on
-    /// this thread, or as one job on the pool.
+    /// this thread, or as one job on the pool. The logits stay in `self.logits`.
     fn tables<T: Send>(
         &mut self,
         items: &[Item],
         trace: Option<&mut Trace>,
         head_order: bool,
         each: impl Fn(usize, &[i32], Option<i32>, Split) -> Result<T> + Sync + Send,
-    ) -> Result<(Vec<i32>, Vec<T>)> {
+    ) -> Result<Vec<T>> {
         let split = self.split(items);
         let (isa, model, weights) = (self.isa, self.model, &self.weights);
-        let caches = &mut self.caches;
+        let (caches, logits) = (&mut self.caches, &mut self.logits);
         let v = model.config.vocab as usize;
         let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
         split.run(|| {
-            let (mut logits, tops) =
-                forward::forward(isa, split, model, weights, caches, items, trace)?;
+            let tops = forward::forward(isa, split, model, weights, caches, items, trace, logits)?;
             if let (Some(perm), false) = (perm, head_order) {
                 // Back to token order: row p of the head is token perm[p].
                 logits
@@ -168,13 +171,12 @@ impl<'m> CpuSession<'m> {
             } else {
                 split
             };
-            let out = logits
+            logits
                 .par_chunks(v)
                 .enumerate()
                 .with_min_len(split.min_len(1))
                 .map(|(i, l)| each(i, l, tops.as_ref().map(|t| t[i]), each_split))
-                .collect::<Result<_>>()?;
-            Ok((logits, out))
+                .collect::<Result<_>>()
         })
     }
 
@@ -182,14 +184,17 @@ impl<'m> CpuSession<'m> {
         let (isa, exp40) = (self.isa, &self.model.tables.exp40);
         let queries: Vec<_> = items.iter().filter_map(|it| it.query).collect();
         let traced = trace.is_some();
-        let (logits, answered) =
-            self.tables(items, trace.as_deref_mut(), false, |i, l, _, _| {
-                let f = freq::table(isa, l, exp40, queries[i].mix)?;
-                let coded = freq::answer(&f, queries[i].find)?;
-                Ok((coded, traced.then_some(f)))
-            })?;
+        let answered = self.tables(items, trace.as_deref_mut(), false, |i, l, top, _| {
+            let q = queries[i];
+            if !traced {
+                // The coder needs one interval, not the table.
+                return Ok((freq::coded(isa, l, top, exp40, q.mix, q.find)?, None));
+            }
+            let f = freq::table(isa, l, exp40, q.mix)?;
+            Ok((freq::answer(&f, q.find)?, Some(f)))
+        })?;
         if let Some(t) = trace.as_deref_mut() {
-            t.logits = logits;
+            t.logits = self.logits.clone();
             t.freqs = Vec::with_capacity(answered.len());
         }
         let mut out = Vec::with_capacity(answered.len());
@@ -224,7 +229,7 @@ impl LmSession for CpuSession<'_> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
         let (isa, exp40) = (self.isa, &self.model.tables.exp40);
-        let (_, mut tables) = self.tables(&run, None, false, |_, l, _, _| {
+        let mut tables = self.tables(&run, None, false, |_, l, _, _| {
             freq::frequencies(isa, l, exp40)
         })?;
         tables
@@ -234,11 +239,9 @@ impl LmSession for CpuSession<'_> {
 
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
         let (isa, exp40) = (self.isa, &self.model.tables.exp40);
-        Ok(self
-            .tables(items, None, false, |_, l, _, _| {
-                freq::frequencies(isa, l, exp40)
-            })?
-            .1)
+        self.tables(items, None, false, |_, l, _, _| {
+            freq::frequencies(isa, l, exp40)
+        })
     }
 
     fn step_prefix_sums(&mut self, items: &[Item], order: &[u32]) -> Result<Vec<Vec<u32>>> {
@@ -251,10 +254,10 @@ impl LmSession for CpuSession<'_> {
             let sums = |_, l: &[i32], top, split| {
                 freq::prefix_sums_in_order(isa, l, top, &perm, order.len(), exp40, split)
             };
-            return Ok(self.tables(items, None, true, sums)?.1);
+            return self.tables(items, None, true, sums);
         }
         let sums = |_, l: &[i32], _, _| freq::prefix_sums(isa, l, exp40, order);
-        Ok(self.tables(items, None, false, sums)?.1)
+        self.tables(items, None, false, sums)
     }
 }
 
