@@ -104,10 +104,16 @@ impl<'m> CpuWeights<'m> {
     }
 }
 
-/// Run `items` through the model; the logits (Q8, `vocab` per item) of the items that have a
-/// query, in item order, replace the contents of `logits`, and each one's largest logit is
-/// returned where the head's kernel found it on the way. `split` says whether the kernels may
-/// use the pool (the caller runs this inside [`Split::run`]).
+/// The final LayerNorm's output of the items that have a query, quantized for the LM head
+/// ([`head`]): int8 rows of `n_embd` and each row's scale.
+pub struct HeadInput {
+    pub xq: Vec<i8>,
+    pub sc: Vec<(i64, i32)>,
+}
+
+/// Run `items` through the model up to the LM head; returns the head's input for the items
+/// that have a query, in item order. `split` says whether the kernels may use the pool (the
+/// caller runs this inside [`Split::run`]).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     isa: Isa,
@@ -117,8 +123,7 @@ pub fn forward(
     caches: &mut [KvCache],
     items: &[Item],
     mut stats: Option<&mut Trace>,
-    logits: &mut Vec<i32>,
-) -> Result<Option<Vec<i32>>> {
+) -> Result<HeadInput> {
     let d = model.config.n_embd as usize;
     let n = items.len();
     if let Some(t) = stats.as_deref_mut() {
@@ -290,15 +295,31 @@ pub fn forward(
         .flat_map(|(i, _)| h[i * d..(i + 1) * d].iter().copied())
         .collect();
     if hw.is_empty() {
-        logits.clear();
-        return Ok(None);
+        return Ok(HeadInput {
+            xq: Vec::new(),
+            sc: Vec::new(),
+        });
     }
     let y = layer_norm(&hw, d, &model.ln_f, model.config.eps_q, split);
     let (xq, sc) = quantize(isa, &y, d, FLN, split);
+    Ok(HeadInput { xq, sc })
+}
+
+/// The LM head over rows `range` of `input`: their logits (Q8, `vocab` each) replace the
+/// contents of `logits`, and each one's largest logit is returned where the kernel found it
+/// on the way.
+pub fn head(
+    isa: Isa,
+    split: Split,
+    weights: &CpuWeights,
+    input: &HeadInput,
+    range: std::ops::Range<usize>,
+    logits: &mut Vec<i32>,
+) -> Option<Vec<i32>> {
+    let k = weights.head.shape().1;
+    let (xq, sc) = (&input.xq[range.start * k..range.end * k], &input.sc[range]);
     let head = &weights.head;
-    Ok(matmul_tops(
-        isa, split, head, &xq, &sc, FLOGIT, LOGIT_MAX, true, logits,
-    ))
+    matmul_tops(isa, split, head, xq, sc, FLOGIT, LOGIT_MAX, true, logits)
 }
 
 fn add_residual(h: &mut [i32], a: &[i32]) {

@@ -647,6 +647,11 @@ pub struct Fused<'a> {
 }
 
 impl<'m> CpuLinear<'m> {
+    /// Output rows and inputs per row.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.lin.rows, self.lin.k)
+    }
+
     pub fn new(isa: Isa, lin: &'m Linear) -> CpuLinear<'m> {
         Self::prepare(isa, Cow::Borrowed(lin))
     }

@@ -136,7 +136,13 @@ impl<'m> CpuSession<'m> {
     /// The forward pass of `items` then `each` of the logits of the items that carry a query
     /// (`vocab` each, in token order unless `head_order`: then as the head's rows are), with
     /// their largest logit where the head's kernel found it, in item order: the whole step on
-    /// this thread, or as one job on the pool. The logits stay in `self.logits`.
+    /// this thread, or as one job on the pool.
+    ///
+    /// The head runs over [`head_items`] items at a time, and their tables are made before
+    /// the next call: a small head's weights and a call's logits then stay in the cache
+    /// between the head and the passes over the logits, where all of a step's logits at once
+    /// (51 MB for a compress step of 255 positions) went out to memory and back. With
+    /// `keep_logits`, one call for all (the trace keeps them, in `self.logits`).
     fn tables<T: Send>(
         &mut self,
         items: &[Item],
@@ -149,34 +155,44 @@ impl<'m> CpuSession<'m> {
         let (caches, logits) = (&mut self.caches, &mut self.logits);
         let v = model.config.vocab as usize;
         let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
+        let keep_logits = trace.is_some();
         split.run(|| {
-            let tops = forward::forward(isa, split, model, weights, caches, items, trace, logits)?;
-            if let (Some(perm), false) = (perm, head_order) {
-                // Back to token order: row p of the head is token perm[p].
-                logits
-                    .par_chunks_mut(v)
-                    .with_min_len(split.min_len(1))
-                    .for_each(|l| {
-                        let by_row = l.to_vec();
-                        for (&id, &x) in perm.iter().zip(&by_row) {
-                            l[id as usize] = x;
-                        }
-                    });
-            }
-            // Several tables share the threads between them: each one's passes then run on
-            // one thread, whole (a table cut into pieces costs a pass more, for the pieces'
-            // offsets).
-            let each_split = if logits.len() > v {
-                Split::SERIAL
-            } else {
-                split
+            let input = forward::forward(isa, split, model, weights, caches, items, trace)?;
+            let queries = input.sc.len();
+            let per_call = match keep_logits {
+                true => queries.max(1),
+                false => head_items(weights.head.shape()),
             };
-            logits
-                .par_chunks(v)
-                .enumerate()
-                .with_min_len(split.min_len(1))
-                .map(|(i, l)| each(i, l, tops.as_ref().map(|t| t[i]), each_split))
-                .collect::<Result<_>>()
+            let mut out = Vec::with_capacity(queries);
+            logits.clear();
+            for start in (0..queries).step_by(per_call) {
+                let range = start..(start + per_call).min(queries);
+                let tops = forward::head(isa, split, weights, &input, range.clone(), logits);
+                if let (Some(perm), false) = (&perm, head_order) {
+                    // Back to token order: row p of the head is token perm[p].
+                    logits
+                        .par_chunks_mut(v)
+                        .with_min_len(split.min_len(1))
+                        .for_each(|l| {
+                            let by_row = l.to_vec();
+                            for (&id, &x) in perm.iter().zip(&by_row) {
+                                l[id as usize] = x;
+                            }
+                        });
+                }
+                // Several tables share the threads between them: each one's passes then run
+                // on one thread, whole (a table cut into pieces costs a pass more, for the
+                // pieces' offsets).
+                let each_split = if queries > 1 { Split::SERIAL } else { split };
+                let answers: Vec<T> = logits
+                    .par_chunks(v)
+                    .enumerate()
+                    .with_min_len(split.min_len(1))
+                    .map(|(i, l)| each(start + i, l, tops.as_ref().map(|t| t[i]), each_split))
+                    .collect::<Result<_>>()?;
+                out.extend(answers);
+            }
+            Ok(out)
         })
     }
 
@@ -205,6 +221,22 @@ impl<'m> CpuSession<'m> {
             }
         }
         Ok(out)
+    }
+}
+
+/// Logit bytes per call of the LM head when its weights are small enough to stay in the last
+/// level cache beside them (the shipped model's: 6.4 MB).
+const HEAD_CALL_BYTES: usize = 4 << 20;
+/// The largest head (bytes of weights) that is run in calls of [`HEAD_CALL_BYTES`]; a larger
+/// head would be read from memory once per call, which costs more than its logits' trip out
+/// and back (GPT-2 small's head is 38.6 MB).
+const HEAD_IN_CACHE: usize = 12 << 20;
+
+/// Items per call of a head of `(rows, k)` ([`CpuSession::tables`]).
+fn head_items((rows, k): (usize, usize)) -> usize {
+    match rows * k <= HEAD_IN_CACHE {
+        true => (HEAD_CALL_BYTES / (4 * rows).max(1)).max(1),
+        false => usize::MAX,
     }
 }
 
