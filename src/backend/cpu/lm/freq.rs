@@ -336,17 +336,63 @@ pub fn table(
     Ok(f)
 }
 
-/// [`answer`] of [`table`] without the table: the query's interval from one pass of block
-/// sums over the logits (two with a match mix) and a walk through one block.
+/// A block sum of [`freq_scan::block_sums`] as the integer it stands for: a block's true sum
+/// lies in `1..=2^32` (every frequency is at least 1 and they all sum to 2^32), so 0 stands
+/// for 2^32.
+fn block_value(s: u32) -> u64 {
+    if s == 0 {
+        TOTAL
+    } else {
+        s as u64
+    }
+}
+
+/// Block sums of one table's lookups, made as far as a question needs them: an encoder's
+/// symbol, or a decoder's target, usually lies among the first tokens (the frequent ones,
+/// by the vocabulary's construction), so the pass stops there.
+struct Blocks<'a> {
+    isa: Isa,
+    logits: &'a [i32],
+    top: i32,
+    lut: &'a [u32],
+    sums: Vec<u32>,
+}
+
+impl Blocks<'_> {
+    /// Blocks made per call of the pass beyond the one asked for.
+    const AHEAD: usize = 16;
+
+    /// The sum of block `b` (which must exist).
+    fn get(&mut self, b: usize) -> u64 {
+        if self.sums.len() <= b {
+            let from = self.sums.len() * freq_scan::BLOCK;
+            let to = ((b + 1).max(self.sums.len() + Self::AHEAD) * freq_scan::BLOCK)
+                .min(self.logits.len());
+            let part = &self.logits[from..to];
+            freq_scan::block_sums(self.isa, part, self.top, self.lut, &mut self.sums);
+        }
+        block_value(self.sums[b])
+    }
+
+    /// The sum of every block.
+    fn total(&mut self) -> u64 {
+        let blocks = self.logits.len().div_ceil(freq_scan::BLOCK);
+        if blocks > 0 {
+            self.get(blocks - 1);
+        }
+        self.sums.iter().map(|&s| block_value(s)).sum()
+    }
+}
+
+/// [`answer`] of [`table`] without the table: the query's interval from block sums over the
+/// logits as far as the query needs them and a walk through one block.
 ///
 /// Every token's frequency is a lookup by its gap (`by_gap`, or with a mix the same table
 /// mixed entry by entry, as [`mix`] changes every token's frequency alone) except at most two:
-/// the remainder's token and the mix's token. Those are kept aside as `(token, lookup value,
-/// true value)` and corrected wherever a sum passes them. `top` is the largest logit when the
-/// caller knows it.
-///
-/// The block sums wrap in u32: a block's true sum lies in `1..=2^32` (every frequency is at
-/// least 1 and they all sum to 2^32), so 0 stands for 2^32.
+/// the remainder's token and the mix's token. Their true values need the table's total (every
+/// block; with a mix, also every block of the unmixed lookups), so they are worked out only
+/// when a sum reaches one of them, kept as `(token, lookup value, true value)`, and corrected
+/// wherever a sum passes them. `top` is the largest logit when the caller knows it.
 pub fn coded(
     isa: Isa,
     logits: &[i32],
@@ -357,10 +403,6 @@ pub fn coded(
 ) -> Result<Coded> {
     let g = ByGap::new(isa, logits, top, exp40)?;
     let v = logits.len();
-    let block_value = |s: u32| if s == 0 { TOTAL } else { s as u64 };
-    let mut blocks = Vec::new();
-    freq_scan::block_sums(isa, logits, g.top, &g.by_gap, &mut blocks);
-    let rem = ByGap::rem(blocks.iter().map(|&s| block_value(s)).sum())?;
     let (arg, top_floor) = (g.arg(), g.by_gap[0] as u64);
     let n = g.by_gap.len() - 1;
     let lookup = |lut: &[u32], j: usize| {
@@ -369,43 +411,54 @@ pub fn coded(
     };
     // [`mix`] is the identity for these; its token must be in the table.
     let mix_in = mix_in.filter(|&(x, l)| (x as usize) < v && l != 0 && l < 1 << 16);
-    let (lut, specials) = match mix_in {
-        None => (g.by_gap.clone(), vec![(arg, top_floor, top_floor + rem)]),
-        Some((x, lambda)) => {
-            let x = x as usize;
-            let mixed = |f: u64| (f - ((f * lambda) >> 16)).max(1);
-            let lut: Vec<u32> = g.by_gap.iter().map(|&f| mixed(f as u64) as u32).collect();
-            blocks.clear();
-            freq_scan::block_sums(isa, logits, g.top, &lut, &mut blocks);
-            let all: u64 = blocks.iter().map(|&s| block_value(s)).sum();
-            let at_x = lookup(&lut, x);
-            // Every token but x, mixed: the lookups, with the remainder's token's own value.
-            let mut rest = all - at_x;
-            let mut specials = Vec::with_capacity(2);
-            if arg != x {
-                let true_arg = mixed(top_floor + rem);
-                rest = rest - lut[0] as u64 + true_arg;
-                specials.push((arg, lut[0] as u64, true_arg));
-            }
-            let true_x = TOTAL
-                .checked_sub(rest)
-                .ok_or_else(|| Error::Invalid("LM mix: the rest past 2^32".into()))?;
-            specials.push((x, at_x, true_x));
-            (lut, specials)
+    let mixed = |f: u64, lambda: u64| (f - ((f * lambda) >> 16)).max(1);
+    let mixed_lut: Option<Vec<u32>> = mix_in.map(|(_, lambda)| {
+        let each = g.by_gap.iter();
+        each.map(|&f| mixed(f as u64, lambda) as u32).collect()
+    });
+    let lut: &[u32] = mixed_lut.as_deref().unwrap_or(&g.by_gap);
+    let mut blocks = Blocks {
+        isa,
+        logits,
+        top: g.top,
+        lut,
+        sums: Vec::new(),
+    };
+    let odd = [Some(arg), mix_in.map(|(x, _)| x as usize)];
+    let resolve = |blocks: &mut Blocks| -> Result<Vec<(usize, u64, u64)>> {
+        let Some((x, lambda)) = mix_in else {
+            let rem = ByGap::rem(blocks.total())?;
+            return Ok(vec![(arg, top_floor, top_floor + rem)]);
+        };
+        let x = x as usize;
+        let mut plain = Vec::new();
+        freq_scan::block_sums(isa, logits, g.top, &g.by_gap, &mut plain);
+        let rem = ByGap::rem(plain.iter().map(|&s| block_value(s)).sum())?;
+        let at_x = lookup(lut, x);
+        // Every token but x, mixed: the lookups, with the remainder's token's own value.
+        let mut rest = blocks.total() - at_x;
+        let mut specials = Vec::with_capacity(2);
+        if arg != x {
+            let true_arg = mixed(top_floor + rem, lambda);
+            rest = rest - lut[0] as u64 + true_arg;
+            specials.push((arg, lut[0] as u64, true_arg));
         }
+        let true_x = TOTAL
+            .checked_sub(rest)
+            .ok_or_else(|| Error::Invalid("LM mix: the rest past 2^32".into()))?;
+        specials.push((x, at_x, true_x));
+        Ok(specials)
     };
-    let value = |j: usize| match specials.iter().find(|s| s.0 == j) {
+    let range = |b: usize| b * freq_scan::BLOCK..((b + 1) * freq_scan::BLOCK).min(v);
+    let value = |sp: &[(usize, u64, u64)], j: usize| match sp.iter().find(|s| s.0 == j) {
         Some(s) => s.2,
-        None => lookup(&lut, j),
+        None => lookup(lut, j),
     };
-    // A block's sum with its special tokens' true values.
-    let block = |b: usize| {
-        let range = b * freq_scan::BLOCK..((b + 1) * freq_scan::BLOCK).min(v);
-        let fix = specials
-            .iter()
-            .filter(|s| range.contains(&s.0))
-            .fold(0i64, |a, s| a + s.2 as i64 - s.1 as i64);
-        (block_value(blocks[b]) as i64 + fix) as u64
+    // Block b's sum with its special tokens' true values.
+    let block = |blocks: &mut Blocks, sp: &[(usize, u64, u64)], b: usize| {
+        let inside = sp.iter().filter(|s| range(b).contains(&s.0));
+        let fix = inside.fold(0i64, |a, s| a + s.2 as i64 - s.1 as i64);
+        (blocks.get(b) as i64 + fix) as u64
     };
     match find {
         Find::Symbol(s) => {
@@ -413,25 +466,35 @@ pub fn coded(
             if s >= v {
                 return Err(Error::Invalid(format!("symbol {s} beyond the vocabulary")));
             }
+            let sp = match odd.iter().flatten().any(|&p| p <= s) {
+                true => resolve(&mut blocks)?,
+                false => Vec::new(),
+            };
             let first = s / freq_scan::BLOCK;
-            let cum = (0..first).map(block).sum::<u64>()
-                + (first * freq_scan::BLOCK..s).map(value).sum::<u64>();
+            let mut cum: u64 = (first * freq_scan::BLOCK..s).map(|j| value(&sp, j)).sum();
+            for b in 0..first {
+                cum += block(&mut blocks, &sp, b);
+            }
             Ok(Coded {
                 symbol: s as u32,
                 cum,
-                freq: value(s),
+                freq: value(&sp, s),
             })
         }
         Find::Target(t) => {
-            let mut cum = 0u64;
-            for b in 0..blocks.len() {
-                let size = block(b);
+            let (mut cum, mut sp) = (0u64, None);
+            for b in 0..v.div_ceil(freq_scan::BLOCK) {
+                if sp.is_none() && odd.iter().flatten().any(|p| range(b).contains(p)) {
+                    sp = Some(resolve(&mut blocks)?);
+                }
+                let sp = sp.as_deref().unwrap_or(&[]);
+                let size = block(&mut blocks, sp, b);
                 if t >= cum + size {
                     cum += size;
                     continue;
                 }
-                for j in b * freq_scan::BLOCK..((b + 1) * freq_scan::BLOCK).min(v) {
-                    let freq = value(j);
+                for j in range(b) {
+                    let freq = value(sp, j);
                     if t < cum + freq {
                         return Ok(Coded {
                             symbol: j as u32,
