@@ -303,6 +303,83 @@ pub fn prefix_sums_in_order(
     Ok(cum)
 }
 
+/// [`prefix_sums_in_order`] at the indices `at` only (ascending, each at most `len`):
+/// `out[k] = cum[at[k]]`. What the mixing encoder asks for (the few hundred sums its bit
+/// predictor reads), without the 4 (V + 1) bytes of sums written and read again: the running
+/// sums are made a piece at a time in a buffer that stays in the L1 cache, the wanted ones
+/// picked out as they pass, and the remainder added after to those from its token on. One
+/// thread per table (the encoder's steps have many). The sums wrap in u32 as there.
+#[allow(clippy::too_many_arguments)]
+pub fn prefix_sums_in_order_at(
+    isa: Isa,
+    logits: &[i32],
+    top: Option<i32>,
+    ids: &[u32],
+    len: usize,
+    exp40: &[u64],
+    at: &[u32],
+) -> Result<Vec<u32>> {
+    if ids.len() != logits.len() || len > ids.len() {
+        return Err(Error::Invalid(
+            "prefix sums: order and logits differ".into(),
+        ));
+    }
+    if !at.windows(2).all(|w| w[0] < w[1]) || at.last().is_some_and(|&i| i as usize > len) {
+        return Err(Error::Invalid(
+            "prefix sums at: indices not ascending or beyond the sums".into(),
+        ));
+    }
+    let g = ByGap::new(isa, logits, top, exp40)?;
+    let arg = g
+        .at_top
+        .iter()
+        .copied()
+        .min_by_key(|&p| ids[p])
+        .unwrap_or(0);
+    // 8 KiB of sums: small enough to stay in L1 between the pass and the picks.
+    const PIECE: usize = 2048;
+    let mut buf = [std::mem::MaybeUninit::<u32>::uninit(); PIECE];
+    let mut out = Vec::with_capacity(at.len());
+    let mut rest = at;
+    // cum[0] = 0; cum[i] sums tokens 0..i.
+    if let [0, tail @ ..] = rest {
+        out.push(0);
+        rest = tail;
+    }
+    // The floors' running sum (mod 2^32) before the current piece.
+    let mut before = 0u32;
+    for (c, l) in logits[..len].chunks(PIECE).enumerate() {
+        let (start, end) = (c * PIECE, c * PIECE + l.len());
+        let dst = &mut buf[..l.len()];
+        let total = freq_scan::floor_sums(g.isa, l, g.top, &g.by_gap, dst);
+        while let [i, tail @ ..] = rest {
+            let i = *i as usize;
+            if i > end {
+                break;
+            }
+            // SAFETY: floor_sums wrote every element of `dst`, and start < i <= end.
+            let s = unsafe { dst[i - start - 1].assume_init() };
+            out.push(before.wrapping_add(s));
+            rest = tail;
+        }
+        before = before.wrapping_add(total);
+    }
+    let left_out: u64 = logits[len..].iter().map(|&l| g.floor(l)).sum();
+    let floors = before.wrapping_add(left_out as u32);
+    let floors = if floors == 0 { TOTAL } else { floors as u64 };
+    let rem = ByGap::rem(floors)?;
+    let sum = TOTAL - left_out - if arg >= len { rem } else { 0 };
+    if sum >> 32 != 0 {
+        return Err(Error::Invalid("LM table sums past 2^32".into()));
+    }
+    // cum[i] holds the remainder from i = arg + 1 on.
+    let from = at.partition_point(|&i| i as usize <= arg);
+    out[from..]
+        .iter_mut()
+        .for_each(|x| *x = x.wrapping_add(rem as u32));
+    Ok(out)
+}
+
 /// Move `lambda / 2^16` of every other token's frequency to `x` (each keeps at least 1), so the
 /// total is unchanged.
 pub fn mix(f: &mut [u64], x: usize, lambda: u64) {
@@ -595,6 +672,63 @@ mod tests {
         }
         let short = prefix_sums_in_order(Isa::Portable, &[1, 2], None, &[0], 1, &t, Split::SERIAL);
         assert!(short.is_err());
+    }
+
+    /// The sums at chosen indices equal those of the whole prefix sums, at every level: no
+    /// index, the first and last, every index, and random ones across the pieces, with the
+    /// remainder's token inside the order and left out of it.
+    #[test]
+    fn sums_at_indices_equal_the_whole_sums() {
+        let t = exp_table(40);
+        let mut next = lcg(7);
+        let mut rnd = || next() >> 33;
+        for (v, len) in [
+            (5000usize, 4999usize),
+            (50_257, 50_256),
+            (9000, 8990),
+            (3, 2),
+        ] {
+            for case in 0..6 {
+                let mut logits: Vec<i32> = (0..v)
+                    .map(|_| (rnd() % 3000) as i32 - 1500 + if case == 0 { 0 } else { 100 })
+                    .collect();
+                // The top among the left-out tokens, or twice inside the order.
+                match case {
+                    1 => logits[v - 1] = 5000,
+                    2 => {
+                        logits[v / 3] = 5000;
+                        logits[v / 2] = 5000
+                    }
+                    _ => {}
+                }
+                let ids: Vec<u32> = (0..v as u32).rev().collect();
+                let whole = prefix_sums_in_order(
+                    Isa::Portable,
+                    &logits,
+                    None,
+                    &ids,
+                    len,
+                    &t,
+                    Split::SERIAL,
+                )
+                .unwrap();
+                let every: Vec<u32> = (0..=len as u32).collect();
+                let some: Vec<u32> = every.iter().copied().filter(|_| rnd() % 50 == 0).collect();
+                for at in [vec![], vec![0, len as u32], every, some] {
+                    let want: Vec<u32> = at.iter().map(|&i| whole[i as usize]).collect();
+                    for isa in levels() {
+                        let got = prefix_sums_in_order_at(isa, &logits, None, &ids, len, &t, &at);
+                        assert_eq!(got.unwrap(), want, "{isa:?}, v {v}, case {case}");
+                    }
+                }
+            }
+        }
+        let ids = [1, 0];
+        let bad =
+            |at: &[u32]| prefix_sums_in_order_at(Isa::Portable, &[1, 2], None, &ids, 2, &t, at);
+        assert!(bad(&[3]).is_err());
+        assert!(bad(&[1, 1]).is_err());
+        assert!(bad(&[2, 1]).is_err());
     }
 
     #[test]
