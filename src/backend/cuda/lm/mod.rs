@@ -311,6 +311,8 @@ struct SumsAt<'a, B> {
 /// What a step hands back: the answers, the traced integers, the tables asked for and the
 /// sums at the wanted indices (each in query order).
 type Stepped = (Vec<Coded>, Readback, Vec<Vec<u64>>, Vec<Vec<u32>>);
+/// [`Stepped`] without the traced integers (a session's `run`).
+type Answered = (Vec<Coded>, Vec<Vec<u64>>, Vec<Vec<u32>>);
 
 /// The matmul's geometry (kernels/lm/matmul.cu): rows of a warp's tile, items per block,
 /// warps per block, words per k-step, spare words after a weight matrix; and the blocks
@@ -392,7 +394,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         trace: Option<&mut Trace>,
         tables: Tables,
         at: Option<SumsAt<'_, L::Buf>>,
-    ) -> Result<(Vec<Coded>, Vec<Vec<u64>>, Vec<Vec<u32>>)> {
+    ) -> Result<Answered> {
         let input = step_input(items, &self.lens, &self.model.config)?;
         if let Some(&too_far) = input.next.iter().find(|&&len| len > self.positions) {
             return Err(Error::Invalid(format!(
