@@ -14,8 +14,8 @@
 //!
 //! This is the one place the coder reaches the model. The encoder knows every chunk in
 //! advance: [`Plan`] replays the LM's context (restarts included) over the whole input and
-//! asks for many words' tables per call ([`LmSession::step_tables`]), so the model runs
-//! batched. The decoder learns each chunk only as it decodes it: its [`Lm`] hands the call it
+//! asks for many words' tables per call, so the model runs batched, and of each table only
+//! the sums its bytes will read ([`Reads`], [`LmSession::step_prefix_sums_at`]). The decoder learns each chunk only as it decodes it: its [`Lm`] hands the call it
 //! needs ([`Lm::take_call`]) to the block decoder of `coder.rs`, which runs the calls of many
 //! independent blocks as one batch and hands each its table back ([`Lm::supply`]). Both give
 //! the integers of one call per word on one sequence (docs/INTEGER_GPT2.md §13.3).
@@ -184,7 +184,7 @@ pub fn calls(model: &Model, data: &[u8]) -> Result<Vec<Call>> {
 }
 
 /// Tables asked for per batched call: enough items to share each weight load across many
-/// of them, few enough that the tables in flight stay small (64 x 400 KB).
+/// of them, few enough that the tables in flight on the device stay small (64 x 200 KB).
 const PLAN_BATCH: usize = 64;
 /// Sequences the planned encoder cycles through: a restart starts on the next one, so a
 /// batch can hold the end of one context and the start of the next.

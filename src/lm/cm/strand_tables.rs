@@ -4,7 +4,8 @@
 //! so [`PerRound`] runs each round's calls as one batch (about S items). The encoder knows
 //! every strand's calls from the input, and in the schedule call k of a strand is answered
 //! in round k, so [`Ahead`] runs the calls of several rounds in one batch and serves the
-//! rounds from per-strand queues. Tables do not depend on how calls are batched, so both
+//! rounds from per-strand queues; knowing every strand's bytes, it asks only for the sums
+//! they will read ([`Reads`], `LmSession::step_prefix_sums_at`). Tables do not depend on how calls are batched, so both
 //! give the same bytes; [`Ahead`] checks that each call it planned is the call the loop made.
 
 use std::collections::VecDeque;
@@ -53,7 +54,8 @@ impl Tables for PerRound<'_> {
 
 /// Calls per batched device call of the encoder: as the one-block encoder's plan, enough to
 /// share each weight load across many items (about three rounds of 21 strands), few enough
-/// that the tables in flight stay small (64 x 200 KB).
+/// that the tables in flight on the device stay small (64 x 200 KB; only the sums each call
+/// reads come back).
 const AHEAD_BATCH: usize = 64;
 /// Spare sequences beyond one per strand (fewer where the KV bound of `max_strands` leaves
 /// no room): a strand whose context restarts inside a batch moves to a spare, since its old
