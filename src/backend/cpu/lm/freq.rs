@@ -329,6 +329,11 @@ pub fn prefix_sums_in_order_at(
             "prefix sums at: indices not ascending or beyond the sums".into(),
         ));
     }
+    // Every floor is at least 1 and they sum to 2^32: the sums stay below it exactly when
+    // the order leaves a token out (checked below too where every floor is summed).
+    if len == logits.len() {
+        return Err(Error::Invalid("LM table sums past 2^32".into()));
+    }
     let g = ByGap::new(isa, logits, top, exp40)?;
     let arg = g
         .at_top
@@ -336,6 +341,12 @@ pub fn prefix_sums_in_order_at(
         .copied()
         .min_by_key(|&p| ids[p])
         .unwrap_or(0);
+    // The remainder is known only from every floor; only a sum past its token holds it.
+    // Without one, the tokens past the last wanted index are not summed at all (the encoder
+    // reads sums of one token range: on prose, often well before the end of the order).
+    let last = at.last().map_or(0, |&i| i as usize);
+    let whole = last > arg;
+    let upto = if whole { len } else { last };
     // 8 KiB of sums: small enough to stay in L1 between the pass and the picks.
     const PIECE: usize = 2048;
     let mut buf = [std::mem::MaybeUninit::<u32>::uninit(); PIECE];
@@ -348,7 +359,7 @@ pub fn prefix_sums_in_order_at(
     }
     // The floors' running sum (mod 2^32) before the current piece.
     let mut before = 0u32;
-    for (c, l) in logits[..len].chunks(PIECE).enumerate() {
+    for (c, l) in logits[..upto].chunks(PIECE).enumerate() {
         let (start, end) = (c * PIECE, c * PIECE + l.len());
         let dst = &mut buf[..l.len()];
         let total = freq_scan::floor_sums(g.isa, l, g.top, &g.by_gap, dst);
@@ -363,6 +374,9 @@ pub fn prefix_sums_in_order_at(
             rest = tail;
         }
         before = before.wrapping_add(total);
+    }
+    if !whole {
+        return Ok(out);
     }
     let left_out: u64 = logits[len..].iter().map(|&l| g.floor(l)).sum();
     let floors = before.wrapping_add(left_out as u32);
@@ -714,7 +728,12 @@ mod tests {
                 .unwrap();
                 let every: Vec<u32> = (0..=len as u32).collect();
                 let some: Vec<u32> = every.iter().copied().filter(|_| rnd() % 50 == 0).collect();
-                for at in [vec![], vec![0, len as u32], every, some] {
+                // Lists that end before the remainder's token and after it.
+                let cut = |k: usize| every[..(k * len / 4).max(1)].to_vec();
+                let (a, b, c) = (cut(1), cut(2), cut(3));
+                let mut spread: Vec<u32> = some.iter().map(|&i| i / 3).collect();
+                spread.dedup();
+                for at in [vec![], vec![0, len as u32], every, some, a, b, c, spread] {
                     let want: Vec<u32> = at.iter().map(|&i| whole[i as usize]).collect();
                     for isa in levels() {
                         let got = prefix_sums_in_order_at(isa, &logits, None, &ids, len, &t, &at);
@@ -724,11 +743,15 @@ mod tests {
             }
         }
         let ids = [1, 0];
-        let bad =
-            |at: &[u32]| prefix_sums_in_order_at(Isa::Portable, &[1, 2], None, &ids, 2, &t, at);
-        assert!(bad(&[3]).is_err());
-        assert!(bad(&[1, 1]).is_err());
-        assert!(bad(&[2, 1]).is_err());
+        let bad = |len, at: &[u32]| {
+            prefix_sums_in_order_at(Isa::Portable, &[1, 2], None, &ids, len, &t, at)
+        };
+        assert!(bad(1, &[2]).is_err());
+        assert!(bad(1, &[1, 1]).is_err());
+        assert!(bad(1, &[1, 0]).is_err());
+        // Nothing left out: the sums reach 2^32, whichever are asked for.
+        assert!(bad(2, &[0]).is_err());
+        assert!(bad(1, &[0, 1]).is_ok());
     }
 
     #[test]
