@@ -388,10 +388,93 @@ fn same_tables(device: &Device) {
     assert_eq!(run(device), want, "{}: step_tables", device.name());
 }
 
+/// `step_prefix_sums_at` (the mixing encoder's call) gives the reference's prefix sums at
+/// the indices asked: in the coder's byte order, two sequences interleaved, lists empty, of
+/// every end and random ones, a second call continuing the sequences; and bad lists refused.
+fn same_sums_at(device: &Device) {
+    let m = wide();
+    let tokens = lockstep::lm::tokenizer::encode(TEXT).unwrap();
+    let order = lockstep::lm::cm::lm_bits::Lm::order();
+    let len = order.len() as u32;
+    let mut state = 0x0123_4567_89AB_CDEFu64;
+    let mut lists = Vec::new();
+    for q in 0..12 {
+        let mut at: Vec<u32> = (0..300)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                ((state >> 33) % (len as u64 + 1)) as u32
+            })
+            .collect();
+        match q % 4 {
+            0 => at.clear(),
+            1 => at.extend([0, 1, len - 1, len]),
+            _ => {}
+        }
+        at.sort_unstable();
+        at.dedup();
+        lists.push(at);
+    }
+    let items = |round: usize| -> Vec<Item> {
+        tokens[round * 9..round * 9 + 9]
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| Item {
+                seq: i % 2,
+                token,
+                query: (i % 3 != 1).then_some(Query {
+                    find: Find::Symbol(token),
+                    mix: (i % 2 == 0).then_some((token, 30_000)),
+                }),
+            })
+            .collect()
+    };
+    let reference = Device::reference();
+    let mut want = reference
+        .lm()
+        .unwrap()
+        .load(m, 2, m.config.n_ctx as usize)
+        .unwrap();
+    let mut got = device
+        .lm()
+        .unwrap()
+        .load(m, 2, m.config.n_ctx as usize)
+        .unwrap();
+    for round in 0..2 {
+        let its = items(round);
+        let wanted = &lists[round * 6..round * 6 + 6];
+        let whole = want.step_prefix_sums(&its, order).unwrap();
+        let sums = got.step_prefix_sums_at(&its, order, wanted).unwrap();
+        assert_eq!(sums.len(), 6);
+        for ((cum, at), s) in whole.iter().zip(wanted).zip(&sums) {
+            let w: Vec<u32> = at.iter().map(|&i| cum[i as usize]).collect();
+            assert_eq!(
+                *s,
+                w,
+                "{}: step_prefix_sums_at, round {round}",
+                device.name()
+            );
+        }
+    }
+    // Not ascending, beyond the sums, or one list short: refused before anything runs.
+    let its = items(2);
+    for bad in [vec![vec![3, 2]], vec![vec![len + 1]], vec![]] {
+        let mut wanted = vec![vec![]; 5];
+        wanted.extend(bad);
+        assert!(got.step_prefix_sums_at(&its, order, &wanted).is_err());
+    }
+}
+
 macro_rules! lm_parity {
     ($name:ident) => {
         mod $name {
             use super::*;
+
+            #[test]
+            fn step_prefix_sums_at_equal_the_reference() {
+                if let Some(d) = devices::device(stringify!($name)) {
+                    same_sums_at(&d);
+                }
+            }
 
             #[test]
             fn step_tables_equal_the_reference() {

@@ -215,7 +215,7 @@ static const struct {
 } LS_LM_KERNELS[] = {
     {lm_embed, 0},     {lm_layer_norm, 1},   {lm_quantize, 1}, {lm_matmul, 1},
     {lm_kv_store, 0},  {lm_attention, 1},    {lm_add_residual, 0}, {lm_gelu, 1},
-    {lm_gather, 0},    {lm_frequencies, 1},
+    {lm_gather, 0},    {lm_frequencies, 1},  {lm_prefix_at, 1},
 };
 
 // Run blocks [first, end) of a launch of LM kernel `kernel` (grid x block threads, eight

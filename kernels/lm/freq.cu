@@ -162,3 +162,48 @@ LS_KERNEL lm_frequencies(LM_ARGS) {
         }
     }
 }
+
+// The prefix sums of a row's frequencies (lm_frequencies' output, unmixed) in the order
+// `order`, at the indices the mixing encoder will read (docs/INTEGER_GPT2.md §13.3), one
+// block of 1024 threads per row: each thread sums a contiguous piece of the order, a block
+// scan gives every piece's start, and each wanted index adds the tokens of its piece up to
+// it. Only those sums go back to the host, not the table. u32 sums wrap exactly as there.
+// b1 freqs (n x rows u32), b2 order (k token ids), b3 per row the first of its indices in
+// b4 (n + 1 words), b4 the indices (per row ascending, each at most k: cum[i] sums the first
+// i tokens of the order), b5 the sums at them (laid out as b4). p: n, rows (the
+// vocabulary), k (the order's length).
+LS_KERNEL lm_prefix_at(LM_ARGS) {
+    u32 row = blockIdx.x;
+    u32 l = threadIdx.x;
+    const u32 *f = b1 + (u64)row * p.rows;
+    const u32 *order = b2;
+    u32 per = (p.k + FREQ_THREADS - 1u) / FREQ_THREADS;
+    per = per > 0u ? per : 1u;
+    u32 j0 = lm_min(l * per, p.k);
+    u32 j1 = lm_min(j0 + per, p.k);
+    u32 bsum = 0u;
+    for (u32 j = j0; j < j1; j++) { bsum += f[order[j]]; }
+    freq_red32[l] = bsum;
+    __syncthreads();
+    for (u32 o = 1u; o < FREQ_THREADS; o *= 2u) {
+        u32 acc = freq_red32[l];
+        if (l >= o) { acc += freq_red32[l - o]; }
+        __syncthreads();
+        freq_red32[l] = acc;
+        __syncthreads();
+    }
+    // Each piece's start (the sum of the pieces before it).
+    freq_best_i[l] = freq_red32[l] - bsum;
+    __syncthreads();
+    for (u32 w = b3[row] + l; w < b3[row + 1u]; w += FREQ_THREADS) {
+        u32 i = b4[w];
+        u32 s = 0u;
+        if (i > 0u) {
+            // Token i - 1 is in piece c, which starts at or before it.
+            u32 c = (i - 1u) / per;
+            s = freq_best_i[c];
+            for (u32 j = c * per; j < i; j++) { s += f[order[j]]; }
+        }
+        b5[w] = s;
+    }
+}

@@ -100,6 +100,53 @@ pub trait LmSession: Send {
             .map(|f| prefix_sums(f, order))
             .collect()
     }
+    /// [`LmSession::step_prefix_sums`], each table handed back only at its `wanted` indices
+    /// (one list per query, in item order; each strictly ascending, every index at most
+    /// `order.len()`): `out[t][i] = sums[t][wanted[t][i]]`. The mixing encoder knows which
+    /// sums its bit predictor will read (a few hundred of the 50,258 per word: the bounds of
+    /// the token ranges its bytes narrow to), so a device computes the sums where the table
+    /// is and sends those values back, not the table. The default gathers them from
+    /// [`LmSession::step_prefix_sums`], so every device answers; one that implements it must
+    /// give exactly the default's integers.
+    fn step_prefix_sums_at(
+        &mut self,
+        items: &[Item],
+        order: &[u32],
+        wanted: &[Vec<u32>],
+    ) -> Result<Vec<Vec<u32>>> {
+        check_wanted(items, order, wanted)?;
+        Ok(gather_sums(&self.step_prefix_sums(items, order)?, wanted))
+    }
+}
+
+/// Each table of `sums` at its `wanted` indices (checked by [`check_wanted`]): the default of
+/// [`LmSession::step_prefix_sums_at`].
+pub fn gather_sums(sums: &[Vec<u32>], wanted: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    sums.iter()
+        .zip(wanted)
+        .map(|(cum, at)| at.iter().map(|&i| cum[i as usize]).collect())
+        .collect()
+}
+
+/// Check the `wanted` lists of [`LmSession::step_prefix_sums_at`] before anything runs: one
+/// per query of `items`, each strictly ascending and within the `order.len() + 1` sums.
+pub fn check_wanted(items: &[Item], order: &[u32], wanted: &[Vec<u32>]) -> Result<()> {
+    let queries = items.iter().filter(|it| it.query.is_some()).count();
+    if wanted.len() != queries {
+        return Err(crate::Error::Invalid(format!(
+            "prefix sums at: {} index lists for {queries} queries",
+            wanted.len()
+        )));
+    }
+    for at in wanted {
+        let ascending = at.windows(2).all(|w| w[0] < w[1]);
+        if !ascending || at.last().is_some_and(|&i| i as usize > order.len()) {
+            return Err(crate::Error::Invalid(
+                "prefix sums at: indices not ascending or beyond the sums".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Prefix sums (`order.len() + 1` entries, the first 0) of the frequency table `f` taken in

@@ -526,7 +526,7 @@ fn paired_rounds(
 /// The test binaries that hold the GPU tests (`cuda::` and `wgpu::` modules), the examples
 /// that time the GPU, and the CLI: what `gpu-pack` carries to a machine without cargo.
 const GPU_TESTS: [&str; 3] = ["backend_parity", "lm_codec", "lm_strands"];
-const GPU_EXAMPLES: [&str; 2] = ["cuda_trajectory", "lm_devices"];
+const GPU_EXAMPLES: [&str; 3] = ["cuda_trajectory", "lm_devices", "lm_sums_at"];
 
 /// `gpu-pack [DIR]`: for a GPU machine without a Rust toolchain (the lent one has none):
 /// builds here, then writes DIR (default .gpu) with `bin.tar.xz` (lockstep, this xtask, the
@@ -911,6 +911,13 @@ fn gpu_check(args: &[String]) -> Result<(), String> {
             );
         }
     }
+    // The mixing encoder's LM call in both forms on the same input (examples/lm_sums_at.rs):
+    // whole prefix sums read back and picked on the host, against the sums at the indices
+    // the coder reads made on the device (`step_prefix_sums_at`, what `text compress` now
+    // asks), paired rounds on CUDA and on the host's CPU.
+    let (cmd, mut a) = example("lm_sums_at");
+    a.extend([all_text, "--rounds", "3", "--devices", "cuda,cpu"]);
+    step("lm-sums-at", &cmd, &a, &[], 120);
     // Where CUDA's time goes, per kernel (src/backend/cuda/profile.rs: a few lines of log,
     // where a profiler's raw output outgrew what a lease returns): the trajectory at 0.5
     // GB, and GPT-2-small's shape on one round.

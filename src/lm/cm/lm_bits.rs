@@ -14,8 +14,8 @@
 //!
 //! This is the one place the coder reaches the model. The encoder knows every chunk in
 //! advance: [`Plan`] replays the LM's context (restarts included) over the whole input and
-//! asks for many words' tables per call ([`LmSession::step_tables`]), so the model runs
-//! batched. The decoder learns each chunk only as it decodes it: its [`Lm`] hands the call it
+//! asks for many words' tables per call, so the model runs batched, and of each table only
+//! the sums its bytes will read ([`Reads`], [`LmSession::step_prefix_sums_at`]). The decoder learns each chunk only as it decodes it: its [`Lm`] hands the call it
 //! needs ([`Lm::take_call`]) to the block decoder of `coder.rs`, which runs the calls of many
 //! independent blocks as one batch and hands each its table back ([`Lm::supply`]). Both give
 //! the integers of one call per word on one sequence (docs/INTEGER_GPT2.md §13.3).
@@ -184,7 +184,7 @@ pub fn calls(model: &Model, data: &[u8]) -> Result<Vec<Call>> {
 }
 
 /// Tables asked for per batched call: enough items to share each weight load across many
-/// of them, few enough that the tables in flight stay small (64 x 400 KB).
+/// of them, few enough that the tables in flight on the device stay small (64 x 200 KB).
 const PLAN_BATCH: usize = 64;
 /// Sequences the planned encoder cycles through: a restart starts on the next one, so a
 /// batch can hold the end of one context and the start of the next.
@@ -194,9 +194,11 @@ const PLAN_SEQS: usize = 4;
 pub struct Plan<'m> {
     session: Box<dyn LmSession + 'm>,
     calls: Vec<Call>,
+    /// Which sums of each call's table the coder will read (the calls in order).
+    reads: Reads,
     next: usize,
     seq: usize,
-    ready: VecDeque<Vec<u32>>,
+    ready: VecDeque<Table>,
 }
 
 impl<'m> Plan<'m> {
@@ -204,6 +206,7 @@ impl<'m> Plan<'m> {
     fn new(model: &'m Model, kernels: &dyn LmKernels, data: &[u8]) -> Result<Self> {
         Ok(Plan {
             calls: calls(model, data)?,
+            reads: Reads::new(data)?,
             session: kernels.load(model, PLAN_SEQS, model.config.n_ctx as usize)?,
             next: 0,
             seq: 0,
@@ -211,8 +214,8 @@ impl<'m> Plan<'m> {
         })
     }
 
-    /// The next call's table (prefix sums in sorted order).
-    fn next_table(&mut self) -> Result<Vec<u32>> {
+    /// The next call's table (the prefix sums in sorted order that the coder reads).
+    fn next_table(&mut self) -> Result<Table> {
         if self.ready.is_empty() {
             self.run_batch()?;
         }
@@ -225,8 +228,8 @@ impl<'m> Plan<'m> {
     fn run_batch(&mut self) -> Result<()> {
         let mut items = Vec::new();
         let mut in_batch = [false; PLAN_SEQS];
-        let mut asked = 0;
-        while asked < PLAN_BATCH {
+        let mut wanted = Vec::new();
+        while wanted.len() < PLAN_BATCH {
             let Some(call) = self.calls.get(self.next) else {
                 break;
             };
@@ -241,11 +244,21 @@ impl<'m> Plan<'m> {
             }
             in_batch[self.seq] = true;
             items.extend(call.items(self.seq));
-            asked += 1;
+            wanted.push(self.reads.next_call()?);
             self.next += 1;
         }
-        let cums = self.session.step_prefix_sums(&items, &SORTED_IDS)?;
-        self.ready.extend(cums);
+        let sums = self
+            .session
+            .step_prefix_sums_at(&items, &SORTED_IDS, &wanted)?;
+        if sums.len() != wanted.len() {
+            return Err(Error::Invalid("LM: fewer tables than calls".into()));
+        }
+        self.ready.extend(
+            wanted
+                .into_iter()
+                .zip(sums)
+                .map(|(at, sums)| Table::At { at, sums }),
+        );
         Ok(())
     }
 
@@ -261,6 +274,84 @@ enum Source<'m> {
     Caller { ctx: Context, call: Option<Call> },
     /// The encoder: the tables of every chunk, computed ahead in batches.
     Planned(Plan<'m>),
+    /// [`Reads`]' dry run: no table at all, only whether a call was made since last asked.
+    Dry { called: bool },
+}
+
+/// A call's answer as the LM takes it: the whole table's prefix sums (the decoder), or the
+/// sums at the indices its bytes will read, ascending ([`Reads`]; the encoder).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Table {
+    Whole(Vec<u32>),
+    At { at: Vec<u32>, sums: Vec<u32> },
+}
+
+impl Table {
+    /// Whether this answer holds `whole`'s sums (at its indices, for [`Table::At`]).
+    pub fn agrees_with(&self, whole: &[u32]) -> bool {
+        match self {
+            Table::Whole(c) => c == whole,
+            Table::At { at, sums } => {
+                at.len() == sums.len()
+                    && at
+                        .iter()
+                        .zip(sums)
+                        .all(|(&i, &v)| whole.get(i as usize) == Some(&v))
+            }
+        }
+    }
+}
+
+/// The encoder's dry run of an [`Lm`] over bytes it knows: for each call the LM makes, in
+/// order, the indices of the prefix sums that coding those bytes reads from its table (every
+/// bit's range bounds `a`, `m`, `e`). The positions depend only on the bytes, so the encoder
+/// can ask the device for those few hundred sums instead of the 50,258
+/// ([`LmSession::step_prefix_sums_at`]). The same [`Lm`] code narrows the ranges here as
+/// when coding ([`Lm::split`], [`Lm::byte`]), so the two cannot drift apart.
+pub struct Reads {
+    /// (Boxed: an `Lm` can hold a `Plan`, which holds `Reads`.)
+    lm: Box<Lm<'static>>,
+    data: Vec<u8>,
+    /// The next byte to run.
+    next: usize,
+}
+
+impl Reads {
+    /// The dry run over `data` (a whole strand or block, from its first byte).
+    pub fn new(data: &[u8]) -> Result<Self> {
+        let mut lm = Lm::start(Source::Dry { called: false })?;
+        // The first call (`<|endoftext|>`) is the one `next_call` answers first.
+        lm.dry_called();
+        Ok(Reads {
+            lm: Box::new(lm),
+            data: data.to_vec(),
+            next: 0,
+        })
+    }
+
+    /// The indices (ascending, each at most [`Lm::order`]'s length) read from the next
+    /// call's table: the bits of every byte from where the previous call's ended up to the
+    /// byte that makes the call after this one (the bits of a byte that closes a chunk are
+    /// predicted before it closes). Empty for a call past the data's end.
+    pub fn next_call(&mut self) -> Result<Vec<u32>> {
+        let mut at = Vec::new();
+        while let Some(&b) = self.data.get(self.next) {
+            for bit in 0..8 {
+                let c0 = (b as u32 | 256) >> (8 - bit);
+                if let Some(h) = self.lm.split(c0, bit) {
+                    at.extend([h.a as u32, h.m as u32, h.e as u32]);
+                }
+            }
+            self.next += 1;
+            self.lm.byte(&self.data[..self.next])?;
+            if self.lm.dry_called() {
+                break;
+            }
+        }
+        at.sort_unstable();
+        at.dedup();
+        Ok(at)
+    }
 }
 
 /// The LM's running state: its table source and the token prefix the coded bytes agree with.
@@ -279,6 +370,9 @@ pub struct Lm<'m> {
     halves: Option<Halves>,
     /// Tokens run through the model (for throughput reports).
     pub tokens: u64,
+    /// Every `cum` index [`Lm::p_bit`] read, for the test that [`Reads`] covers them.
+    #[cfg(test)]
+    read_log: Vec<usize>,
 }
 
 impl<'m> Lm<'m> {
@@ -316,6 +410,8 @@ impl<'m> Lm<'m> {
             depth: 0,
             halves: None,
             tokens: 0,
+            #[cfg(test)]
+            read_log: Vec::new(),
         };
         lm.advance(&[EOT])?;
         Ok(lm)
@@ -328,19 +424,32 @@ impl<'m> Lm<'m> {
             Source::Caller { ctx, call } => {
                 let c = ctx.append(new);
                 self.tokens += c.run.len() as u64;
+                // The old table stays until the answer comes (no bit is predicted before:
+                // `waits`), so that `supply_at` can write into its buffer.
                 *call = Some(c);
-                self.cum.clear();
             }
-            Source::Planned(plan) => self.cum = plan.next_table()?,
+            Source::Planned(plan) => {
+                let t = plan.next_table()?;
+                self.supply_table(t)?;
+            }
+            Source::Dry { called } => *called = true,
         }
         Ok(())
+    }
+
+    /// For [`Reads`]: whether a call was made since the last time asked.
+    fn dry_called(&mut self) -> bool {
+        match &mut self.source {
+            Source::Dry { called } => std::mem::take(called),
+            _ => false,
+        }
     }
 
     /// The call the decoder's LM waits on, if it waits.
     pub fn take_call(&mut self) -> Option<Call> {
         match &mut self.source {
             Source::Caller { call, .. } => call.take(),
-            Source::Planned(_) => None,
+            Source::Planned(_) | Source::Dry { .. } => None,
         }
     }
 
@@ -363,6 +472,37 @@ impl<'m> Lm<'m> {
         Ok(())
     }
 
+    /// The answer to the last call taken as its sums at the indices `at` only (strictly
+    /// ascending, as [`Reads`] gives them for this call): they go into a full-length buffer
+    /// kept across calls, whose other entries (an older table's, or 0) the coder never reads
+    /// for this call's bytes.
+    pub fn supply_at(&mut self, at: &[u32], sums: &[u32]) -> Result<()> {
+        let n = self.sorted.len() + 1;
+        if at.len() != sums.len() || at.last().is_some_and(|&i| i as usize >= n) {
+            return Err(Error::Invalid(format!(
+                "LM: {} prefix sums for {} indices up to {:?}",
+                sums.len(),
+                at.len(),
+                at.last()
+            )));
+        }
+        if self.cum.len() != n {
+            self.cum = vec![0; n];
+        }
+        for (&i, &v) in at.iter().zip(sums) {
+            self.cum[i as usize] = v;
+        }
+        Ok(())
+    }
+
+    /// [`Lm::supply`] or [`Lm::supply_at`], as the table came.
+    pub fn supply_table(&mut self, t: Table) -> Result<()> {
+        match t {
+            Table::Whole(cum) => self.supply(cum),
+            Table::At { at, sums } => self.supply_at(&at, &sums),
+        }
+    }
+
     /// The order of the tokens in the prefix sums the LM reads: ids sorted by their bytes,
     /// `<|endoftext|>` left out.
     pub fn order() -> &'static [u32] {
@@ -379,7 +519,7 @@ impl<'m> Lm<'m> {
         if closes_chunk(hist, p, self.chunk) {
             let toks = match self.source {
                 Source::Caller { .. } => tokenizer::encode(&hist[self.chunk..p])?,
-                Source::Planned(_) => Vec::new(),
+                Source::Planned(_) | Source::Dry { .. } => Vec::new(),
             };
             self.advance(&toks)?;
             self.chunk = p;
@@ -447,21 +587,34 @@ impl<'m> Lm<'m> {
         }
     }
 
-    /// The LM's log-odds (stretch domain) that the next bit is 1, given the bits `c0` (with a
-    /// leading 1) of a byte of which `bit` bits are known; `None` where no token agrees.
-    pub fn p_bit(&mut self, c0: u32, bit: u32) -> Option<i32> {
+    /// The split of the range that the bit after `c0` (with a leading 1; `bit` bits of the
+    /// byte known) is predicted from, kept for the next bit and byte; `None` where no token
+    /// agrees. Its `a`, `m` and `e` are the only sums [`Lm::p_bit`] reads, which is what
+    /// [`Reads`] records.
+    fn split(&mut self, c0: u32, bit: u32) -> Option<Halves> {
         debug_assert_eq!(c0 >> bit, 1, "c0 holds `bit` bits after a leading 1");
         let (lo, hi) = self.continuing();
         if lo >= hi {
             return None;
         }
-        debug_assert!(!self.cum.is_empty(), "the LM's call was not answered");
         let h = self.halves(lo, hi, c0, bit);
         self.halves = Some(h);
+        Some(h)
+    }
+
+    /// The LM's log-odds (stretch domain) that the next bit is 1, given the bits `c0` (with a
+    /// leading 1) of a byte of which `bit` bits are known; `None` where no token agrees.
+    pub fn p_bit(&mut self, c0: u32, bit: u32) -> Option<i32> {
+        let h = self.split(c0, bit)?;
+        debug_assert!(!self.cum.is_empty(), "the LM's call was not answered");
+        #[cfg(test)]
+        self.read_log.extend([h.a, h.e]);
         let total = (self.cum[h.e] - self.cum[h.a]) as u64;
         if total == 0 {
             return None;
         }
+        #[cfg(test)]
+        self.read_log.push(h.m);
         // At most 2^32 * 4096: the quotient of u64s is exact.
         let ones = (self.cum[h.e] - self.cum[h.m]) as u64;
         let p = ((ones * 4096) / total) as i32;
@@ -600,5 +753,79 @@ mod tests {
             opinions > 300 && cached > 50,
             "{opinions} opinions, {cached} cached"
         );
+    }
+
+    /// [`Reads`]' dry run names every sum the coding reads: an LM given only those sums
+    /// (into a buffer holding garbage and then older tables elsewhere) predicts every bit as
+    /// one given whole tables, and every index `p_bit` read is in the call's list.
+    #[test]
+    fn the_dry_run_covers_every_sum_read() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut text = b"The quick brown fox, jumps over\n\tthe lazy dog's back;  \
+                         aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa def f(x):\n    return x\r\n\
+                         \x00\xff\xe2\x82\xac \xf0\x9f\x98\x80."
+            .to_vec();
+        for _ in 0..2000 {
+            let b = rnd() as u8;
+            text.push(match b % 4 {
+                0 => b,
+                1 => b' ' + b % 64,
+                _ => b"etaoin shrdlu\n"[b as usize % 14],
+            });
+        }
+        let fresh = || {
+            Lm::start(Source::Caller {
+                ctx: Context {
+                    n_ctx: 64,
+                    tokens: Vec::new(),
+                },
+                call: None,
+            })
+            .unwrap()
+        };
+        let (mut whole, mut part) = (fresh(), fresh());
+        let n = whole.sorted.len();
+        part.cum = (0..=n as u32)
+            .map(|i| i.wrapping_mul(0x9E37_79B9))
+            .collect();
+        let mut reads = Reads::new(&text).unwrap();
+        let (mut at, mut calls, mut read) = (Vec::new(), 0, 0);
+        for (p, &b) in text.iter().enumerate() {
+            if let (Some(c), Some(d)) = (whole.take_call(), part.take_call()) {
+                assert_eq!(c, d);
+                // What the last table served was all in its list.
+                for i in whole.read_log.drain(..) {
+                    assert!(
+                        at.binary_search(&(i as u32)).is_ok(),
+                        "call {calls}: sum {i}"
+                    );
+                    read += 1;
+                }
+                at = reads.next_call().unwrap();
+                calls += 1;
+                let cum = random_cum(n, &mut rnd);
+                let sums: Vec<u32> = at.iter().map(|&i| cum[i as usize]).collect();
+                whole.supply(cum).unwrap();
+                part.supply_at(&at, &sums).unwrap();
+            }
+            for k in 0..8 {
+                let c0 = (b as u32 | 256) >> (8 - k);
+                assert_eq!(part.p_bit(c0, k), whole.p_bit(c0, k), "byte {p}, bit {k}");
+            }
+            whole.byte(&text[..=p]).unwrap();
+            part.byte(&text[..=p]).unwrap();
+        }
+        for i in whole.read_log.drain(..) {
+            assert!(at.binary_search(&(i as u32)).is_ok(), "last call: sum {i}");
+        }
+        // Past the data's end a call reads nothing.
+        assert!(reads.next_call().unwrap().is_empty());
+        assert!(calls > 200 && read > 3000, "{calls} calls, {read} reads");
     }
 }

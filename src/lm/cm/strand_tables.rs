@@ -4,21 +4,22 @@
 //! so [`PerRound`] runs each round's calls as one batch (about S items). The encoder knows
 //! every strand's calls from the input, and in the schedule call k of a strand is answered
 //! in round k, so [`Ahead`] runs the calls of several rounds in one batch and serves the
-//! rounds from per-strand queues. Tables do not depend on how calls are batched, so both
+//! rounds from per-strand queues; knowing every strand's bytes, it asks only for the sums
+//! they will read ([`Reads`], `LmSession::step_prefix_sums_at`). Tables do not depend on how calls are batched, so both
 //! give the same bytes; [`Ahead`] checks that each call it planned is the call the loop made.
 
 use std::collections::VecDeque;
 
-use super::lm_bits::{calls, Call, Lm};
+use super::lm_bits::{calls, Call, Lm, Reads, Table};
 use crate::backend::lm::{LmKernels, LmSession};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
 
 /// The answers to one round's calls.
 pub trait Tables {
-    /// The table (prefix sums in [`Lm::order`]) for each `(strand, call)` of `waiting`, in
-    /// order.
-    fn answer(&mut self, waiting: &[(usize, Call)]) -> Result<Vec<Vec<u32>>>;
+    /// The table (prefix sums in [`Lm::order`], whole or those the strand will read) for
+    /// each `(strand, call)` of `waiting`, in order.
+    fn answer(&mut self, waiting: &[(usize, Call)]) -> Result<Vec<Table>>;
 }
 
 /// The decoder's source: one batched device call per round, one sequence per strand.
@@ -35,7 +36,7 @@ impl<'m> PerRound<'m> {
 }
 
 impl Tables for PerRound<'_> {
-    fn answer(&mut self, waiting: &[(usize, Call)]) -> Result<Vec<Vec<u32>>> {
+    fn answer(&mut self, waiting: &[(usize, Call)]) -> Result<Vec<Table>> {
         let mut items = Vec::new();
         for (s, call) in waiting {
             if call.restart {
@@ -47,13 +48,14 @@ impl Tables for PerRound<'_> {
         if tables.len() != waiting.len() {
             return Err(Error::Invalid("LM: fewer tables than calls".into()));
         }
-        Ok(tables)
+        Ok(tables.into_iter().map(Table::Whole).collect())
     }
 }
 
 /// Calls per batched device call of the encoder: as the one-block encoder's plan, enough to
 /// share each weight load across many items (about three rounds of 21 strands), few enough
-/// that the tables in flight stay small (64 x 200 KB).
+/// that the tables in flight on the device stay small (64 x 200 KB; only the sums each call
+/// reads come back).
 const AHEAD_BATCH: usize = 64;
 /// Spare sequences beyond one per strand (fewer where the KV bound of `max_strands` leaves
 /// no room): a strand whose context restarts inside a batch moves to a spare, since its old
@@ -66,12 +68,15 @@ pub struct Ahead<'m> {
     session: Box<dyn LmSession + 'm>,
     /// Strand s's calls, in the order its LM makes them (call k answered in round k).
     calls: Vec<Vec<Call>>,
+    /// Strand s's dry run: which sums of each call's table its bytes read, call after call
+    /// (only those come back from the device).
+    reads: Vec<Reads>,
     /// The next call to run: call `round` of strand `strand` (rounds in order, strands in
     /// order inside a round, strands that have finished skipped).
     round: usize,
     strand: usize,
     /// Per strand, the tables run ahead and the index of the call each answers.
-    ready: Vec<VecDeque<(usize, Vec<u32>)>>,
+    ready: Vec<VecDeque<(usize, Table)>>,
     /// The sequence each strand's context is on, and the sequences no strand holds.
     seq: Vec<usize>,
     free: Vec<usize>,
@@ -96,11 +101,17 @@ impl<'m> Ahead<'m> {
                 None => Ok(Vec::new()),
             })
             .collect::<Result<Vec<_>>>()?;
+        // The reads cover the last byte too: it is predicted from the last answered table.
+        let reads = strands
+            .iter()
+            .map(|d| Reads::new(d))
+            .collect::<Result<Vec<_>>>()?;
         let count = strands.len();
         let spare = SPARE_SEQS.min(most.saturating_sub(count));
         Ok(Ahead {
             session: kernels.load(model, count + spare, model.config.n_ctx as usize)?,
             calls,
+            reads,
             round: 0,
             strand: 0,
             ready: (0..count).map(|_| VecDeque::new()).collect(),
@@ -129,6 +140,7 @@ impl<'m> Ahead<'m> {
     fn run_batch(&mut self) -> Result<()> {
         let mut items = Vec::new();
         let mut asked = Vec::new();
+        let mut wanted = Vec::new();
         let mut in_batch = vec![false; self.calls.len()];
         // Sequences a restart left in this batch: free once its items have run.
         let mut left = Vec::new();
@@ -151,15 +163,19 @@ impl<'m> Ahead<'m> {
             }
             in_batch[s] = true;
             items.extend(call.items(self.seq[s]));
+            // A strand's calls are asked in order, as its dry run gives their reads.
+            wanted.push(self.reads[s].next_call()?);
             asked.push((s, k));
             self.strand += 1;
         }
-        let tables = self.session.step_prefix_sums(&items, Lm::order())?;
-        if tables.len() != asked.len() {
+        let sums = self
+            .session
+            .step_prefix_sums_at(&items, Lm::order(), &wanted)?;
+        if sums.len() != asked.len() {
             return Err(Error::Invalid("LM: fewer tables than calls".into()));
         }
-        for ((s, k), t) in asked.into_iter().zip(tables) {
-            self.ready[s].push_back((k, t));
+        for (((s, k), at), sums) in asked.into_iter().zip(wanted).zip(sums) {
+            self.ready[s].push_back((k, Table::At { at, sums }));
         }
         self.free.extend(left);
         Ok(())
@@ -167,7 +183,7 @@ impl<'m> Ahead<'m> {
 }
 
 impl Tables for Ahead<'_> {
-    fn answer(&mut self, waiting: &[(usize, Call)]) -> Result<Vec<Vec<u32>>> {
+    fn answer(&mut self, waiting: &[(usize, Call)]) -> Result<Vec<Table>> {
         let mut out = Vec::with_capacity(waiting.len());
         for (s, call) in waiting {
             while self.ready[*s].is_empty() {

@@ -278,8 +278,8 @@ fn code<B: Bits>(
         if waiting.is_empty() {
             break;
         }
-        for ((s, _), cum) in waiting.iter().zip(tables.answer(&waiting)?) {
-            lms[*s].supply(cum)?;
+        for ((s, _), table) in waiting.iter().zip(tables.answer(&waiting)?) {
+            lms[*s].supply_table(table)?;
         }
         // Each strand in turn codes until its LM waits for the next word's table or it ends.
         for &s in order {

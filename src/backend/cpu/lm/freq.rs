@@ -303,6 +303,97 @@ pub fn prefix_sums_in_order(
     Ok(cum)
 }
 
+/// [`prefix_sums_in_order`] at the indices `at` only (ascending, each at most `len`):
+/// `out[k] = cum[at[k]]`. What the mixing encoder asks for (the few hundred sums its bit
+/// predictor reads), without the 4 (V + 1) bytes of sums written and read again: the running
+/// sums are made a piece at a time in a buffer that stays in the L1 cache, the wanted ones
+/// picked out as they pass, and the remainder added after to those from its token on. One
+/// thread per table (the encoder's steps have many). The sums wrap in u32 as there.
+#[allow(clippy::too_many_arguments)]
+pub fn prefix_sums_in_order_at(
+    isa: Isa,
+    logits: &[i32],
+    top: Option<i32>,
+    ids: &[u32],
+    len: usize,
+    exp40: &[u64],
+    at: &[u32],
+) -> Result<Vec<u32>> {
+    if ids.len() != logits.len() || len > ids.len() {
+        return Err(Error::Invalid(
+            "prefix sums: order and logits differ".into(),
+        ));
+    }
+    if !at.windows(2).all(|w| w[0] < w[1]) || at.last().is_some_and(|&i| i as usize > len) {
+        return Err(Error::Invalid(
+            "prefix sums at: indices not ascending or beyond the sums".into(),
+        ));
+    }
+    // Every floor is at least 1 and they sum to 2^32: the sums stay below it exactly when
+    // the order leaves a token out (checked below too where every floor is summed).
+    if len == logits.len() {
+        return Err(Error::Invalid("LM table sums past 2^32".into()));
+    }
+    let g = ByGap::new(isa, logits, top, exp40)?;
+    let arg = g
+        .at_top
+        .iter()
+        .copied()
+        .min_by_key(|&p| ids[p])
+        .unwrap_or(0);
+    // The remainder is known only from every floor; only a sum past its token holds it.
+    // Without one, the tokens past the last wanted index are not summed at all (the encoder
+    // reads sums of one token range: on prose, often well before the end of the order).
+    let last = at.last().map_or(0, |&i| i as usize);
+    let whole = last > arg;
+    let upto = if whole { len } else { last };
+    // 8 KiB of sums: small enough to stay in L1 between the pass and the picks.
+    const PIECE: usize = 2048;
+    let mut buf = [std::mem::MaybeUninit::<u32>::uninit(); PIECE];
+    let mut out = Vec::with_capacity(at.len());
+    let mut rest = at;
+    // cum[0] = 0; cum[i] sums tokens 0..i.
+    if let [0, tail @ ..] = rest {
+        out.push(0);
+        rest = tail;
+    }
+    // The floors' running sum (mod 2^32) before the current piece.
+    let mut before = 0u32;
+    for (c, l) in logits[..upto].chunks(PIECE).enumerate() {
+        let (start, end) = (c * PIECE, c * PIECE + l.len());
+        let dst = &mut buf[..l.len()];
+        let total = freq_scan::floor_sums(g.isa, l, g.top, &g.by_gap, dst);
+        while let [i, tail @ ..] = rest {
+            let i = *i as usize;
+            if i > end {
+                break;
+            }
+            // SAFETY: floor_sums wrote every element of `dst`, and start < i <= end.
+            let s = unsafe { dst[i - start - 1].assume_init() };
+            out.push(before.wrapping_add(s));
+            rest = tail;
+        }
+        before = before.wrapping_add(total);
+    }
+    if !whole {
+        return Ok(out);
+    }
+    let left_out: u64 = logits[len..].iter().map(|&l| g.floor(l)).sum();
+    let floors = before.wrapping_add(left_out as u32);
+    let floors = if floors == 0 { TOTAL } else { floors as u64 };
+    let rem = ByGap::rem(floors)?;
+    let sum = TOTAL - left_out - if arg >= len { rem } else { 0 };
+    if sum >> 32 != 0 {
+        return Err(Error::Invalid("LM table sums past 2^32".into()));
+    }
+    // cum[i] holds the remainder from i = arg + 1 on.
+    let from = at.partition_point(|&i| i as usize <= arg);
+    out[from..]
+        .iter_mut()
+        .for_each(|x| *x = x.wrapping_add(rem as u32));
+    Ok(out)
+}
+
 /// Move `lambda / 2^16` of every other token's frequency to `x` (each keeps at least 1), so the
 /// total is unchanged.
 pub fn mix(f: &mut [u64], x: usize, lambda: u64) {
@@ -839,6 +930,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The sums at chosen indices equal those of the whole prefix sums, at every level: no
+    /// index, the first and last, every index, and random ones across the pieces, with the
+    /// remainder's token inside the order and left out of it.
+    #[test]
+    fn sums_at_indices_equal_the_whole_sums() {
+        let t = exp_table(40);
+        let mut next = lcg(7);
+        let mut rnd = || next() >> 33;
+        for (v, len) in [
+            (5000usize, 4999usize),
+            (50_257, 50_256),
+            (9000, 8990),
+            (3, 2),
+        ] {
+            for case in 0..6 {
+                let mut logits: Vec<i32> = (0..v)
+                    .map(|_| (rnd() % 3000) as i32 - 1500 + if case == 0 { 0 } else { 100 })
+                    .collect();
+                // The top among the left-out tokens, or twice inside the order.
+                match case {
+                    1 => logits[v - 1] = 5000,
+                    2 => {
+                        logits[v / 3] = 5000;
+                        logits[v / 2] = 5000
+                    }
+                    _ => {}
+                }
+                let ids: Vec<u32> = (0..v as u32).rev().collect();
+                let whole = prefix_sums_in_order(
+                    Isa::Portable,
+                    &logits,
+                    None,
+                    &ids,
+                    len,
+                    &t,
+                    Split::SERIAL,
+                )
+                .unwrap();
+                let every: Vec<u32> = (0..=len as u32).collect();
+                let some: Vec<u32> = every.iter().copied().filter(|_| rnd() % 50 == 0).collect();
+                // Lists that end before the remainder's token and after it.
+                let cut = |k: usize| every[..(k * len / 4).max(1)].to_vec();
+                let (a, b, c) = (cut(1), cut(2), cut(3));
+                let mut spread: Vec<u32> = some.iter().map(|&i| i / 3).collect();
+                spread.dedup();
+                for at in [vec![], vec![0, len as u32], every, some, a, b, c, spread] {
+                    let want: Vec<u32> = at.iter().map(|&i| whole[i as usize]).collect();
+                    for isa in levels() {
+                        let got = prefix_sums_in_order_at(isa, &logits, None, &ids, len, &t, &at);
+                        assert_eq!(got.unwrap(), want, "{isa:?}, v {v}, case {case}");
+                    }
+                }
+            }
+        }
+        let ids = [1, 0];
+        let bad = |len, at: &[u32]| {
+            prefix_sums_in_order_at(Isa::Portable, &[1, 2], None, &ids, len, &t, at)
+        };
+        assert!(bad(1, &[2]).is_err());
+        assert!(bad(1, &[1, 1]).is_err());
+        assert!(bad(1, &[1, 0]).is_err());
+        // Nothing left out: the sums reach 2^32, whichever are asked for.
+        assert!(bad(2, &[0]).is_err());
+        assert!(bad(1, &[0, 1]).is_ok());
     }
 
     #[test]

@@ -19,7 +19,9 @@ mod split;
 use rayon::prelude::*;
 
 use super::Isa;
-use crate::backend::lm::{query_last, Coded, Item, LmKernels, LmSession, Trace};
+use crate::backend::lm::{
+    check_wanted, gather_sums, query_last, Coded, Item, LmKernels, LmSession, Trace,
+};
 use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -290,6 +292,28 @@ impl LmSession for CpuSession<'_> {
         }
         let sums = |_, l: &[i32], _, _| freq::prefix_sums(isa, l, exp40, order);
         self.tables(items, None, false, sums)
+    }
+
+    /// The sums the mixing encoder reads, from the logits as `step_prefix_sums` makes them
+    /// but without writing every sum ([`freq::prefix_sums_in_order_at`]); an order that is
+    /// not a permutation takes the default's way.
+    fn step_prefix_sums_at(
+        &mut self,
+        items: &[Item],
+        order: &[u32],
+        wanted: &[Vec<u32>],
+    ) -> Result<Vec<Vec<u32>>> {
+        check_wanted(items, order, wanted)?;
+        if !self.order_head(order) {
+            return Ok(gather_sums(&self.step_prefix_sums(items, order)?, wanted));
+        }
+        let (isa, exp40) = (self.isa, &self.model.tables.exp40);
+        let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
+        let perm = perm.expect("order_head set it");
+        let sums = |i: usize, l: &[i32], top, _| {
+            freq::prefix_sums_in_order_at(isa, l, top, &perm, order.len(), exp40, &wanted[i])
+        };
+        self.tables(items, None, true, sums)
     }
 }
 

@@ -24,10 +24,11 @@ pub enum LmKernel {
     Gelu,
     Gather,
     Frequencies,
+    PrefixAt,
 }
 
 impl LmKernel {
-    pub const ALL: [LmKernel; 10] = [
+    pub const ALL: [LmKernel; 11] = [
         LmKernel::Embed,
         LmKernel::LayerNorm,
         LmKernel::Quantize,
@@ -38,6 +39,7 @@ impl LmKernel {
         LmKernel::Gelu,
         LmKernel::Gather,
         LmKernel::Frequencies,
+        LmKernel::PrefixAt,
     ];
 
     /// The `extern "C"` name in kernels/lm/*.cu.
@@ -53,6 +55,7 @@ impl LmKernel {
             LmKernel::Gelu => "lm_gelu",
             LmKernel::Gather => "lm_gather",
             LmKernel::Frequencies => "lm_frequencies",
+            LmKernel::PrefixAt => "lm_prefix_at",
         }
     }
 
@@ -65,7 +68,7 @@ impl LmKernel {
             LmKernel::Matmul => "lm/matmul.cu",
             LmKernel::KvStore | LmKernel::Attention => "lm/attention.cu",
             LmKernel::AddResidual | LmKernel::Gelu | LmKernel::Gather => "lm/elementwise.cu",
-            LmKernel::Frequencies => "lm/freq.cu",
+            LmKernel::Frequencies | LmKernel::PrefixAt => "lm/freq.cu",
         }
     }
 
@@ -74,7 +77,7 @@ impl LmKernel {
     pub fn block(self) -> u32 {
         match self {
             LmKernel::Matmul => 128,
-            LmKernel::Frequencies => 1024,
+            LmKernel::Frequencies | LmKernel::PrefixAt => 1024,
             _ => 256,
         }
     }

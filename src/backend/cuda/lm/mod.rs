@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use super::launch::Launcher;
 use crate::backend::lm::{
-    query_last, sequences_within, step_input, unmixed_queries, Coded, Item, LmKernels, LmSession,
-    Readback, Tables, Trace,
+    check_wanted, gather_sums, query_last, sequences_within, step_input, unmixed_queries, Coded,
+    Item, LmKernels, LmSession, Readback, Tables, Trace,
 };
 use crate::format::lm::model_file::*;
 use crate::{Error, Result};
@@ -295,7 +295,24 @@ struct CudaSession<'m, L: Launcher> {
     /// Positions each cache holds (the kernels' `ctx`): at most the model's context.
     positions: usize,
     lens: Vec<usize>,
+    /// The order `step_prefix_sums_at` sums in, and its copy on the device (uploaded once
+    /// for the one order the mixing coder uses).
+    order: Option<(Vec<u32>, L::Buf)>,
 }
+
+/// What `step_prefix_sums_at` asks of a step: the order on the device, its length, and per
+/// query the indices of the sums wanted.
+struct SumsAt<'a, B> {
+    order: &'a B,
+    len: usize,
+    wanted: &'a [Vec<u32>],
+}
+
+/// What a step hands back: the answers, the traced integers, the tables asked for and the
+/// sums at the wanted indices (each in query order).
+type Stepped = (Vec<Coded>, Readback, Vec<Vec<u64>>, Vec<Vec<u32>>);
+/// [`Stepped`] without the traced integers (a session's `run`).
+type Answered = (Vec<Coded>, Vec<Vec<u64>>, Vec<Vec<u32>>);
 
 /// The matmul's geometry (kernels/lm/matmul.cu): rows of a warp's tile, items per block,
 /// warps per block, words per k-step, spare words after a weight matrix; and the blocks
@@ -339,9 +356,36 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
             kv,
             positions,
             lens: vec![0; sequences],
+            order: None,
             dev,
             model,
         })
+    }
+
+    /// Put `order` on the device unless it is there; false when the kernel cannot sum in it
+    /// (a token beyond the vocabulary or twice, or no token left out, so a sum could reach
+    /// 2^32): the default's way then reports it as the CPU does.
+    fn upload_order(&mut self, order: &[u32]) -> Result<bool> {
+        if self.order.as_ref().is_some_and(|(o, _)| o == order) {
+            return Ok(true);
+        }
+        let v = self.model.config.vocab as usize;
+        let mut seen = vec![false; v];
+        for &id in order {
+            match seen.get_mut(id as usize) {
+                Some(s) if !*s => *s = true,
+                _ => return Ok(false),
+            }
+        }
+        if order.len() >= v {
+            return Ok(false);
+        }
+        // The kernel reads at least one word.
+        let buf = self
+            .dev
+            .upload(if order.is_empty() { &[0] } else { order })?;
+        self.order = Some((order.to_vec(), buf));
+        Ok(true)
     }
 
     fn run(
@@ -349,7 +393,8 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         items: &[Item],
         trace: Option<&mut Trace>,
         tables: Tables,
-    ) -> Result<(Vec<Coded>, Vec<Vec<u64>>)> {
+        at: Option<SumsAt<'_, L::Buf>>,
+    ) -> Result<Answered> {
         let input = step_input(items, &self.lens, &self.model.config)?;
         if let Some(&too_far) = input.next.iter().find(|&&len| len > self.positions) {
             return Err(Error::Invalid(format!(
@@ -358,10 +403,11 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
             )));
         }
         if items.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok((Vec::new(), Vec::new(), Vec::new()));
         }
         let traced = trace.is_some();
-        let (coded, rb, table) = self.forward(&input.words, &input.queries, traced, tables)?;
+        let (coded, rb, table, sums) =
+            self.forward(&input.words, &input.queries, traced, tables, at)?;
         self.lens = input.next;
         if let Some(t) = trace {
             t.absorb(
@@ -370,18 +416,19 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 self.model.config.n_embd as usize,
             );
         }
-        Ok((coded, table))
+        Ok((coded, table, sums))
     }
 
-    /// Launch one step; returns the answers, the traced integers (when `traced`) and the
-    /// frequency tables `tables` asks for, in query order.
+    /// Launch one step; returns the answers, the traced integers (when `traced`), the
+    /// frequency tables `tables` asks for and the sums `at` asks for, in query order.
     fn forward(
         &self,
         items: &[u32],
         queries: &[(usize, [u32; 4])],
         traced: bool,
         tables: Tables,
-    ) -> Result<(Vec<Coded>, Readback, Vec<Vec<u64>>)> {
+        at: Option<SumsAt<'_, L::Buf>>,
+    ) -> Result<Stepped> {
         let g = &*self.dev;
         let m = self.model;
         let cfg = &m.config;
@@ -580,6 +627,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
         let exp_len = m.tables.exp40.len();
         let mut coded = Vec::with_capacity(queries.len());
         let mut table = Vec::new();
+        let mut sums = Vec::new();
         let chunks = queries.len().div_ceil(HEAD_ROWS);
         for (c, chunk) in queries.chunks(HEAD_ROWS).enumerate() {
             let nq = chunk.len();
@@ -614,6 +662,39 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 p,
                 &[&logits, &self.w.exp40, &qbuf, &by_gap, &freqs, &answers],
             )?;
+            if let Some(at) = &at {
+                // The wanted indices of this group's rows, one list after the other.
+                let lists = &at.wanted[c * HEAD_ROWS..c * HEAD_ROWS + nq];
+                let mut starts = Vec::with_capacity(nq + 1);
+                let mut flat = Vec::new();
+                starts.push(0u32);
+                for w in lists {
+                    flat.extend_from_slice(w);
+                    starts.push(flat.len() as u32);
+                }
+                let words = flat.len();
+                if flat.is_empty() {
+                    flat.push(0);
+                }
+                let (sbuf, ibuf) = (g.upload(&starts)?, g.upload(&flat)?);
+                let obuf = g.zeroed(flat.len())?;
+                let p = LmParams {
+                    n: nq as u32,
+                    rows: v as u32,
+                    k: at.len as u32,
+                    ..Default::default()
+                };
+                launch(
+                    LmKernel::PrefixAt,
+                    nq,
+                    p,
+                    &[&freqs, at.order, &sbuf, &ibuf, &obuf],
+                )?;
+                let got = g.read(&obuf, words.max(1))?;
+                for r in starts.windows(2) {
+                    sums.push(got[r[0] as usize..r[1] as usize].to_vec());
+                }
+            }
             for w in g.read(&answers, nq * 4)?.chunks_exact(4) {
                 coded.push(Coded {
                     symbol: w[0],
@@ -642,7 +723,7 @@ impl<'m, L: Launcher> CudaSession<'m, L> {
                 }
             }
         }
-        Ok((coded, rb, table))
+        Ok((coded, rb, table, sums))
     }
 }
 
@@ -657,17 +738,17 @@ impl<L: Launcher> LmSession for CudaSession<'_, L> {
     }
 
     fn step(&mut self, items: &[Item]) -> Result<Vec<Coded>> {
-        Ok(self.run(items, None, Tables::None)?.0)
+        Ok(self.run(items, None, Tables::None, None)?.0)
     }
 
     fn step_traced(&mut self, items: &[Item], trace: &mut Trace) -> Result<Vec<Coded>> {
-        Ok(self.run(items, Some(trace), Tables::None)?.0)
+        Ok(self.run(items, Some(trace), Tables::None, None)?.0)
     }
 
     fn step_table(&mut self, items: &[Item]) -> Result<Vec<u64>> {
         // Only the last item's logits are wanted, so only it carries a query.
         let run = query_last(items)?;
-        self.run(&run, None, Tables::Last)?
+        self.run(&run, None, Tables::Last, None)?
             .1
             .pop()
             .ok_or_else(|| Error::Invalid("step_table: no table came back".into()))
@@ -676,6 +757,33 @@ impl<L: Launcher> LmSession for CudaSession<'_, L> {
     /// One forward pass for the whole batch (the mixing coder's 64 words, or a word of every
     /// block decoded in lockstep), not the default's one pass per query.
     fn step_tables(&mut self, items: &[Item]) -> Result<Vec<Vec<u64>>> {
-        Ok(self.run(&unmixed_queries(items), None, Tables::All)?.1)
+        Ok(self
+            .run(&unmixed_queries(items), None, Tables::All, None)?
+            .1)
+    }
+
+    /// The sums made on the device (`lm_prefix_at`, after the frequencies) and only the
+    /// wanted ones read back: a few hundred words per query instead of its 50,257-entry
+    /// table.
+    fn step_prefix_sums_at(
+        &mut self,
+        items: &[Item],
+        order: &[u32],
+        wanted: &[Vec<u32>],
+    ) -> Result<Vec<Vec<u32>>> {
+        check_wanted(items, order, wanted)?;
+        if !self.upload_order(order)? {
+            return Ok(gather_sums(&self.step_prefix_sums(items, order)?, wanted));
+        }
+        // (taken out for the step, which borrows the session mutably; put back after)
+        let (kept, buf) = self.order.take().expect("upload_order set it");
+        let at = SumsAt {
+            order: &buf,
+            len: kept.len(),
+            wanted,
+        };
+        let out = self.run(&unmixed_queries(items), None, Tables::None, Some(at));
+        self.order = Some((kept, buf));
+        Ok(out?.2)
     }
 }
