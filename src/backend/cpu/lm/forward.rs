@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::attention::attention;
 use super::attention_many::{attention_head_many, many_supported, Kv, MANY_ITEMS};
 use super::matmul::{matmul, matmul_tops, CpuLinear};
-use super::norm::{layer_norm, quantize};
+use super::norm::{layer_norm, lookup_quantize, quantize};
 use super::split::Split;
 use crate::backend::cpu::Isa;
 use crate::backend::lm::{record, Item, Trace};
@@ -270,11 +270,7 @@ pub fn forward(
         }
         let (xq, sc) = quantize(isa, &y, d, FLN, split);
         let f = matmul(isa, split, fc_w, &xq, &sc, FGELU, 1 << 15);
-        let g: Vec<i64> = f
-            .iter()
-            .map(|&x| model.tables.gelu[(x.clamp(-32768, 32767) + 32768) as usize] as i64)
-            .collect();
-        let (xq, sc) = quantize(isa, &g, 4 * d, FGELU, split);
+        let (xq, sc) = lookup_quantize(isa, &f, &model.tables.gelu, 4 * d, FGELU, split);
         let p = matmul(isa, split, proj_w, &xq, &sc, FR, RES_MAX);
         add_residual(&mut h, &p);
         if let Some(s) = stats.as_deref_mut() {
