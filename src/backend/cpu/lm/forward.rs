@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::attention::attention;
 use super::attention_many::{attention_head_many, many_supported, Kv, MANY_ITEMS};
-use super::matmul::{matmul, matmul_tops, CpuLinear};
+use super::matmul::{matmul_tops, CpuLinear};
 use super::norm::{layer_norm, lookup_quantize, quantize};
 use super::split::Split;
 use crate::backend::cpu::Isa;
@@ -104,6 +104,32 @@ impl<'m> CpuWeights<'m> {
     }
 }
 
+/// The outputs of the layers' matmuls, kept by the session from step to step: fresh, a
+/// GPT-2-small compress step's (255 items) are 7 MB a layer of new pages, faulted in and
+/// zeroed by the kernel (a tenth of that run's CPU time went to the kernel).
+#[derive(Default)]
+pub(super) struct StepBuffers {
+    qkv: Vec<i32>,
+    attn: Vec<i32>,
+    fc: Vec<i32>,
+    proj: Vec<i32>,
+}
+
+/// [`matmul_tops`] into `out`, its storage reused, without the tops.
+#[allow(clippy::too_many_arguments)]
+fn matmul_into<'a>(
+    isa: Isa,
+    split: Split,
+    cl: &CpuLinear,
+    (xq, sc): (&[i8], &[(i64, i32)]),
+    out_frac: i32,
+    clamp: i64,
+    out: &'a mut Vec<i32>,
+) -> &'a [i32] {
+    matmul_tops(isa, split, cl, xq, sc, out_frac, clamp, false, out);
+    out
+}
+
 /// The final LayerNorm's output of the items that have a query, quantized for the LM head
 /// ([`head`]): int8 rows of `n_embd` and each row's scale.
 pub struct HeadInput {
@@ -123,6 +149,7 @@ pub fn forward(
     caches: &mut [KvCache],
     items: &[Item],
     mut stats: Option<&mut Trace>,
+    bufs: &mut StepBuffers,
 ) -> Result<HeadInput> {
     let d = model.config.n_embd as usize;
     let n = items.len();
@@ -191,7 +218,7 @@ pub fn forward(
             record(&mut s.ln1[l], &y, d);
         }
         let (xq, sc) = quantize(isa, &y, d, FLN, split);
-        let qkv = matmul(isa, split, qkv_w, &xq, &sc, FQKV, QKV_MAX);
+        let qkv = matmul_into(isa, split, qkv_w, (&xq, &sc), FQKV, QKV_MAX, &mut bufs.qkv);
         for (i, it) in items.iter().enumerate() {
             let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
             caches[it.seq].store(l, pos[i], d, &row[d..2 * d], &row[2 * d..]);
@@ -261,18 +288,18 @@ pub fn forward(
                 });
         }
         let (xq, sc) = quantize(isa, &o, d, FQKV, split);
-        let a = matmul(isa, split, attn_w, &xq, &sc, FR, RES_MAX);
-        add_residual(&mut h, &a);
+        let a = matmul_into(isa, split, attn_w, (&xq, &sc), FR, RES_MAX, &mut bufs.attn);
+        add_residual(&mut h, a);
         // MLP.
         let y = layer_norm(&h, d, &blk.ln2, model.config.eps_q, split);
         if let Some(s) = stats.as_deref_mut() {
             record(&mut s.ln2[l], &y, d);
         }
         let (xq, sc) = quantize(isa, &y, d, FLN, split);
-        let f = matmul(isa, split, fc_w, &xq, &sc, FGELU, 1 << 15);
-        let (xq, sc) = lookup_quantize(isa, &f, &model.tables.gelu, 4 * d, FGELU, split);
-        let p = matmul(isa, split, proj_w, &xq, &sc, FR, RES_MAX);
-        add_residual(&mut h, &p);
+        let f = matmul_into(isa, split, fc_w, (&xq, &sc), FGELU, 1 << 15, &mut bufs.fc);
+        let (xq, sc) = lookup_quantize(isa, f, &model.tables.gelu, 4 * d, FGELU, split);
+        let p = matmul_into(isa, split, proj_w, (&xq, &sc), FR, RES_MAX, &mut bufs.proj);
+        add_residual(&mut h, p);
         if let Some(s) = stats.as_deref_mut() {
             if l == 0 {
                 s.resid.clear();

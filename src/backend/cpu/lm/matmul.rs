@@ -738,12 +738,8 @@ fn tile_rows(rows: usize, k: usize, n: usize, split: Split) -> usize {
     }
 }
 
-/// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
-///
-/// The weight rows are cut into tiles, one rayon task each in a parallel step (run in order
-/// on this thread in a serial one); a tile's rows (at most 64 KiB of weights for the LM head)
-/// stay in cache while every item passes over them. One item reads each weight once, so a
-/// serial step gives it one tile (no per-tile buffers).
+/// [`matmul_tops`] into a new vector, without the tops (the tests' form).
+#[cfg(test)]
 pub fn matmul(
     isa: Isa,
     split: Split,
@@ -758,11 +754,18 @@ pub fn matmul(
     out
 }
 
-/// [`matmul`] into `out` (its old contents replaced; its storage reused: the LM head's
+/// int8 x int8 -> i32 matmul with integer rescale: `n` items (rows of `xq`), output `n x rows`.
+///
+/// The weight rows are cut into tiles, one rayon task each in a parallel step (run in order
+/// on this thread in a serial one); a tile's rows (at most 64 KiB of weights for the LM head)
+/// stay in cache while every item passes over them. One item reads each weight once, so a
+/// serial step gives it one tile (no per-tile buffers).
+///
+/// The output goes into `out` (its old contents replaced; its storage reused: the LM head's
 /// logits are tens of MB a step, which fresh from the allocator are fresh pages, faulted in
-/// and zeroed by the kernel every step), and each item's largest output where `want_tops`
-/// and the kernel found it on the way (the fused VNNI rescale: the LM head's logits then need
-/// no pass for their top).
+/// and zeroed by the kernel every step). Each item's largest output is returned where
+/// `want_tops` and the kernel found it on the way (the fused VNNI rescale: the LM head's
+/// logits then need no pass for their top).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_tops(
     isa: Isa,

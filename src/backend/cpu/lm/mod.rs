@@ -84,6 +84,8 @@ struct CpuSession<'m> {
     /// The last step's logits (the head's output), kept so that the next step reuses the
     /// storage.
     logits: Vec<i32>,
+    /// The layers' matmul outputs, likewise.
+    bufs: forward::StepBuffers,
 }
 
 impl<'m> CpuSession<'m> {
@@ -97,6 +99,7 @@ impl<'m> CpuSession<'m> {
             forced: None,
             head_order: None,
             logits: Vec::new(),
+            bufs: Default::default(),
         }
     }
 
@@ -154,12 +157,12 @@ impl<'m> CpuSession<'m> {
     ) -> Result<Vec<T>> {
         let split = self.split(items);
         let (isa, model, weights) = (self.isa, self.model, &self.weights);
-        let (caches, logits) = (&mut self.caches, &mut self.logits);
+        let (caches, logits, bufs) = (&mut self.caches, &mut self.logits, &mut self.bufs);
         let v = model.config.vocab as usize;
         let perm = self.head_order.as_ref().map(|(p, _)| p.clone());
         let keep_logits = trace.is_some();
         split.run(|| {
-            let input = forward::forward(isa, split, model, weights, caches, items, trace)?;
+            let input = forward::forward(isa, split, model, weights, caches, items, trace, bufs)?;
             let queries = input.sc.len();
             let per_call = match keep_logits {
                 true => queries.max(1),
