@@ -25,6 +25,23 @@ LS_FN u32 freq_sum32(u32 l, u32 v) {
     return s;
 }
 
+// Block-wide exclusive scan of u32s (wrapping): the sum of `v` over the threads before `l`.
+// Call from uniform control flow.
+LS_FN u32 freq_scan32(u32 l, u32 v) {
+    freq_red32[l] = v;
+    __syncthreads();
+    for (u32 o = 1u; o < FREQ_THREADS; o *= 2u) {
+        u32 acc = freq_red32[l];
+        if (l >= o) { acc += freq_red32[l - o]; }
+        __syncthreads();
+        freq_red32[l] = acc;
+        __syncthreads();
+    }
+    u32 before = freq_red32[l] - v;
+    __syncthreads();
+    return before;
+}
+
 // b1 logits (n x rows i32), b2 exp40 (u64), b3 queries (per row: kind 0 symbol / 1 target,
 // its value, the mixed-in token (0xffffffff: none), lambda), b4 by_gap (n x exp_len u32),
 // b5 freqs (n x rows u32), b6 answers (per row: symbol, cum, freq, 0). p: n, rows (the
@@ -126,16 +143,7 @@ LS_KERNEL lm_frequencies(LM_ARGS) {
     u32 j1 = j0 + per < v ? j0 + per : v;
     u32 bsum = 0u;
     for (u32 j = j0; j < j1; j++) { bsum += f[j]; }
-    freq_red32[l] = bsum;
-    __syncthreads();
-    for (u32 o = 1u; o < FREQ_THREADS; o *= 2u) {
-        u32 acc = freq_red32[l];
-        if (l >= o) { acc += freq_red32[l - o]; }
-        __syncthreads();
-        freq_red32[l] = acc;
-        __syncthreads();
-    }
-    u32 pre = freq_red32[l] - bsum;
+    u32 pre = freq_scan32(l, bsum);
     u32 *out = b6 + 4u * row;
     if (qr[0] == 0u) {
         u32 sym = qr[1];
@@ -183,17 +191,8 @@ LS_KERNEL lm_prefix_at(LM_ARGS) {
     u32 j1 = lm_min(j0 + per, p.k);
     u32 bsum = 0u;
     for (u32 j = j0; j < j1; j++) { bsum += f[order[j]]; }
-    freq_red32[l] = bsum;
-    __syncthreads();
-    for (u32 o = 1u; o < FREQ_THREADS; o *= 2u) {
-        u32 acc = freq_red32[l];
-        if (l >= o) { acc += freq_red32[l - o]; }
-        __syncthreads();
-        freq_red32[l] = acc;
-        __syncthreads();
-    }
     // Each piece's start (the sum of the pieces before it).
-    freq_best_i[l] = freq_red32[l] - bsum;
+    freq_best_i[l] = freq_scan32(l, bsum);
     __syncthreads();
     for (u32 w = b3[row] + l; w < b3[row + 1u]; w += FREQ_THREADS) {
         u32 i = b4[w];
