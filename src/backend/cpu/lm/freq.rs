@@ -66,6 +66,28 @@ impl ByGap {
         self.at_top.first().copied().unwrap_or(0)
     }
 
+    /// The position of the remainder's token among logits laid out so that position `p` is
+    /// token `ids[p]`: the lowest id of the largest weight.
+    fn arg_in(&self, ids: &[u32]) -> usize {
+        let at_top = self.at_top.iter().copied();
+        at_top.min_by_key(|&p| ids[p]).unwrap_or(0)
+    }
+
+    /// The remainder of a table laid out in an order ([`prefix_sums_in_order`]), from the
+    /// floors of its first `len` positions summed mod 2^32 (`in_order`) and those of the rest
+    /// (`logits[len..]`, the tokens the order leaves out), with the check that the order's
+    /// sums stay below 2^32; `arg` is [`ByGap::arg_in`].
+    fn rem_in_order(&self, logits: &[i32], len: usize, in_order: u32, arg: usize) -> Result<u64> {
+        let left_out: u64 = logits[len..].iter().map(|&l| self.floor(l)).sum();
+        let rem = ByGap::rem(whole_sum(in_order.wrapping_add(left_out as u32)))?;
+        // The order's tokens sum to 2^32 less the tokens it leaves out.
+        let sum = TOTAL - left_out - if arg >= len { rem } else { 0 };
+        if sum >> 32 != 0 {
+            return Err(Error::Invalid("LM table sums past 2^32".into()));
+        }
+        Ok(rem)
+    }
+
     /// The frequency of a token with logit `l`, without the remainder.
     #[inline(always)]
     fn floor(&self, l: i32) -> u64 {
@@ -245,12 +267,7 @@ pub fn prefix_sums_in_order(
     }
     let g = ByGap::new(isa, logits, top, exp40)?;
     // The remainder goes to the lowest id of the largest weight: here a position.
-    let arg = g
-        .at_top
-        .iter()
-        .copied()
-        .min_by_key(|&p| ids[p])
-        .unwrap_or(0);
+    let arg = g.arg_in(ids);
     // Every sum is written below: no zeroing of the 4 (V + 1) bytes first.
     let mut cum: Vec<u32> = Vec::with_capacity(len + 1);
     let spare = &mut cum.spare_capacity_mut()[..len + 1];
@@ -265,17 +282,8 @@ pub fn prefix_sums_in_order(
     // SAFETY: the first len + 1 elements are written: cum[0] above, and cum[1..] by the
     // pieces, which cover it (floor_sums writes every element of its output).
     unsafe { cum.set_len(len + 1) };
-    let left_out: u64 = logits[len..].iter().map(|&l| g.floor(l)).sum();
-    let floors = totals
-        .iter()
-        .fold(left_out as u32, |a, &t| a.wrapping_add(t));
-    let floors = if floors == 0 { TOTAL } else { floors as u64 };
-    let rem = ByGap::rem(floors)?;
-    // The order's tokens sum to 2^32 less the tokens it leaves out.
-    let sum = TOTAL - left_out - if arg >= len { rem } else { 0 };
-    if sum >> 32 != 0 {
-        return Err(Error::Invalid("LM table sums past 2^32".into()));
-    }
+    let in_order = totals.iter().fold(0u32, |a, &t| a.wrapping_add(t));
+    let rem = g.rem_in_order(logits, len, in_order, arg)?;
     // Offsets: the totals of the pieces before, and the remainder from its token on.
     let mut offsets = Vec::with_capacity(totals.len());
     let mut before = 0u32;
@@ -335,12 +343,7 @@ pub fn prefix_sums_in_order_at(
         return Err(Error::Invalid("LM table sums past 2^32".into()));
     }
     let g = ByGap::new(isa, logits, top, exp40)?;
-    let arg = g
-        .at_top
-        .iter()
-        .copied()
-        .min_by_key(|&p| ids[p])
-        .unwrap_or(0);
+    let arg = g.arg_in(ids);
     // The remainder is known only from every floor; only a sum past its token holds it.
     // Without one, the tokens past the last wanted index are not summed at all (the encoder
     // reads sums of one token range: on prose, often well before the end of the order).
@@ -378,14 +381,7 @@ pub fn prefix_sums_in_order_at(
     if !whole {
         return Ok(out);
     }
-    let left_out: u64 = logits[len..].iter().map(|&l| g.floor(l)).sum();
-    let floors = before.wrapping_add(left_out as u32);
-    let floors = if floors == 0 { TOTAL } else { floors as u64 };
-    let rem = ByGap::rem(floors)?;
-    let sum = TOTAL - left_out - if arg >= len { rem } else { 0 };
-    if sum >> 32 != 0 {
-        return Err(Error::Invalid("LM table sums past 2^32".into()));
-    }
+    let rem = g.rem_in_order(logits, len, before, arg)?;
     // cum[i] holds the remainder from i = arg + 1 on.
     let from = at.partition_point(|&i| i as usize <= arg);
     out[from..]
@@ -427,10 +423,10 @@ pub fn table(
     Ok(f)
 }
 
-/// A block sum of [`freq_scan::block_sums`] as the integer it stands for: a block's true sum
-/// lies in `1..=2^32` (every frequency is at least 1 and they all sum to 2^32), so 0 stands
-/// for 2^32.
-fn block_value(s: u32) -> u64 {
+/// A wrapping u32 sum of frequencies as the integer it stands for, where that lies in
+/// `1..=2^32` (a non-empty run of a table's frequencies, each at least 1, all summing to
+/// 2^32; or of its floors): 0 stands for 2^32.
+fn whole_sum(s: u32) -> u64 {
     if s == 0 {
         TOTAL
     } else {
@@ -462,7 +458,7 @@ impl Blocks<'_> {
             let part = &self.logits[from..to];
             freq_scan::block_sums(self.isa, part, self.top, self.lut, &mut self.sums);
         }
-        block_value(self.sums[b])
+        whole_sum(self.sums[b])
     }
 
     /// The sum of every block.
@@ -471,7 +467,7 @@ impl Blocks<'_> {
         if blocks > 0 {
             self.get(blocks - 1);
         }
-        self.sums.iter().map(|&s| block_value(s)).sum()
+        self.sums.iter().map(|&s| whole_sum(s)).sum()
     }
 }
 
@@ -524,7 +520,7 @@ pub fn coded(
         let x = x as usize;
         let mut plain = Vec::new();
         freq_scan::block_sums(isa, logits, g.top, &g.by_gap, &mut plain);
-        let rem = ByGap::rem(plain.iter().map(|&s| block_value(s)).sum())?;
+        let rem = ByGap::rem(plain.iter().map(|&s| whole_sum(s)).sum())?;
         let at_x = lookup(lut, x);
         // Every token but x, mixed: the lookups, with the remainder's token's own value.
         let mut rest = blocks.total() - at_x;
