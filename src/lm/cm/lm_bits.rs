@@ -681,6 +681,16 @@ mod tests {
 
     /// Random prefix sums over the sorted vocabulary: many tokens with no mass (so that some
     /// ranges have none), the rest up to 2^16, one token sometimes holding most of it.
+    /// Marsaglia's xorshift64 from `state`: the tests' random bytes and tables.
+    fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+    }
+
     fn random_cum(len: usize, rnd: &mut impl FnMut() -> u64) -> Vec<u32> {
         let heavy = rnd().is_multiple_of(2).then(|| rnd() as usize % len);
         let mut cum = vec![0u32; len + 1];
@@ -700,13 +710,7 @@ mod tests {
     /// whose chunks close (words, line breaks, 32-byte runs) and random bytes.
     #[test]
     fn halved_searches_equal_full_searches() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rnd = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rnd = xorshift(0x9E37_79B9_7F4A_7C15u64);
         let mut text = b"The quick brown fox, jumps over\n\tthe lazy dog's back;  \
                          aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa def f(x):\n    return x"
             .to_vec();
@@ -760,13 +764,7 @@ mod tests {
     /// one given whole tables, and every index `p_bit` read is in the call's list.
     #[test]
     fn the_dry_run_covers_every_sum_read() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut rnd = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rnd = xorshift(0x2545_F491_4F6C_DD1Du64);
         let mut text = b"The quick brown fox, jumps over\n\tthe lazy dog's back;  \
                          aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa def f(x):\n    return x\r\n\
                          \x00\xff\xe2\x82\xac \xf0\x9f\x98\x80."
