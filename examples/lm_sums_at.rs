@@ -94,6 +94,8 @@ fn median_range(v: &mut [f64]) -> (f64, f64, f64) {
 }
 
 fn main() {
+    // As the command line does (src/main.rs): freed large buffers stay in the heap.
+    lockstep::memory::reuse_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let file = args
         .first()
