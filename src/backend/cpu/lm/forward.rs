@@ -106,7 +106,8 @@ impl<'m> CpuWeights<'m> {
 
 /// The outputs of the layers' matmuls, kept by the session from step to step: fresh, a
 /// GPT-2-small compress step's (255 items) are 7 MB a layer of new pages, faulted in and
-/// zeroed by the kernel (a tenth of that run's CPU time went to the kernel).
+/// zeroed by the kernel every layer (docs/BENCHMARKS.md, "The CPU LM answers a coder's
+/// query without its table").
 #[derive(Default)]
 pub(super) struct StepBuffers {
     qkv: Vec<i32>,
@@ -116,7 +117,6 @@ pub(super) struct StepBuffers {
 }
 
 /// [`matmul_tops`] into `out`, its storage reused, without the tops.
-#[allow(clippy::too_many_arguments)]
 fn matmul_into<'a>(
     isa: Isa,
     split: Split,

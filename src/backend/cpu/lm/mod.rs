@@ -165,9 +165,10 @@ impl<'m> CpuSession<'m> {
             let input = forward::forward(isa, split, model, weights, caches, items, trace, bufs)?;
             let queries = input.sc.len();
             let per_call = match keep_logits {
-                true => queries.max(1),
-                false => head_items(weights.head.shape()),
-            };
+                true => queries,
+                false => head_items(weights.head.shape()).min(queries),
+            }
+            .max(1);
             let mut out = Vec::with_capacity(queries);
             logits.clear();
             for start in (0..queries).step_by(per_call) {
