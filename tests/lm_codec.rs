@@ -616,8 +616,9 @@ fn frequency_kernel_corrects_its_reciprocal<L: lockstep::backend::cuda::launch::
     assert_eq!(got, want, "frequencies of logits {logits:?}");
 }
 
-/// A CUDA session sizes its KV caches by the positions it was loaded for: a step past them
-/// is an error (never a write past a cache), and the steps up to them run.
+/// A CPU or CUDA session sizes its KV caches by the positions it was loaded for: a step past
+/// them is an error (never a write past a cache), and the steps up to them run. (wgpu keeps
+/// caches for the whole context.)
 fn a_step_past_the_sessions_positions_is_an_error(device: &Device) {
     let m = small();
     let mut lm = device.lm().unwrap().load(m, 2, 4).unwrap();
@@ -632,6 +633,21 @@ fn a_step_past_the_sessions_positions_is_an_error(device: &Device) {
     lm.step(&[item(1, 6), item(0, 7)]).unwrap();
     let err = lm.step(&[item(1, 8), item(0, 9)]).unwrap_err();
     assert!(err.to_string().contains("4 positions"), "{err}");
+}
+
+/// At every CPU level.
+mod cpu_positions {
+    macro_rules! at_levels {
+        ($($level:ident),*) => {$(
+            #[test]
+            fn $level() {
+                if let Some(d) = super::devices::device(stringify!($level)) {
+                    super::a_step_past_the_sessions_positions_is_an_error(&d);
+                }
+            }
+        )*};
+    }
+    at_levels!(portable, avx2, avx512);
 }
 
 mod kernels {

@@ -512,11 +512,14 @@ fn decompress_pass(
     let mut tokens = Vec::with_capacity((h.n_tokens as usize).min(data.len().saturating_mul(8)));
     let total: u64 = h.segments.iter().map(|&(t, _)| t as u64).sum();
     progress(pass, 0, total);
+    // One session for every group: its weights are prepared and its caches mapped once.
+    let mut lm = device
+        .lm()?
+        .load(model, group.min(payloads.len()).max(1), positions)?;
     for (gi, chunk) in payloads.chunks(group).enumerate() {
         let segs = &h.segments[gi * group..gi * group + chunk.len()];
         let base = tokens.len() as u64;
         let report = |n: u64| progress(pass, base + n, total);
-        let mut lm = device.lm()?.load(model, chunk.len(), positions)?;
         let use_match = h.flags & FLAG_MATCH != 0;
         let dec = decode_group(lm.as_mut(), model, chunk, segs, use_match, &report)?;
         for s in dec {
@@ -543,6 +546,9 @@ fn decode_group(
 ) -> Result<Vec<Vec<u32>>> {
     let mut decoded = 0u64;
     let c = model.config.n_ctx as usize;
+    for seq in 0..payloads.len() {
+        lm.clear(seq)?;
+    }
     let mut st: Vec<SegState> = payloads
         .iter()
         .zip(segs)

@@ -13,70 +13,104 @@ use crate::backend::cpu::Isa;
 use crate::backend::lm::{record, Item, Trace};
 use crate::format::lm::fixed::round_shift;
 use crate::format::lm::model_file::*;
+use crate::memory::ZeroedPages;
 use crate::{Error, Result};
 
-/// Keys and values of one sequence, per layer, `len * n_embd` i32 each (Q10).
+/// Every sequence's keys and values, per layer, up to `positions` rows of `n_embd` i32 each
+/// (Q10), in one buffer laid out `[sequence][layer][key, value][position][channel]`.
 ///
-/// Beside them the same rows as i16 while every value of the layer's cache fits
-/// (`narrow[l]`): q, k and v are clamped to +-2^20, but the shipped model's stay inside +-2^15
+/// The buffer is sized for the whole session when it is loaded and filled in by the kernel
+/// as positions arrive ([`ZeroedPages`]): a decoder's caches are hundreds of megabytes
+/// written once, and growing a `Vec` per layer paid for every page twice (copies on growth,
+/// then 4 KiB faults: 16% of a GPT-2-small decode on a VM).
+///
+/// Beside them the same rows as i16 while every value of a sequence's layer fits
+/// (`narrow`): q, k and v are clamped to +-2^20, but the shipped model's stay inside +-2^15
 /// (every row of a 21,872-byte decode did), and the decoder's attention reads each sequence's
 /// whole cache every step (16 MB per step over 21 strands, from L3), so half the bytes is
 /// half the traffic. The values are the same integers; the kernels widen them as they load.
-#[derive(Clone, Debug, Default)]
-pub(super) struct KvCache {
-    pub k: Vec<Vec<i32>>,
-    pub v: Vec<Vec<i32>>,
-    pub k16: Vec<Vec<i16>>,
-    pub v16: Vec<Vec<i16>>,
-    /// Per layer: whether `k16` and `v16` hold every position (no value outside i16 yet).
-    pub narrow: Vec<bool>,
-    pub len: usize,
+/// The narrow copy is only touched while it is used.
+pub(super) struct KvCaches {
+    wide: ZeroedPages<i32>,
+    narrow16: ZeroedPages<i16>,
+    /// Per sequence and layer: whether the i16 copy holds every position (no value outside
+    /// i16 yet).
+    narrow: Vec<bool>,
+    /// Positions cached per sequence.
+    pub lens: Vec<usize>,
+    n_layer: usize,
+    positions: usize,
+    d: usize,
 }
 
-impl KvCache {
-    pub fn new(n_layer: usize) -> Self {
-        KvCache {
-            k: vec![Vec::new(); n_layer],
-            v: vec![Vec::new(); n_layer],
-            k16: vec![Vec::new(); n_layer],
-            v16: vec![Vec::new(); n_layer],
-            narrow: vec![true; n_layer],
-            len: 0,
+impl KvCaches {
+    pub fn new(sequences: usize, n_layer: usize, positions: usize, d: usize) -> Self {
+        let words = sequences * n_layer * 2 * positions * d;
+        KvCaches {
+            wide: ZeroedPages::new(words),
+            narrow16: ZeroedPages::new(words),
+            narrow: vec![true; sequences * n_layer],
+            lens: vec![0; sequences],
+            n_layer,
+            positions,
+            d,
         }
     }
 
-    pub fn clear(&mut self) {
-        for c in [&mut self.k, &mut self.v] {
-            c.iter_mut().for_each(Vec::clear);
-        }
-        for c in [&mut self.k16, &mut self.v16] {
-            c.iter_mut().for_each(Vec::clear);
-        }
-        self.narrow.iter_mut().for_each(|n| *n = true);
-        self.len = 0;
+    /// The positions each sequence holds at most.
+    pub fn positions(&self) -> usize {
+        self.positions
     }
 
-    /// Store layer `l`'s key and value rows of position `p` (`d` values each).
-    fn store(&mut self, l: usize, p: usize, d: usize, key: &[i32], value: &[i32]) {
-        for (dst, row) in [(&mut self.k[l], key), (&mut self.v[l], value)] {
-            if dst.len() < (p + 1) * d {
-                dst.resize((p + 1) * d, 0);
-            }
-            dst[p * d..(p + 1) * d].copy_from_slice(row);
-        }
+    /// Empty sequence `seq` (its rows are overwritten as positions arrive again).
+    pub fn clear(&mut self, seq: usize) {
+        self.lens[seq] = 0;
+        self.narrow[seq * self.n_layer..(seq + 1) * self.n_layer].fill(true);
+    }
+
+    /// Where sequence `seq`'s layer `l` keys (`part` 0) or values (1) begin.
+    fn start(&self, seq: usize, l: usize, part: usize) -> usize {
+        ((seq * self.n_layer + l) * 2 + part) * self.positions * self.d
+    }
+
+    /// Store sequence `seq`'s layer `l` key and value rows of position `p` (`p` below
+    /// `positions`, checked by the caller).
+    fn store(&mut self, seq: usize, l: usize, p: usize, key: &[i32], value: &[i32]) {
+        let d = self.d;
+        let narrow = &mut self.narrow[seq * self.n_layer + l];
         let fits = |row: &[i32]| row.iter().all(|&x| x == x as i16 as i32);
-        self.narrow[l] &= fits(key) && fits(value);
-        if !self.narrow[l] {
-            return;
-        }
-        for (dst, row) in [(&mut self.k16[l], key), (&mut self.v16[l], value)] {
-            if dst.len() < (p + 1) * d {
-                dst.resize((p + 1) * d, 0);
+        *narrow &= fits(key) && fits(value);
+        let narrow = *narrow;
+        for (part, row) in [key, value].into_iter().enumerate() {
+            let at = self.start(seq, l, part) + p * d;
+            self.wide[at..at + d].copy_from_slice(row);
+            if narrow {
+                for (o, &x) in self.narrow16[at..at + d].iter_mut().zip(row) {
+                    *o = x as i16;
+                }
             }
-            for (o, &x) in dst[p * d..(p + 1) * d].iter_mut().zip(row) {
-                *o = x as i16;
+        }
+    }
+
+    /// Sequence `seq`'s layer `l`: its first `len` positions' keys and values, as i16 when
+    /// every one fits.
+    pub fn kv(&self, seq: usize, l: usize, len: usize) -> Kv<'_> {
+        let (k, v) = (self.start(seq, l, 0), self.start(seq, l, 1));
+        let n = len * self.d;
+        match self.narrow[seq * self.n_layer + l] {
+            true => Kv::Narrow(&self.narrow16[k..k + n], &self.narrow16[v..v + n]),
+            false => {
+                let (k, v) = self.wide(seq, l, len);
+                Kv::Wide(k, v)
             }
         }
+    }
+
+    /// As [`KvCaches::kv`], always as i32.
+    pub fn wide(&self, seq: usize, l: usize, len: usize) -> (&[i32], &[i32]) {
+        let (k, v) = (self.start(seq, l, 0), self.start(seq, l, 1));
+        let n = len * self.d;
+        (&self.wide[k..k + n], &self.wide[v..v + n])
     }
 }
 
@@ -146,7 +180,7 @@ pub fn forward(
     split: Split,
     model: &Model,
     weights: &CpuWeights,
-    caches: &mut [KvCache],
+    caches: &mut KvCaches,
     items: &[Item],
     mut stats: Option<&mut Trace>,
     bufs: &mut StepBuffers,
@@ -163,9 +197,9 @@ pub fn forward(
             };
         }
     }
-    let ctx = model.config.n_ctx as usize;
+    let ctx = caches.positions();
     // Positions.
-    let mut next: Vec<usize> = caches.iter().map(|c| c.len).collect();
+    let mut next = caches.lens.clone();
     let mut pos = Vec::with_capacity(n);
     for it in items {
         let p = next
@@ -173,8 +207,8 @@ pub fn forward(
             .ok_or_else(|| Error::Invalid("forward: cache index out of range".into()))?;
         if *p >= ctx {
             return Err(Error::Invalid(format!(
-                "forward: position {} beyond context {ctx}",
-                *p
+                "forward: a sequence of {} positions in a session loaded for {ctx} positions",
+                *p + 1
             )));
         }
         if it.token >= model.config.vocab {
@@ -204,7 +238,7 @@ pub fn forward(
     let hd = model.head_dim();
     // The items of each sequence in order (consecutive positions), in runs of at most
     // MANY_ITEMS: the multi-item attention's calls.
-    let mut by_seq: Vec<Vec<usize>> = vec![Vec::new(); caches.len()];
+    let mut by_seq: Vec<Vec<usize>> = vec![Vec::new(); caches.lens.len()];
     for (i, it) in items.iter().enumerate() {
         by_seq[it.seq].push(i);
     }
@@ -221,9 +255,9 @@ pub fn forward(
         let qkv = matmul_into(isa, split, qkv_w, (&xq, &sc), FQKV, QKV_MAX, &mut bufs.qkv);
         for (i, it) in items.iter().enumerate() {
             let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
-            caches[it.seq].store(l, pos[i], d, &row[d..2 * d], &row[2 * d..]);
+            caches.store(it.seq, l, pos[i], &row[d..2 * d], &row[2 * d..]);
         }
-        let caches_ro: &[KvCache] = caches;
+        let caches_ro: &KvCaches = caches;
         let mut o = vec![0i64; n * d];
         if many_supported(isa, hd) && runs.iter().any(|r| r.len() > 1) {
             // One task per run of a sequence's items and head: each reads the head's cache
@@ -248,17 +282,12 @@ pub fn forward(
                 .with_min_len(split.min_len(1))
                 .for_each(|(&(r, h), out)| {
                     let run = &runs[r];
-                    let c = &caches_ro[items[run[0]].seq];
                     let (mut qs, mut lens) = ([&[][..]; MANY_ITEMS], [0; MANY_ITEMS]);
                     for (j, &i) in run.iter().enumerate() {
                         (qs[j], lens[j]) = (&qkv[i * 3 * d..], pos[i] + 1);
                     }
                     let (qs, lens) = (&qs[..run.len()], &lens[..run.len()]);
-                    let kv = if c.narrow[l] {
-                        Kv::Narrow(&c.k16[l], &c.v16[l])
-                    } else {
-                        Kv::Wide(&c.k[l], &c.v[l])
-                    };
+                    let kv = caches_ro.kv(items[run[0]].seq, l, pos[run[run.len() - 1]] + 1);
                     let dims = (d, hd, h);
                     attention_head_many(isa, qs, lens, kv, dims, &model.tables, out);
                 });
@@ -273,12 +302,12 @@ pub fn forward(
                 .with_min_len(split.min_len(1))
                 .enumerate()
                 .for_each(|(i, out)| {
-                    let c = &caches_ro[items[i].seq];
+                    let (k, v) = caches_ro.wide(items[i].seq, l, pos[i] + 1);
                     attention(
                         isa,
                         &qkv[i * 3 * d..i * 3 * d + d],
-                        &c.k[l],
-                        &c.v[l],
+                        k,
+                        v,
                         pos[i] + 1,
                         d,
                         hd,
@@ -307,9 +336,7 @@ pub fn forward(
             s.resid.push(h.clone());
         }
     }
-    for (c, &nx) in caches.iter_mut().zip(&next) {
-        c.len = nx;
-    }
+    caches.lens = next;
     // Head, only for the items that want logits.
     let hw: Vec<i32> = items
         .iter()

@@ -26,7 +26,7 @@ use crate::format::lm::model_file::Model;
 use crate::{Error, Result};
 use std::sync::Arc;
 
-use forward::{CpuWeights, KvCache};
+use forward::{CpuWeights, KvCaches};
 use matmul::CpuLinear;
 use split::Split;
 
@@ -58,14 +58,17 @@ impl LmKernels for CpuLm {
         )
     }
 
-    /// (Caches for the whole context: `positions` is a GPU's memory question.)
+    /// Caches of `positions` each, mapped at once and filled in as positions arrive
+    /// ([`KvCaches`]); a step past them is an error.
     fn load<'m>(
         &self,
         model: &'m Model,
         sequences: usize,
-        _positions: usize,
+        positions: usize,
     ) -> Result<Box<dyn LmSession + 'm>> {
-        Ok(Box::new(CpuSession::new(self.0, model, sequences)))
+        Ok(Box::new(CpuSession::new(
+            self.0, model, sequences, positions,
+        )))
     }
 }
 
@@ -75,7 +78,7 @@ struct CpuSession<'m> {
     isa: Isa,
     model: &'m Model,
     weights: CpuWeights<'m>,
-    caches: Vec<KvCache>,
+    caches: KvCaches,
     /// Every step with this split instead of its own (the tests' way to run both).
     forced: Option<Split>,
     /// The order of the head's rows when a prefix-sum order set it ([`CpuSession::order_head`]):
@@ -89,13 +92,15 @@ struct CpuSession<'m> {
 }
 
 impl<'m> CpuSession<'m> {
-    fn new(isa: Isa, model: &'m Model, sequences: usize) -> CpuSession<'m> {
-        let nl = model.config.n_layer as usize;
+    fn new(isa: Isa, model: &'m Model, sequences: usize, positions: usize) -> CpuSession<'m> {
+        let c = &model.config;
+        let positions = positions.clamp(1, c.n_ctx as usize);
+        let caches = KvCaches::new(sequences, c.n_layer as usize, positions, c.n_embd as usize);
         CpuSession {
             isa,
             model,
             weights: CpuWeights::new(isa, model),
-            caches: vec![KvCache::new(nl); sequences],
+            caches,
             forced: None,
             head_order: None,
             logits: Vec::new(),
@@ -134,8 +139,7 @@ impl<'m> CpuSession<'m> {
         if let Some(s) = self.forced {
             return s;
         }
-        let lens: Vec<usize> = self.caches.iter().map(|c| c.len).collect();
-        Split::for_step(self.model, items, &lens)
+        Split::for_step(self.model, items, &self.caches.lens)
     }
 
     /// The forward pass of `items` then `each` of the logits of the items that carry a query
@@ -248,10 +252,10 @@ fn head_items((rows, k): (usize, usize)) -> usize {
 
 impl LmSession for CpuSession<'_> {
     fn clear(&mut self, seq: usize) -> Result<()> {
-        self.caches
-            .get_mut(seq)
-            .ok_or_else(|| Error::Invalid(format!("no sequence {seq} in this session")))?
-            .clear();
+        if seq >= self.caches.lens.len() {
+            return Err(Error::Invalid(format!("no sequence {seq} in this session")));
+        }
+        self.caches.clear(seq);
         Ok(())
     }
 
@@ -345,7 +349,7 @@ mod tests {
         };
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
             let run = |split: Split| {
-                let mut s = CpuSession::new(isa, &model, 3);
+                let mut s = CpuSession::new(isa, &model, 3, usize::MAX);
                 s.forced = Some(split);
                 let mut out = Vec::new();
                 // A batch over three sequences, several positions each, some queried.
@@ -396,8 +400,8 @@ mod tests {
             // The sums are those of the tables (fresh sessions in the same state).
             for split in [Split::SERIAL, Split::PARALLEL] {
                 let (mut a, mut b) = (
-                    CpuSession::new(isa, &model, 3),
-                    CpuSession::new(isa, &model, 3),
+                    CpuSession::new(isa, &model, 3, usize::MAX),
+                    CpuSession::new(isa, &model, 3, usize::MAX),
                 );
                 (a.forced, b.forced) = (Some(split), Some(split));
                 let two = [0, 2].map(|seq| Item {
