@@ -242,6 +242,10 @@ fn amx_wins(n: usize, kp: usize) -> bool {
     !(n == 1 || n == 4 || (n == 2 && kp <= 128))
 }
 
+/// Rows (k, padded) longer than this take the VNNI kernel's long-row blocks
+/// ([`VnniRows::each_block`]).
+const LONG_ROWS: usize = 256;
+
 impl VnniRows {
     pub fn new(w: &[i8], row_sum: &[i32], k: usize) -> VnniRows {
         let rows = row_sum.len();
@@ -324,7 +328,11 @@ impl VnniRows {
             let dst = acc.as_mut_ptr().add(t * (r1 - r0) + row - r0);
             _mm512_mask_storeu_epi32(dst, live, v);
         };
-        self.each_block((r0 / 16, r1.div_ceil(16)), xu, n, &mut store);
+        let groups = (r0 / 16, r1.div_ceil(16));
+        match self.kp > LONG_ROWS {
+            true => self.each_block::<true>(groups, xu, n, &mut store),
+            false => self.each_block::<false>(groups, xu, n, &mut store),
+        }
     }
 
     /// Groups `g0..g0 + G` against items `t0..t0 + T` (see [`VnniRows::dots`]), each
@@ -344,17 +352,40 @@ impl VnniRows {
         let wp = self.w.as_ptr().add(g0 * quads * 64);
         let xp = xu.as_ptr().add(t0 * self.kp);
         let mut a = [[_mm512_setzero_si512(); T]; G];
-        for q in 0..quads {
-            let mut xb = [_mm512_setzero_si512(); T];
-            for (t, x) in xb.iter_mut().enumerate() {
-                *x = _mm512_set1_epi32(std::ptr::read_unaligned(
-                    xp.add(t * self.kp + 4 * q) as *const i32
-                ));
+        // Up to four items, their broadcasts first and the weights loaded one group at a
+        // time; more items (the long rows' blocks), the G weights first and the items
+        // broadcast one at a time. Either way the block's live registers (G x T
+        // accumulators and what they read) fit the 32 without spilling: 3 x 8 with the
+        // broadcasts first spilled and ran at 350 GMAC/s instead of 425, while 4 x 4 on the
+        // short rows runs faster the first way.
+        if T <= 4 {
+            for q in 0..quads {
+                let mut xb = [_mm512_setzero_si512(); T];
+                for (t, x) in xb.iter_mut().enumerate() {
+                    *x = _mm512_set1_epi32(std::ptr::read_unaligned(
+                        xp.add(t * self.kp + 4 * q) as *const i32
+                    ));
+                }
+                for (g, ag) in a.iter_mut().enumerate() {
+                    let wv = _mm512_loadu_si512(wp.add((g * quads + q) * 64) as *const _);
+                    for (at, &x) in ag.iter_mut().zip(&xb) {
+                        *at = _mm512_dpbusd_epi32(*at, x, wv);
+                    }
+                }
             }
-            for (g, ag) in a.iter_mut().enumerate() {
-                let wv = _mm512_loadu_si512(wp.add((g * quads + q) * 64) as *const _);
-                for (at, &x) in ag.iter_mut().zip(&xb) {
-                    *at = _mm512_dpbusd_epi32(*at, x, wv);
+        } else {
+            for q in 0..quads {
+                let mut wv = [_mm512_setzero_si512(); G];
+                for (g, w) in wv.iter_mut().enumerate() {
+                    *w = _mm512_loadu_si512(wp.add((g * quads + q) * 64) as *const _);
+                }
+                for t in 0..T {
+                    let x = _mm512_set1_epi32(std::ptr::read_unaligned(
+                        xp.add(t * self.kp + 4 * q) as *const i32,
+                    ));
+                    for g in 0..G {
+                        a[g][t] = _mm512_dpbusd_epi32(a[g][t], x, wv[g]);
+                    }
                 }
             }
         }
@@ -367,11 +398,13 @@ impl VnniRows {
     }
 
     /// The loop over items and groups of [`VnniRows::dots`], each group's sums given to
-    /// `store(group, item, sums)`.
+    /// `store(group, item, sums)`; `LONG`: rows of more than [`LONG_ROWS`] (a constant, so
+    /// that each caller's copy holds one loop nest: with both in one function the short
+    /// rows' loops ran 10-15% slower).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
-    unsafe fn each_block(
+    unsafe fn each_block<const LONG: bool>(
         &self,
         (g0, g1): (usize, usize),
         xu: &[u8],
@@ -398,9 +431,16 @@ impl VnniRows {
             amx::dots(&self.w, self.kp / 4, (g0, g1), xu, n, &mut each);
             return;
         }
+        if LONG {
+            self.each_block_long((g0, g1), xu, n, store);
+            return;
+        }
+        // Short rows (the shipped model's k = 128): a tile's weights stay in L1 and the
+        // rescale of each block's sums is a large share, which 16 accumulators leave
+        // registers for. Four items at a time against four groups (64 rows), then one
+        // item at a time against eight (eight independent accumulators hide the latency
+        // of `dpbusd`).
         let mut t = 0;
-        // Four items at a time, four groups (64 rows) per pass: 16 accumulators, each weight
-        // load serving four items.
         while t + 4 <= n {
             let mut g = g0;
             while g + 4 <= g1 {
@@ -413,8 +453,6 @@ impl VnniRows {
             }
             t += 4;
         }
-        // One item at a time (the decoder's one-item steps, the LM head's GEMV): eight
-        // independent accumulators hide the latency of `dpbusd`.
         while t < n {
             let mut g = g0;
             while g + 8 <= g1 {
@@ -426,6 +464,71 @@ impl VnniRows {
                 g += 1;
             }
             t += 1;
+        }
+    }
+
+    /// [`VnniRows::each_block`] for rows longer than [`LONG_ROWS`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn each_block_long(
+        &self,
+        (g0, g1): (usize, usize),
+        xu: &[u8],
+        n: usize,
+        store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m512i),
+    ) {
+        // Long rows: the items in blocks of up to eight, as even as possible (27 items: 7,
+        // 7, 7, 6), each block against the rows G groups at a time: G x T accumulators, each
+        // weight load serving T items and each broadcast item G groups. A tile's weights
+        // stream from L2 (it is wider than L1), so items per weight load is what counts: on
+        // a Zen 5, 3 x 8 ran GPT-2 small's 255-item calls at 420-450 GMAC/s a core where 4 x
+        // 4 ran at 325-350, its 27-item calls at 425-440 instead of 250-260
+        // (`gpt2_small_matmul_timing`). Fewer items take more groups.
+        let blocks = n.div_ceil(8);
+        let mut t = 0;
+        for b in 0..blocks {
+            let size = (n - t).div_ceil(blocks - b);
+            match size {
+                8 => self.items::<3, 8>((g0, g1), t, xu, store),
+                7 => self.items::<3, 7>((g0, g1), t, xu, store),
+                6 => self.items::<4, 6>((g0, g1), t, xu, store),
+                5 => self.items::<4, 5>((g0, g1), t, xu, store),
+                4 => self.items::<4, 4>((g0, g1), t, xu, store),
+                3 => self.items::<5, 3>((g0, g1), t, xu, store),
+                2 => self.items::<6, 2>((g0, g1), t, xu, store),
+                _ => self.items::<8, 1>((g0, g1), t, xu, store),
+            }
+            t += size;
+        }
+    }
+
+    /// Items `t0..t0 + T` against groups `g0..g1`, `G` groups per block, the rest two and
+    /// one at a time.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn items<const G: usize, const T: usize>(
+        &self,
+        (g0, g1): (usize, usize),
+        t0: usize,
+        xu: &[u8],
+        store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m512i),
+    ) {
+        let mut g = g0;
+        while g + G <= g1 {
+            self.block::<G, T>(g, t0, xu, store);
+            g += G;
+        }
+        if G > 2 {
+            while g + 2 <= g1 {
+                self.block::<2, T>(g, t0, xu, store);
+                g += 2;
+            }
+        }
+        while g < g1 {
+            self.block::<1, T>(g, t0, xu, store);
+            g += 1;
         }
     }
 
@@ -454,12 +557,17 @@ impl VnniRows {
         // SAFETY: AVX-512 F/BW/VNNI are present (asserted); reads lie inside the groups of
         // rows r0..r1 (padded, in this layout and in `f.rows`: asserted) and the n items of
         // `xu`; the writes are the caller's contract.
-        unsafe { self.dots_rescaled_vnni((r0, r1), xu, f, out, stride) }
+        unsafe {
+            match self.kp > LONG_ROWS {
+                true => self.dots_rescaled_vnni::<true>((r0, r1), xu, f, out, stride),
+                false => self.dots_rescaled_vnni::<false>((r0, r1), xu, f, out, stride),
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn dots_rescaled_vnni(
+    unsafe fn dots_rescaled_vnni<const LONG: bool>(
         &self,
         (r0, r1): (usize, usize),
         xu: &[u8],
@@ -552,7 +660,7 @@ impl VnniRows {
                 };
             }
         };
-        self.each_block((r0 / 16, r1.div_ceil(16)), xu, n, &mut store);
+        self.each_block::<LONG>((r0 / 16, r1.div_ceil(16)), xu, n, &mut store);
         if let Some(all) = f.tops {
             for (a, &t) in all.iter().zip(&*tops) {
                 a.fetch_max(_mm512_reduce_max_epi32(t), Ordering::Relaxed);
@@ -561,7 +669,7 @@ impl VnniRows {
     }
 
     #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn dots_rescaled_vnni(
+    unsafe fn dots_rescaled_vnni<const LONG: bool>(
         &self,
         _: (usize, usize),
         _: &[u8],
@@ -1243,6 +1351,80 @@ mod tests {
         println!("{line}");
     }
 
+    /// Not a test: one thread's rate of the fused VNNI dots and rescale on GPT-2 small's
+    /// shapes, over the row tiles a parallel matmul cuts, for the compressor's calls (255
+    /// items: a segment's positions) and the decoder's (27 and 10 items: one per sequence),
+    /// in GMAC/s, the best of five runs (`cargo test --release --lib gpt2_small_matmul_timing
+    /// -- --ignored --nocapture`). Compare with the CPU's `vpdpbusd` peak.
+    #[test]
+    #[ignore]
+    fn gpt2_small_matmul_timing() {
+        if !vnni() {
+            println!("skipped: no AVX-512 VNNI");
+            return;
+        }
+        let mut x = 5u64;
+        let mut rnd = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        let shapes = [
+            (2304usize, 768usize),
+            (768, 768),
+            (3072, 768),
+            (768, 3072),
+            (50257, 768),
+            (384, 128),
+            (128, 128),
+            (512, 128),
+            (128, 512),
+            (50257, 128),
+        ];
+        for (rows, k) in shapes {
+            let lin = random_linear(&mut rnd, rows, k, 30);
+            let cl = CpuLinear::new(Isa::Avx512, &lin);
+            let mut line = format!("{rows:>5} x {k:<4} GMAC/s:");
+            for n in [255usize, 27, 10] {
+                let xs: Vec<i8> = (0..n * k).map(|_| (rnd() % 255) as u8 as i8).collect();
+                let xu = cl.vnni.activations(&xs, k);
+                let (tms, tes) = (vec![(1i64 << 15) + 4321; n], vec![20i32; n]);
+                let f = Fused {
+                    rows: &cl.scales,
+                    tms: &tms,
+                    tes: &tes,
+                    out_frac: 16,
+                    clamp: 1 << 20,
+                    tops: None,
+                };
+                assert!(cl.scales.fast(&tms, &tes, 16));
+                let tile = tile_rows(rows, k, n, Split::PARALLEL);
+                let mut out = vec![0i32; rows * n];
+                let reps = (1usize << 31) / (rows * k * n) + 1;
+                let best = (0..5)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        for _ in 0..reps {
+                            for r0 in (0..rows).step_by(tile) {
+                                let r1 = (r0 + tile).min(rows);
+                                // SAFETY: `out` holds n * rows outputs; one thread.
+                                unsafe {
+                                    cl.vnni
+                                        .dots_rescaled((r0, r1), &xu, &f, out.as_mut_ptr(), rows)
+                                };
+                            }
+                        }
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::MAX, f64::min);
+                let macs = (reps * rows * k * n) as f64;
+                line += &format!(" n={n} {:.0} (tile {tile})", macs / best / 1e9);
+            }
+            println!("{line}");
+        }
+    }
+
     #[test]
     fn every_dot_kernel_equals_the_reference() {
         let mut x = 7u64;
@@ -1252,8 +1434,9 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) as u32
         };
-        // Row and item counts that reach every block shape and remainder of the tiles.
-        for k in [1usize, 31, 32, 64, 128, 200, 768] {
+        // Row and item counts that reach every block shape and remainder of the tiles, for
+        // short rows and long ones (k > LONG_ROWS: blocks of 1 to 8 items, 1 to 8 groups).
+        for k in [1usize, 31, 32, 64, 128, 200, 300, 768] {
             for (rows, n) in [
                 (1, 1),
                 (7, 1),
@@ -1266,6 +1449,12 @@ mod tests {
                 (64, 4),
                 (70, 5),
                 (130, 1),
+                (50, 8),
+                (35, 3),
+                (33, 2),
+                (40, 17),
+                (100, 24),
+                (130, 27),
             ] {
                 let w: Vec<i8> = (0..rows * k).map(|_| (rnd() % 256) as i32 as i8).collect();
                 let xs: Vec<i8> = (0..n * k)
