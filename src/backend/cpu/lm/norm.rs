@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::split::Split;
 
 use crate::backend::cpu::Isa;
-use crate::format::lm::fixed::{div_recip, isqrt_u128, quantize_row, recip};
+use crate::format::lm::fixed::{isqrt_u128, quantize_row, recip};
 use crate::format::lm::model_file::{LayerNorm, FZ, LN_G};
 
 /// Integer LayerNorm of each row of `h` (Q12) to Q26 (docs §4).
@@ -33,16 +33,26 @@ pub fn layer_norm_row(row: &[i32], ln: &LayerNorm, eps_q: i64, out: &mut [i64]) 
     }
     let u = (sq << (2 * LN_G)) / n as i128 + eps_q as i128 * (n as i128 * n as i128);
     let dd = isqrt_u128(u as u128) as i128;
-    let rc = if dd == 0 { (0, 0) } else { recip(dd) };
-    for (i, &x) in row.iter().enumerate() {
-        let dv = (n * x as i64 - s) as i128;
-        // |dv| <= 2^40: dv * 2^22 * r <= 2^92.
-        let z = if dd == 0 {
-            0
-        } else {
-            div_recip(dv << (FZ + LN_G), rc)
-        };
-        out[i] = (ln.gamma[i] as i128 * z + ln.beta[i] as i128) as i64; // <= 2^51 + 2^40
+    if dd == 0 {
+        // Every d_i is 0: z = 0.
+        for (o, &b) in out.iter_mut().zip(&ln.beta) {
+            *o = b;
+        }
+        return;
+    }
+    // z = div_recip(dv * 2^22, recip(dd)) = (dv * 2^22 * r + 2^(s-1)) >> s. The product's low
+    // 22 bits are zero and s = floor(log2 dd) + 30 > 22, so the same floor is
+    // (dv * r + 2^(s-23)) >> (s - 22): one 64 x 64 -> 128-bit multiply (|dv| <= 2^40,
+    // r <= 2^30) instead of a 128-bit one. |z| <= 2^21 and |gamma| < 2^31, so
+    // gamma * z + beta fits i64 (<= 2^51 + 2^40).
+    let (r, sr) = recip(dd);
+    let sh = sr - (FZ + LN_G);
+    debug_assert!(sh >= 1 && r < 1 << 31);
+    let (r, half) = (r as i64, 1i128 << (sh - 1));
+    for ((o, &x), (&g, &b)) in out.iter_mut().zip(row).zip(ln.gamma.iter().zip(&ln.beta)) {
+        let dv = n * x as i64 - s;
+        let z = ((dv as i128 * r as i128 + half) >> sh) as i64;
+        *o = g as i64 * z + b;
     }
 }
 
@@ -164,6 +174,72 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::lm::fixed::div_recip;
+
+    /// LayerNorm as docs/INTEGER_GPT2.md §4 writes it (128-bit `div_recip` per element).
+    fn layer_norm_spec(row: &[i32], ln: &LayerNorm, eps_q: i64) -> Vec<i64> {
+        let n = row.len() as i64;
+        let s: i64 = row.iter().map(|&x| x as i64).sum();
+        let d: Vec<i128> = row.iter().map(|&x| (n * x as i64 - s) as i128).collect();
+        let sq: i128 = d.iter().map(|v| v * v).sum();
+        let u = (sq << (2 * LN_G)) / n as i128 + eps_q as i128 * (n as i128 * n as i128);
+        let dd = isqrt_u128(u as u128) as i128;
+        d.iter()
+            .enumerate()
+            .map(|(i, &dv)| {
+                let z = if dd == 0 {
+                    0
+                } else {
+                    div_recip(dv << (FZ + LN_G), recip(dd))
+                };
+                (ln.gamma[i] as i128 * z + ln.beta[i] as i128) as i64
+            })
+            .collect()
+    }
+
+    /// The row loop's 64-bit form gives the specification's integers: rows of every
+    /// magnitude up to the residual's bound (2^26), constant rows with and without eps, a
+    /// lone outlier, gammas and betas at their bounds.
+    #[test]
+    fn layer_norm_equals_the_specification() {
+        let mut x = 41u64;
+        let mut rnd = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 11
+        };
+        for len in [1usize, 2, 7, 128, 768, 8192] {
+            let ln = LayerNorm {
+                gamma: (0..len)
+                    .map(|i| match i % 3 {
+                        0 => i32::MAX,
+                        1 => i32::MIN + 1,
+                        _ => (rnd() as i32) >> 8,
+                    })
+                    .collect(),
+                beta: (0..len).map(|_| rnd() as i64 % (1 << 40)).collect(),
+            };
+            for bits in [0u32, 1, 5, 12, 20, 26] {
+                let m = 1i64 << bits;
+                let mut rows: Vec<Vec<i32>> = vec![(0..len)
+                    .map(|_| ((rnd() as i64 % (2 * m + 1)) - m) as i32)
+                    .collect()];
+                rows.push(vec![m as i32; len]);
+                let mut outlier = vec![0i32; len];
+                outlier[len / 2] = -m as i32;
+                rows.push(outlier);
+                for row in rows {
+                    for eps_q in [0i64, 1, 1 << 30] {
+                        let mut got = vec![0; len];
+                        layer_norm_row(&row, &ln, eps_q, &mut got);
+                        let want = layer_norm_spec(&row, &ln, eps_q);
+                        assert_eq!(got, want, "len {len} bits {bits} eps {eps_q}");
+                    }
+                }
+            }
+        }
+    }
 
     /// Every level quantizes as the definition: rows of every magnitude class (the fast
     /// path's bounds 8 and 2^55 on both sides, zero, i64 extremes), lengths off the width.
