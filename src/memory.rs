@@ -16,13 +16,15 @@ pub fn reuse_freed_memory() {
     }
 }
 
-/// A fixed-size buffer of zeros that the kernel fills in on first touch, in 2 MiB pages
-/// where it can: for the KV caches, hundreds of megabytes written once per session.
-/// From the heap, such a buffer costs one 4 KiB page fault per page touched (the kernel
-/// zeroes each; on a VM that was 16% of a GPT-2-small decode) and glibc may zero it again;
-/// mapped here and advised as huge-page memory (transparent huge pages in `madvise` mode,
-/// the common default), it costs one fault per 2 MiB. Small buffers, and other systems,
-/// use the heap.
+/// A fixed-size buffer of zeros mapped from the kernel, which fills each page in on first
+/// touch: for the KV caches, hundreds of megabytes sized once per session and written a
+/// position at a time. Vectors grown as positions arrived copied every byte on each
+/// doubling and faulted the pages of every copy (328K faults, 16% of a GPT-2-small decode's
+/// samples on a VM); mapped, a page is faulted once, when first written, and pages never
+/// written cost nothing. Huge pages (`MADV_HUGEPAGE`) were tried and not kept: on the Zen 5
+/// VM they made the decode no faster (9.4-10.3 s against 8.4-10.3) and the kernel's time
+/// for the shipped model's sessions varied 0.06-0.67 s against 0.09-0.35. Small buffers,
+/// and other systems, use the heap.
 pub struct ZeroedPages<T: bytemuck::Zeroable + Copy> {
     storage: Storage<T>,
 }
@@ -42,7 +44,7 @@ enum Storage<T> {
 unsafe impl<T: bytemuck::Zeroable + Copy + Send> Send for ZeroedPages<T> {}
 unsafe impl<T: bytemuck::Zeroable + Copy + Sync> Sync for ZeroedPages<T> {}
 
-/// Buffers below this stay on the heap: a huge page would be mostly unused.
+/// Buffers below this stay on the heap, whose freed blocks the next session reuses.
 const MAP_AT_LEAST: usize = 4 << 20;
 
 impl<T: bytemuck::Zeroable + Copy> ZeroedPages<T> {
@@ -55,7 +57,7 @@ impl<T: bytemuck::Zeroable + Copy> ZeroedPages<T> {
         if bytes >= MAP_AT_LEAST && std::mem::align_of::<T>() <= 4096 {
             // SAFETY: a fresh private anonymous mapping, checked for failure; the kernel
             // fills it with zeros, a valid T (Zeroable), and it is page-aligned, enough for
-            // T. The advice only changes page sizes; its failure is harmless.
+            // T.
             unsafe {
                 let p = libc::mmap(
                     std::ptr::null_mut(),
@@ -66,7 +68,6 @@ impl<T: bytemuck::Zeroable + Copy> ZeroedPages<T> {
                     0,
                 );
                 if p != libc::MAP_FAILED {
-                    libc::madvise(p, bytes, libc::MADV_HUGEPAGE);
                     let ptr = std::ptr::NonNull::new(p as *mut T).expect("mmap gave null");
                     return ZeroedPages {
                         storage: Storage::Mapped { ptr, len, bytes },

@@ -19,10 +19,10 @@ use crate::{Error, Result};
 /// Every sequence's keys and values, per layer, up to `positions` rows of `n_embd` i32 each
 /// (Q10), in one buffer laid out `[sequence][layer][key, value][position][channel]`.
 ///
-/// The buffer is sized for the whole session when it is loaded and filled in by the kernel
-/// as positions arrive ([`ZeroedPages`]): a decoder's caches are hundreds of megabytes
-/// written once, and growing a `Vec` per layer paid for every page twice (copies on growth,
-/// then 4 KiB faults: 16% of a GPT-2-small decode on a VM).
+/// The buffer is sized for the whole session when it is loaded and its pages filled in by
+/// the kernel as positions arrive ([`ZeroedPages`]): a decoder's caches are hundreds of
+/// megabytes written once, and a `Vec` per layer grown a position at a time copied them on
+/// every doubling.
 ///
 /// Beside them the same rows as i16 while every value of a sequence's layer fits
 /// (`narrow`): q, k and v are clamped to +-2^20, but the shipped model's stay inside +-2^15
