@@ -12,6 +12,8 @@
 //! time went in the last round's compress and its decompress, one row per kernel
 //! (src/backend/cuda/profile.rs); their speed rows then include the profiling's cost.
 //! `--compress-only` skips the decompressions (for a profile of the compressor alone).
+//! `--write-model PATH` writes the model to PATH and stops (for `lockstep text compress
+//! --model PATH`, the command's end-to-end time with the GPT-2-small shape).
 
 use std::time::Instant;
 
@@ -63,11 +65,16 @@ fn main() {
     let rounds: usize = flag("--rounds").map_or(3, |r| r.parse().unwrap());
     let names = flag("--devices").unwrap_or_else(|| "cpu,wgpu".into());
     let data = std::fs::read(file).unwrap();
-    let model = if args.iter().any(|a| a == "--gpt2-small") {
+    let mut model = if args.iter().any(|a| a == "--gpt2-small") {
         random_model::random_model(12, 768, 12, 1024, 50257, 1)
     } else {
         Model::from_bytes(include_bytes!("../models/tinygpt2.lsm")).unwrap()
     };
+    if let Some(path) = flag("--write-model") {
+        std::fs::write(&path, model.to_bytes()).unwrap();
+        eprintln!("wrote {path}");
+        return;
+    }
     let opts = Options {
         segment_tokens: Some(255),
         ..Default::default()
