@@ -9,13 +9,29 @@ use crate::backend::cpu::Isa;
 use crate::format::lm::fixed::{div_recip, recip, round_shift};
 use crate::format::lm::model_file::Tables;
 
+/// A KV cache's element: i32, or i16 where every value of the cache fits (`KvCaches`'s
+/// narrow copy: half the bytes read per step). The kernels widen each to i32 as they load
+/// it, so the integers are the same.
+pub trait KvValue: Copy + Into<i64> + Sync {
+    /// Stored as i16.
+    const NARROW: bool;
+}
+
+impl KvValue for i32 {
+    const NARROW: bool = false;
+}
+
+impl KvValue for i16 {
+    const NARROW: bool = true;
+}
+
 /// Causal attention of one item over `len` cached positions (docs §4).
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
+pub fn attention<T: KvValue>(
     isa: Isa,
     q: &[i32],
-    kc: &[i32],
-    vc: &[i32],
+    kc: &[T],
+    vc: &[T],
     len: usize,
     d: usize,
     hd: usize,
@@ -43,11 +59,11 @@ pub fn attention(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_avx2(
+unsafe fn attention_avx2<T: KvValue>(
     isa: Isa,
     q: &[i32],
-    kc: &[i32],
-    vc: &[i32],
+    kc: &[T],
+    vc: &[T],
     len: usize,
     d: usize,
     hd: usize,
@@ -60,11 +76,11 @@ unsafe fn attention_avx2(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_avx512(
+unsafe fn attention_avx512<T: KvValue>(
     isa: Isa,
     q: &[i32],
-    kc: &[i32],
-    vc: &[i32],
+    kc: &[T],
+    vc: &[T],
     len: usize,
     d: usize,
     hd: usize,
@@ -76,11 +92,11 @@ unsafe fn attention_avx512(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attention_body(
+fn attention_body<T: KvValue>(
     isa: Isa,
     q: &[i32],
-    kc: &[i32],
-    vc: &[i32],
+    kc: &[T],
+    vc: &[T],
     len: usize,
     d: usize,
     hd: usize,
@@ -177,7 +193,7 @@ pub(super) fn normalize(acc: &[i64], total: i64, out: &mut [i64]) {
 /// Every head's score dot products, head-major: `dots[h * len + s] = sum_c q[h hd + c] *
 /// k[s][h hd + c]` (`len = dots.len() / (d / hd)` cached positions). |q|, |k| <= 2^20: each
 /// product <= 2^40, the sum <= hd * 2^40 (i64).
-fn dots(isa: Isa, q: &[i32], kc: &[i32], d: usize, hd: usize, dots: &mut [i64]) {
+fn dots<T: KvValue>(isa: Isa, q: &[i32], kc: &[T], d: usize, hd: usize, dots: &mut [i64]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && hd.is_multiple_of(16) {
         // SAFETY: the `Avx512` level implies AVX-512 F (`Isa::available`); the vector loads
@@ -193,16 +209,29 @@ fn dots(isa: Isa, q: &[i32], kc: &[i32], d: usize, hd: usize, dots: &mut [i64]) 
 
 /// One head's [`dots`] (channels `off..off + q.len()`), one position at a time (the
 /// definition).
-pub(super) fn dots_reference(q: &[i32], kc: &[i32], d: usize, off: usize, dots: &mut [i64]) {
+pub(super) fn dots_reference<T: KvValue>(
+    q: &[i32],
+    kc: &[T],
+    d: usize,
+    off: usize,
+    dots: &mut [i64],
+) {
     for (s, dot) in dots.iter_mut().enumerate() {
         let kh = &kc[s * d + off..s * d + off + q.len()];
-        *dot = q.iter().zip(kh).map(|(&a, &b)| a as i64 * b as i64).sum();
+        *dot = q.iter().zip(kh).map(|(&a, &b)| a as i64 * b.into()).sum();
     }
 }
 
 /// Every head's weighted sum of the values: `acc[c] = sum_s p[h * len + s] * v[s][c]` for
 /// the channels `c` of head `h` (`p` head-major as [`dots`] gives the scores).
-fn weighted_values(isa: Isa, p: &[i32], vc: &[i32], d: usize, hd: usize, acc: &mut [i64]) {
+fn weighted_values<T: KvValue>(
+    isa: Isa,
+    p: &[i32],
+    vc: &[T],
+    d: usize,
+    hd: usize,
+    acc: &mut [i64],
+) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && hd.is_multiple_of(16) {
         // SAFETY: as in `dots`.
@@ -222,7 +251,7 @@ fn weighted_values(isa: Isa, p: &[i32], vc: &[i32], d: usize, hd: usize, acc: &m
 /// One head's [`weighted_values`] (channels `off..off + acc.len()`), for levels without
 /// explicit kernels (compiled for each).
 #[inline(always)]
-fn weighted_values_by_8(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [i64]) {
+fn weighted_values_by_8<T: KvValue>(p: &[i32], vc: &[T], d: usize, off: usize, acc: &mut [i64]) {
     if !acc.len().is_multiple_of(8) {
         return weighted_values_reference(p, vc, d, off, acc);
     }
@@ -233,9 +262,9 @@ fn weighted_values_by_8(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [
         let mut a = [0i64; 8];
         for (s, &ps) in p.iter().enumerate() {
             let at = s * d + off + 8 * c;
-            let v8: &[i32; 8] = vc[at..at + 8].try_into().expect("8 channels");
+            let v8: &[T; 8] = vc[at..at + 8].try_into().expect("8 channels");
             for (x, &v) in a.iter_mut().zip(v8) {
-                *x += ps as i64 * v as i64;
+                *x += ps as i64 * v.into();
             }
         }
         a8.copy_from_slice(&a);
@@ -243,27 +272,51 @@ fn weighted_values_by_8(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [
 }
 
 /// [`weighted_values_by_8`] position by position (the definition).
-fn weighted_values_reference(p: &[i32], vc: &[i32], d: usize, off: usize, acc: &mut [i64]) {
+fn weighted_values_reference<T: KvValue>(
+    p: &[i32],
+    vc: &[T],
+    d: usize,
+    off: usize,
+    acc: &mut [i64],
+) {
     acc.iter_mut().for_each(|a| *a = 0);
     let hd = acc.len();
     for (s, &ps) in p.iter().enumerate() {
         let vh = &vc[s * d + off..s * d + off + hd];
         for (a, &v) in acc.iter_mut().zip(vh) {
-            *a += ps as i64 * v as i64;
+            *a += ps as i64 * v.into();
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::KvValue;
     use std::arch::x86_64::*;
+
+    /// Sixteen cache values at `p` as i32 lanes (i16 ones sign-extended).
+    macro_rules! load16 {
+        ($t:ty, $p:expr) => {
+            if <$t>::NARROW {
+                _mm512_cvtepi16_epi32(_mm256_loadu_si256($p.cast()))
+            } else {
+                _mm512_loadu_si512($p.cast())
+            }
+        };
+    }
 
     /// Each cached key row read once, in order, for every head (the cache streams instead
     /// of being walked once per head). Sixteen channels per load: `vpmuldq` multiplies the
     /// even channels (the low halves of the 64-bit lanes) into exact i64 products, and again
     /// after a shift the odd ones; one horizontal sum per head and position.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn dots_avx512(q: &[i32], kc: &[i32], d: usize, hd: usize, dots: &mut [i64]) {
+    pub unsafe fn dots_avx512<T: KvValue>(
+        q: &[i32],
+        kc: &[T],
+        d: usize,
+        hd: usize,
+        dots: &mut [i64],
+    ) {
         let len = dots.len() / (d / hd);
         for s in 0..len {
             let row = &kc[s * d..(s + 1) * d];
@@ -275,7 +328,7 @@ mod x86 {
                 let mut acc = _mm512_setzero_si512();
                 for (qb, kb) in qh.chunks_exact(16).zip(kh.chunks_exact(16)) {
                     let qv = _mm512_loadu_si512(qb.as_ptr().cast());
-                    let kv = _mm512_loadu_si512(kb.as_ptr().cast());
+                    let kv = load16!(T, kb.as_ptr());
                     acc = _mm512_add_epi64(acc, _mm512_mul_epi32(qv, kv));
                     let (qo, ko) = (_mm512_srli_epi64::<32>(qv), _mm512_srli_epi64::<32>(kv));
                     acc = _mm512_add_epi64(acc, _mm512_mul_epi32(qo, ko));
@@ -289,9 +342,9 @@ mod x86 {
     /// pieces, in order), their sums in registers (even and odd channels apart, as in
     /// [`dots_avx512`]), each channel's weight the one of its head.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn weighted_values_avx512(
+    pub unsafe fn weighted_values_avx512<T: KvValue>(
         p: &[i32],
-        vc: &[i32],
+        vc: &[T],
         d: usize,
         hd: usize,
         acc: &mut [i64],
@@ -299,22 +352,22 @@ mod x86 {
         let len = p.len() / (d / hd);
         let mut c = 0;
         while c + 128 <= d {
-            block::<8>(p, len, hd, vc, d, c, &mut acc[c..c + 128]);
+            block::<T, 8>(p, len, hd, vc, d, c, &mut acc[c..c + 128]);
             c += 128;
         }
         while c < d {
-            block::<1>(p, len, hd, vc, d, c, &mut acc[c..c + 16]);
+            block::<T, 1>(p, len, hd, vc, d, c, &mut acc[c..c + 16]);
             c += 16;
         }
     }
 
     /// `16 * B` channels from column `col` (`hd` a multiple of 16: each 16 in one head).
     #[inline(always)]
-    unsafe fn block<const B: usize>(
+    unsafe fn block<T: KvValue, const B: usize>(
         p: &[i32],
         len: usize,
         hd: usize,
-        vc: &[i32],
+        vc: &[T],
         d: usize,
         col: usize,
         acc: &mut [i64],
@@ -327,7 +380,7 @@ mod x86 {
             let row = &vc[s * d + col..s * d + col + 16 * B];
             for b in 0..B {
                 let w = _mm512_set1_epi32(p[at[b] + s]);
-                let v = _mm512_loadu_si512(row[16 * b..].as_ptr().cast());
+                let v = load16!(T, row[16 * b..].as_ptr());
                 even[b] = _mm512_add_epi64(even[b], _mm512_mul_epi32(v, w));
                 let vo = _mm512_srli_epi64::<32>(v);
                 odd[b] = _mm512_add_epi64(odd[b], _mm512_mul_epi32(vo, w));
@@ -455,6 +508,22 @@ mod tests {
                 weighted_values(isa, &ph, &vc, d, hd, &mut got);
                 assert_eq!(got, want, "{isa:?}: len={len} d={d} hd={hd}");
             }
+            // The same from an i16 cache (the narrow copy), its extremes included.
+            let v16: Vec<i16> = vc
+                .iter()
+                .map(|&v| (v >> 5).clamp(-32768, 32767) as i16)
+                .collect();
+            let v32: Vec<i32> = v16.iter().map(|&v| v as i32).collect();
+            let mut want = vec![0i64; d];
+            for (off, acc) in (0..d).step_by(hd).zip(want.chunks_exact_mut(hd)) {
+                let p = &ph[off / hd * len..(off / hd + 1) * len];
+                weighted_values_reference(p, &v32, d, off, acc);
+            }
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                let mut got = vec![7i64; d];
+                weighted_values(isa, &ph, &v16, d, hd, &mut got);
+                assert_eq!(got, want, "{isa:?} i16: len={len} d={d} hd={hd}");
+            }
         }
     }
 
@@ -491,6 +560,20 @@ mod tests {
                 let mut got = vec![7i64; len * d / hd];
                 dots(isa, &q, &kc, d, hd, &mut got);
                 assert_eq!(got, want, "{isa:?}: len={len} d={d} hd={hd}");
+            }
+            // The same from an i16 cache (the narrow copy), its extremes included.
+            let k16: Vec<i16> = kc
+                .iter()
+                .map(|&k| (k >> 5).clamp(-32768, 32767) as i16)
+                .collect();
+            let k32: Vec<i32> = k16.iter().map(|&k| k as i32).collect();
+            for (off, dots) in (0..d).step_by(hd).zip(want.chunks_exact_mut(len)) {
+                dots_reference(&q[off..off + hd], &k32, d, off, dots);
+            }
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                let mut got = vec![7i64; len * d / hd];
+                dots(isa, &q, &k16, d, hd, &mut got);
+                assert_eq!(got, want, "{isa:?} i16: len={len} d={d} hd={hd}");
             }
         }
     }

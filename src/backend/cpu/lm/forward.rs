@@ -107,7 +107,7 @@ impl KvCaches {
     }
 
     /// As [`KvCaches::kv`], always as i32.
-    pub fn wide(&self, seq: usize, l: usize, len: usize) -> (&[i32], &[i32]) {
+    fn wide(&self, seq: usize, l: usize, len: usize) -> (&[i32], &[i32]) {
         let (k, v) = (self.start(seq, l, 0), self.start(seq, l, 1));
         let n = len * self.d;
         (&self.wide[k..k + n], &self.wide[v..v + n])
@@ -302,18 +302,12 @@ pub fn forward(
                 .with_min_len(split.min_len(1))
                 .enumerate()
                 .for_each(|(i, out)| {
-                    let (k, v) = caches_ro.wide(items[i].seq, l, pos[i] + 1);
-                    attention(
-                        isa,
-                        &qkv[i * 3 * d..i * 3 * d + d],
-                        k,
-                        v,
-                        pos[i] + 1,
-                        d,
-                        hd,
-                        &model.tables,
-                        out,
-                    );
+                    let (q, len) = (&qkv[i * 3 * d..i * 3 * d + d], pos[i] + 1);
+                    let t = &model.tables;
+                    match caches_ro.kv(items[i].seq, l, len) {
+                        Kv::Wide(k, v) => attention(isa, q, k, v, len, d, hd, t, out),
+                        Kv::Narrow(k, v) => attention(isa, q, k, v, len, d, hd, t, out),
+                    }
                 });
         }
         let (xq, sc) = quantize(isa, &o, d, FQKV, split);
