@@ -23,56 +23,35 @@ pub fn reuse_freed_memory() {
 /// samples on a VM); mapped, a page is faulted once, when first written, and pages never
 /// written cost nothing. Huge pages (`MADV_HUGEPAGE`) were tried and not kept: on the Zen 5
 /// VM they made the decode no faster (9.4-10.3 s against 8.4-10.3) and the kernel's time
-/// for the shipped model's sessions varied 0.06-0.67 s against 0.09-0.35. Small buffers,
-/// and other systems, use the heap.
-pub struct ZeroedPages<T: bytemuck::Zeroable + Copy> {
+/// for the shipped model's sessions varied 0.06-0.67 s against 0.09-0.35. Small buffers use
+/// the heap.
+pub struct ZeroedPages<T: bytemuck::Pod> {
     storage: Storage<T>,
 }
 
 enum Storage<T> {
     Heap(Box<[T]>),
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    /// An anonymous mapping (page-aligned, zero-filled), `len` T's at its start.
     Mapped {
-        ptr: std::ptr::NonNull<T>,
+        map: memmap2::MmapMut,
         len: usize,
-        bytes: usize,
     },
 }
-
-// SAFETY: the mapping is owned by the buffer alone (like a Box), so it moves and is shared
-// between threads as a `[T]` would be.
-unsafe impl<T: bytemuck::Zeroable + Copy + Send> Send for ZeroedPages<T> {}
-unsafe impl<T: bytemuck::Zeroable + Copy + Sync> Sync for ZeroedPages<T> {}
 
 /// Buffers below this stay on the heap, whose freed blocks the next session reuses.
 const MAP_AT_LEAST: usize = 4 << 20;
 
-impl<T: bytemuck::Zeroable + Copy> ZeroedPages<T> {
+impl<T: bytemuck::Pod> ZeroedPages<T> {
     /// `len` zeros; an allocation failure panics, as a `Vec`'s does.
     pub fn new(len: usize) -> Self {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .expect("ZeroedPages: size overflows");
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        if bytes >= MAP_AT_LEAST && std::mem::align_of::<T>() <= 4096 {
-            // SAFETY: a fresh private anonymous mapping, checked for failure; the kernel
-            // fills it with zeros, a valid T (Zeroable), and it is page-aligned, enough for
-            // T.
-            unsafe {
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
-                    bytes,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                );
-                if p != libc::MAP_FAILED {
-                    let ptr = std::ptr::NonNull::new(p as *mut T).expect("mmap gave null");
-                    return ZeroedPages {
-                        storage: Storage::Mapped { ptr, len, bytes },
-                    };
-                }
+        if bytes >= MAP_AT_LEAST {
+            if let Ok(map) = memmap2::MmapMut::map_anon(bytes) {
+                return ZeroedPages {
+                    storage: Storage::Mapped { map, len },
+                };
             }
         }
         ZeroedPages {
@@ -81,41 +60,24 @@ impl<T: bytemuck::Zeroable + Copy> ZeroedPages<T> {
     }
 }
 
-impl<T: bytemuck::Zeroable + Copy> std::ops::Deref for ZeroedPages<T> {
+impl<T: bytemuck::Pod> std::ops::Deref for ZeroedPages<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         match &self.storage {
             Storage::Heap(b) => b,
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: `len` initialized T's (zeros or what was written) at `ptr`, borrowed
-            // with `self`.
-            Storage::Mapped { ptr, len, .. } => unsafe {
-                std::slice::from_raw_parts(ptr.as_ptr(), *len)
-            },
+            Storage::Mapped { map, len } => {
+                bytemuck::cast_slice(&map[..len * std::mem::size_of::<T>()])
+            }
         }
     }
 }
 
-impl<T: bytemuck::Zeroable + Copy> std::ops::DerefMut for ZeroedPages<T> {
+impl<T: bytemuck::Pod> std::ops::DerefMut for ZeroedPages<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         match &mut self.storage {
             Storage::Heap(b) => b,
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: as for `deref`, borrowed mutably with `self`.
-            Storage::Mapped { ptr, len, .. } => unsafe {
-                std::slice::from_raw_parts_mut(ptr.as_ptr(), *len)
-            },
-        }
-    }
-}
-
-impl<T: bytemuck::Zeroable + Copy> Drop for ZeroedPages<T> {
-    fn drop(&mut self) {
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        if let Storage::Mapped { ptr, bytes, .. } = self.storage {
-            // SAFETY: the mapping made in `new`, unmapped once; no borrow outlives self.
-            unsafe {
-                libc::munmap(ptr.as_ptr() as *mut libc::c_void, bytes);
+            Storage::Mapped { map, len } => {
+                bytemuck::cast_slice_mut(&mut map[..*len * std::mem::size_of::<T>()])
             }
         }
     }
@@ -127,7 +89,7 @@ mod tests {
 
     #[test]
     fn zeroed_pages_start_zero_and_keep_what_is_written() {
-        // One on the heap, one mapped (on Linux with glibc).
+        // One on the heap, one mapped.
         for len in [1000usize, (8 << 20) / 4 + 3] {
             let mut b = ZeroedPages::<i32>::new(len);
             assert_eq!(b.len(), len);
