@@ -461,6 +461,34 @@ mod tests {
         }
     }
 
+    fn check_weighted_values<T: KvValue>(
+        isa: Isa,
+        p: &[i32],
+        vc: &[T],
+        d: usize,
+        hd: usize,
+        want: &[i64],
+    ) {
+        let mut got = vec![7i64; d];
+        weighted_values(isa, p, vc, d, hd, &mut got);
+        let (len, i16) = (p.len() / (d / hd), T::NARROW);
+        assert_eq!(got, want, "{isa:?} i16 {i16}: len={len} d={d} hd={hd}");
+    }
+
+    /// [`dots`] at every level equals [`dots_reference`].
+    fn check_dots<T: KvValue>(q: &[i32], kc: &[T], len: usize, d: usize, hd: usize) {
+        let mut want = vec![0i64; len * d / hd];
+        for (off, dots) in (0..d).step_by(hd).zip(want.chunks_exact_mut(len)) {
+            dots_reference(&q[off..off + hd], kc, d, off, dots);
+        }
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            let mut got = vec![7i64; len * d / hd];
+            dots(isa, q, kc, d, hd, &mut got);
+            let i16 = T::NARROW;
+            assert_eq!(got, want, "{isa:?} i16 {i16}: len={len} d={d} hd={hd}");
+        }
+    }
+
     #[test]
     fn weighted_values_equal_the_definition() {
         let mut x = 5u64;
@@ -503,26 +531,22 @@ mod tests {
                 weighted_values_by_8(p, &vc, d, off, &mut got);
                 assert_eq!(got, acc, "by 8: len={len} d={d} hd={hd} off={off}");
             }
+            // Every level from the i32 cache, and from an i16 one (the narrow copy), its
+            // extremes included, against the definition.
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                let mut got = vec![7i64; d];
-                weighted_values(isa, &ph, &vc, d, hd, &mut got);
-                assert_eq!(got, want, "{isa:?}: len={len} d={d} hd={hd}");
+                check_weighted_values(isa, &ph, &vc, d, hd, &want);
             }
-            // The same from an i16 cache (the narrow copy), its extremes included.
             let v16: Vec<i16> = vc
                 .iter()
                 .map(|&v| (v >> 5).clamp(-32768, 32767) as i16)
                 .collect();
-            let v32: Vec<i32> = v16.iter().map(|&v| v as i32).collect();
             let mut want = vec![0i64; d];
             for (off, acc) in (0..d).step_by(hd).zip(want.chunks_exact_mut(hd)) {
                 let p = &ph[off / hd * len..(off / hd + 1) * len];
-                weighted_values_reference(p, &v32, d, off, acc);
+                weighted_values_reference(p, &v16, d, off, acc);
             }
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                let mut got = vec![7i64; d];
-                weighted_values(isa, &ph, &v16, d, hd, &mut got);
-                assert_eq!(got, want, "{isa:?} i16: len={len} d={d} hd={hd}");
+                check_weighted_values(isa, &ph, &v16, d, hd, &want);
             }
         }
     }
@@ -552,29 +576,14 @@ mod tests {
             };
             let kc: Vec<i32> = (0..len * d).map(&mut val).collect();
             let q: Vec<i32> = (0..d).map(|i| val(i / 2)).collect();
-            let mut want = vec![0i64; len * d / hd];
-            for (off, dots) in (0..d).step_by(hd).zip(want.chunks_exact_mut(len)) {
-                dots_reference(&q[off..off + hd], &kc, d, off, dots);
-            }
-            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                let mut got = vec![7i64; len * d / hd];
-                dots(isa, &q, &kc, d, hd, &mut got);
-                assert_eq!(got, want, "{isa:?}: len={len} d={d} hd={hd}");
-            }
-            // The same from an i16 cache (the narrow copy), its extremes included.
+            // Every level against the definition, from the i32 cache and from an i16 one
+            // (the narrow copy), its extremes included.
+            check_dots(&q, &kc, len, d, hd);
             let k16: Vec<i16> = kc
                 .iter()
                 .map(|&k| (k >> 5).clamp(-32768, 32767) as i16)
                 .collect();
-            let k32: Vec<i32> = k16.iter().map(|&k| k as i32).collect();
-            for (off, dots) in (0..d).step_by(hd).zip(want.chunks_exact_mut(len)) {
-                dots_reference(&q[off..off + hd], &k32, d, off, dots);
-            }
-            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                let mut got = vec![7i64; len * d / hd];
-                dots(isa, &q, &k16, d, hd, &mut got);
-                assert_eq!(got, want, "{isa:?} i16: len={len} d={d} hd={hd}");
-            }
+            check_dots(&q, &k16, len, d, hd);
         }
     }
 }
