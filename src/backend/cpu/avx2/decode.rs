@@ -70,7 +70,9 @@ pub(in crate::backend::cpu) unsafe fn refill(
     words: *const u16,
     pos: &mut usize,
 ) -> __m256i {
-    let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(x), _mm256_setzero_si256());
+    // A lane's top 16-bit half is zero: the sign bit of its dword (all `movemask_ps`
+    // reads) is that half's compare, one operation where a 32-bit test took two.
+    let need = _mm256_cmpeq_epi16(x, _mm256_setzero_si256());
     let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
     // The stream is padded with LANES words and `pos <= len` held after the last stage, so
     // these 8 words are in bounds; the caller checks `pos` against `len` after the stage.
@@ -80,10 +82,16 @@ pub(in crate::backend::cpu) unsafe fn refill(
     // permute and mask it replaced (avx2 branches before zen5dec), and one operation fewer.
     let w = _mm256_shuffle_epi8(w, _mm256_load_si256(EXPAND.0[m].as_ptr().cast()));
     *pos += m.count_ones() as usize;
-    // Refilling lanes shift left by 16 and take their word; the others shift by 0 and OR 0
-    // (cheaper than a byte blend, which is three micro-ops on recent Intel cores).
-    let sh = _mm256_and_si256(need, _mm256_set1_epi32(16));
-    _mm256_or_si256(_mm256_sllv_epi32(x, sh), w)
+    // Refilling lanes take their state shifted left by 16 (a dword blend on the compare's
+    // sign bits: one operation, where turning the compare into shift counts took one more
+    // on a Zen 5; on Intel cores `vblendvps` is two or three micro-ops, not measured here)
+    // and OR their word; the others OR 0.
+    let up = _mm256_castps_si256(_mm256_blendv_ps(
+        _mm256_castsi256_ps(x),
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x)),
+        _mm256_castsi256_ps(need),
+    ));
+    _mm256_or_si256(up, w)
 }
 
 /// Refill the chunk's four vectors in lane order and check the stream did not run dry.
