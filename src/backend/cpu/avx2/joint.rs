@@ -153,6 +153,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
     let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
     let none = _mm256_set1_epi32(JointDec::NONE as i32);
     let (rp, cp) = (reference.as_ptr(), codes.as_mut_ptr());
+    let emask_raw = emask;
     let (mant, emask) = (
         _mm_cvtsi32_si128(mant as i32),
         _mm256_set1_epi32(emask as i32),
@@ -179,6 +180,11 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
         _mm256_loadu_si256(rows_b.as_ptr().add(32).cast()),
     ];
     let lo_v = _mm256_set1_epi32(lo as i32);
+    let (lo16, emask16, outside16) = (
+        _mm256_set1_epi16(lo as i16),
+        _mm256_set1_epi16(emask_raw as i16),
+        _mm256_set1_epi16(!63),
+    );
     let outside = _mm256_set1_epi32(!63);
     let byte_none = _mm256_set1_epi32(255);
     let (by_ctx, wslots) = (!table.window_slots.is_empty(), table.window_slots.as_ptr());
@@ -205,23 +211,76 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
         let in_window = _mm256_testz_si256(any, outside) != 0;
         if by_ctx && in_window {
             // Slots by context: no row lookup; a context without a row reads `POISON`.
+            // Its own loop while the steps stay in the window: the states stay in
+            // registers.
+            let mut xs = x;
+            let mut rel12 = [_mm256_setzero_si256(); NV];
             for v in 0..NV {
-                let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
-                // In bounds: `rel` < 64, slots below 2^12.
-                let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(rel[v]), slot);
-                let e = _mm256_i32gather_epi32::<4>(wslots.cast(), idx);
-                poisoned = _mm256_max_epu32(poisoned, e);
-                x[v] = step_window(x[v], e, words, &mut pos);
-                store::<T>(cp.add(base + 8 * v), e, small);
+                rel12[v] = _mm256_slli_epi32::<{ PROB_BITS as i32 }>(rel[v]);
             }
-            if pos > st.len {
-                return Err(if any_poison(poisoned) {
-                    no_row()
+            loop {
+                let base = done;
+                for v in 0..NV {
+                    let slot = _mm256_and_si256(xs[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
+                    // In bounds: `rel` < 64, slots below 2^12.
+                    let idx = _mm256_or_si256(rel12[v], slot);
+                    let e = _mm256_i32gather_epi32::<4>(wslots.cast(), idx);
+                    poisoned = _mm256_max_epu32(poisoned, e);
+                    xs[v] = step_window(xs[v], e, words, &mut pos);
+                    store::<T>(cp.add(base + 8 * v), e, small);
+                }
+                if pos > st.len {
+                    return Err(if any_poison(poisoned) {
+                        no_row()
+                    } else {
+                        overrun()
+                    });
+                }
+                done += LANES;
+                if done >= full || (guarded && st.len - pos < LANES) {
+                    break;
+                }
+                after.after(cp, done);
+                if T::BITS == 16 {
+                    // 16 contexts a vector in 16-bit lanes (every context is below 2^9),
+                    // widened for the index: 11 operations a step fewer than 8 at a time.
+                    let mut any = _mm256_setzero_si256();
+                    let mut r16 = [_mm256_setzero_si256(); 2];
+                    for (h, r16) in r16.iter_mut().enumerate() {
+                        let r = _mm256_loadu_si256(rp.add(2 * (done + 16 * h)).cast());
+                        let er = _mm256_and_si256(_mm256_srl_epi16(r, mant), emask16);
+                        let ctx =
+                            _mm256_add_epi16(_mm256_add_epi16(er, er), _mm256_srli_epi16::<15>(r));
+                        *r16 = _mm256_sub_epi16(ctx, lo16);
+                        any = _mm256_or_si256(any, *r16);
+                    }
+                    if _mm256_testz_si256(any, outside16) == 0 {
+                        break;
+                    }
+                    for (h, r16) in r16.iter().enumerate() {
+                        let lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(*r16));
+                        let hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256::<1>(*r16));
+                        rel12[2 * h] = _mm256_slli_epi32::<{ PROB_BITS as i32 }>(lo);
+                        rel12[2 * h + 1] = _mm256_slli_epi32::<{ PROB_BITS as i32 }>(hi);
+                    }
                 } else {
-                    overrun()
-                });
+                    let mut any = _mm256_setzero_si256();
+                    for v in 0..NV {
+                        rel[v] = _mm256_sub_epi32(
+                            ref_contexts::<T>(rp, done + 8 * v, mant, emask),
+                            lo_v,
+                        );
+                        any = _mm256_or_si256(any, rel[v]);
+                    }
+                    if _mm256_testz_si256(any, outside) == 0 {
+                        break;
+                    }
+                    for v in 0..NV {
+                        rel12[v] = _mm256_slli_epi32::<{ PROB_BITS as i32 }>(rel[v]);
+                    }
+                }
             }
-            done += LANES;
+            x = xs;
             continue;
         }
         let mut row = [_mm256_setzero_si256(); NV];
