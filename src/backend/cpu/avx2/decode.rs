@@ -544,13 +544,13 @@ impl AfterStep for Fused16<'_> {
 pub(in crate::backend::cpu) struct Tails16 {
     /// What turns `J + 17` into `u` for J < 16 (by xor; 0 from J = 7 on).
     u_fix: __m256i,
-    /// (1 << i) - 1, at most 0xFF: the low byte of a tail mask of i bits, and at i - 8 its
-    /// high byte.
-    ones_below: __m256i,
     /// 2^i below 8, 0 above: the bytes of 2^e as entries e and e - 8.
     pow2: __m256i,
     /// 2^(8 - s) for s in 1..8 at entry s, and entry 8 + s its high byte (1 for s = 0).
     shift_m: __m256i,
+    /// 0x0101 in every lane, opaque to the compiler: it would turn the multiply that copies
+    /// a byte into both halves of a lane into a shift and an add (two operations for one).
+    dup: __m256i,
     /// The high byte of 2^(13 + b) for b < 3 (b = 16 wraps to entry 0: harmless, below).
     down_hi: __m256i,
 }
@@ -565,8 +565,8 @@ impl Tails16 {
             _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
         };
         Tails16 {
+            dup: _mm256_set1_epi16(std::hint::black_box(0x0101)),
             u_fix: table(|j| u_of_joint(j) ^ (j as u8 + 17)),
-            ones_below: table(|i| if i >= 8 { 0xFF } else { (1u8 << i) - 1 }),
             pow2: table(|i| if i < 8 { 1 << i } else { 0 }),
             shift_m: table(|i| match i {
                 1..=7 => 1 << (8 - i),
@@ -582,6 +582,30 @@ impl Tails16 {
         }
     }
 }
+
+/// The bit offsets that start the two halves' windows, `s0` (the group's first bit in its
+/// byte) in the low half's 8 lanes and `s1 % 8` in the high half's, at entry `8·s0 + s1 % 8`:
+/// one load where building the vector from two scalars took five operations.
+#[repr(C, align(32))]
+struct Starts([[u16; 16]; 64]);
+
+static STARTS: Starts = {
+    let mut t = [[0u16; 16]; 64];
+    let mut e = 0;
+    while e < 64 {
+        let mut l = 0;
+        while l < 16 {
+            t[e][l] = if l < 8 {
+                (e / 8) as u16
+            } else {
+                (e % 8) as u16
+            };
+            l += 1;
+        }
+        e += 1;
+    }
+    Starts(t)
+};
 
 /// One group of [`finish_u16`]: the 16 elements whose codes are at `codes`, reference at
 /// `reference` and output at `out`, their tails from bit `*bits` of `tail` (advanced past
@@ -651,34 +675,35 @@ pub(in crate::backend::cpu) unsafe fn group16(
     );
     let off = _mm256_add_epi16(
         off,
-        _mm256_set_m128i(_mm_set1_epi16((s1 % 8) as i16), _mm_set1_epi16(s0 as i16)),
+        _mm256_load_si256(STARTS.0[(8 * s0 + s1 % 8) as usize].as_ptr().cast()),
     );
+    // Both bytes of each lane hold `off` (below 2^8): the byte shuffles' indices below
+    // without a shift and an or each.
+    let off2 = _mm256_mullo_epi16(off, tb.dup);
     // Bytes k - 1, k and k + 1, k + 2 of the lane's window (k its tail's first byte, at
     // most 12) as two 16-bit words; byte -1 (index 0xFF) reads 0.
-    let k = _mm256_srli_epi16::<3>(off);
-    let kk = _mm256_or_si256(k, _mm256_slli_epi16::<8>(k));
+    let kk = _mm256_and_si256(_mm256_srli_epi16::<3>(off2), _mm256_set1_epi16(0x1F1F));
     let w0 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x00FF)));
     let w1 = _mm256_shuffle_epi8(w, _mm256_add_epi8(kk, _mm256_set1_epi16(0x0201)));
     // The 32 bits w1:w0 shifted right by 8 + s (s = off & 7, the tail's first bit in
     // byte k): w0 >> (8 + s) | w1 << (8 - s), both by multiplying with 2^(8 - s).
-    let s = _mm256_and_si256(off, _mm256_set1_epi16(7));
     let m = _mm256_shuffle_epi8(
         tb.shift_m,
-        _mm256_add_epi8(
-            _mm256_or_si256(s, _mm256_slli_epi16::<8>(s)),
+        _mm256_or_si256(
+            _mm256_and_si256(off2, _mm256_set1_epi16(0x0707)),
             _mm256_set1_epi16(0x0800),
         ),
     );
     let raw = _mm256_or_si256(_mm256_mulhi_epu16(w0, m), _mm256_mullo_epi16(w1, m));
-    // (1 << len) - 1: entries len (low byte) and len - 8 (high byte; below 8: 0).
-    let ll = _mm256_or_si256(len, _mm256_slli_epi16::<8>(len));
-    let mask = _mm256_shuffle_epi8(
-        tb.ones_below,
-        _mm256_add_epi8(ll, _mm256_set1_epi16(0xF800_u16 as i16)),
+    // 2^len (0 where b < 3, and len = 0), and from it (1 << len) - 1.
+    let bb = _mm256_mullo_epi16(b, tb.dup);
+    let up = _mm256_shuffle_epi8(
+        tb.pow2,
+        _mm256_add_epi8(bb, _mm256_set1_epi16(0xF5FD_u16 as i16)),
     );
-    let t = _mm256_and_si256(raw, mask);
+    let t = _mm256_and_si256(raw, _mm256_subs_epu16(up, _mm256_set1_epi16(1)));
     *bits += total as u64;
-    let delta = displacement16(u, b, t, signed, tb.pow2, tb.down_hi);
+    let delta = displacement16(u, b, up, t, signed, tb.down_hi);
     let r = _mm256_loadu_si256(reference.cast());
     // key(r) = r ^ (negative ? 0xFFFF : 0x8000), and back.
     let key = _mm256_xor_si256(r, _mm256_or_si256(_mm256_srai_epi16::<15>(r), h));
@@ -722,9 +747,9 @@ unsafe fn tail_offsets16(len: __m256i) -> (__m256i, u32, u32) {
 unsafe fn displacement16(
     u: __m256i,
     b: __m256i,
+    up: __m256i,
     t: __m256i,
     signed: bool,
-    pow2: __m256i,
     down_hi: __m256i,
 ) -> __m256i {
     let (zero, one) = (_mm256_setzero_si256(), _mm256_set1_epi16(1));
@@ -732,20 +757,14 @@ unsafe fn displacement16(
         _mm256_set1_epi16(4),
         _mm256_and_si256(_mm256_srli_epi16::<1>(u), _mm256_set1_epi16(3)),
     );
-    let bb = _mm256_or_si256(b, _mm256_slli_epi16::<8>(b));
-    let up = _mm256_shuffle_epi8(
-        pow2,
-        _mm256_add_epi8(bb, _mm256_set1_epi16(0xF5FD_u16 as i16)),
-    );
     let down = _mm256_slli_epi16::<8>(_mm256_shuffle_epi8(down_hi, b));
     let v = _mm256_or_si256(
         _mm256_or_si256(_mm256_mullo_epi16(top, up), _mm256_mulhi_epu16(top, down)),
         t,
     );
     if signed {
-        // neg = u & 1: 0 or all ones.
-        let neg = _mm256_sub_epi16(zero, _mm256_and_si256(u, one));
-        _mm256_sub_epi16(_mm256_xor_si256(v, neg), neg)
+        // -v where neg = u & 1 (the sign's operand negative), else v (positive).
+        _mm256_sign_epi16(v, _mm256_or_si256(_mm256_slli_epi16::<15>(u), one))
     } else {
         // ZigZag: (v >> 1) ^ -(v & 1)
         _mm256_xor_si256(
