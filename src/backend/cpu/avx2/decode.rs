@@ -914,7 +914,10 @@ pub(in crate::backend::cpu) struct Tails32 {
     /// J = 7 on), as in `finish_u16`.
     u_fix: __m256i,
     low31: __m256i,
-    sums_at: __m256i,
+    /// The byte shuffle that puts each 128-bit half's four dwords' low bytes in its first
+    /// dword, and the dword permute that brings those two dwords together.
+    low_bytes: __m256i,
+    pair: __m256i,
     thirty_two: __m256i,
 }
 
@@ -931,19 +934,20 @@ impl Tails32 {
             _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
         };
         // Opaque to LLVM, so that it keeps the operations written here: with the constants
-        // in sight it turned the permute + `vmovd` below back into extracts (avx2g), a
-        // shift by 32 - m into a shift and a mask of m > 0, and `andnot(m, low31)` into a
-        // shift and two xors.
-        let (low31, sums_at, thirty_two) = std::hint::black_box((
-            _mm256_set1_epi32(i32::MAX),
-            _mm256_setr_epi32(7, 7, 7, 7, 3, 3, 3, 3),
-            _mm256_set1_epi32(32),
-        ));
+        // in sight it turned a shift by 32 - m into a shift and a mask of m > 0, and
+        // `andnot(m, low31)` into a shift and two xors.
+        let (low31, thirty_two) =
+            std::hint::black_box((_mm256_set1_epi32(i32::MAX), _mm256_set1_epi32(32)));
+        let z = -128i8;
         Some(Tails32 {
             last_bit: last_at as u64 * 8 + 7,
             u_fix,
             low31,
-            sums_at,
+            low_bytes: _mm256_setr_epi8(
+                0, 4, 8, 12, z, z, z, z, z, z, z, z, z, z, z, z, //
+                0, 4, 8, 12, z, z, z, z, z, z, z, z, z, z, z, z,
+            ),
+            pair: _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0),
             thirty_two,
         })
     }
@@ -1010,13 +1014,12 @@ unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
     // whatever the codes).
     let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
     let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
-    let (off, total) = tail_offsets(len, k.sums_at);
+    let (off, total) = tail_offsets(len, bits_in % 8, k);
     // All 8 tails and the 7 bits before the first lie in the 32 bytes from `at` (7 + 8
     // × 29 bits): one load whose address waits only on `bits`. Each lane takes the two
     // dwords holding its tail's first bit and the next (dword 6 and 7 at most) by
     // lane-crossing permutes and shifts the 64 bits right by the bit in the dword.
     let w = _mm256_loadu_si256(tail.as_ptr().add(at).cast());
-    let off = _mm256_add_epi32(off, _mm256_set1_epi32((bits_in % 8) as i32));
     let d = _mm256_srli_epi32::<5>(off);
     let lo = _mm256_permutevar8x32_epi32(w, d);
     let hi = _mm256_permutevar8x32_epi32(w, _mm256_add_epi32(d, _mm256_set1_epi32(1)));
@@ -1054,19 +1057,24 @@ unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
     true
 }
 
-/// Bit offsets of 8 consecutive raw tails of lengths `len` relative to the first
-/// (exclusive prefix sums) and their total; `sums_at` is 7, 7, 7, 7, 3, 3, 3, 3: one
-/// permute brings the low half's sum to the high half, another the total to lane 0 (a
-/// lane 7 extract is three micro-ops).
+/// Bit offsets of 8 consecutive raw tails of lengths `len` (at most 29) from bit `s0` (below
+/// 8) on: `s0` plus the exclusive prefix sums; and their total. The lengths go to the
+/// integer unit as the 8 bytes of one 64-bit word (a byte shuffle, a dword permute, a
+/// `vmovq`), whose product with 0x0101_0101_0101_0101 holds the running sums in its bytes
+/// (at most 7 + 8 × 29 = 239: no carry between bytes), and come back by `vmovq` and a zero
+/// extension: 5 vector operations where prefix sums in the vector unit took 13 (on a Zen 5
+/// the tail pass is bound by vector operations, two a cycle; the integer units were idle).
 #[inline(always)]
-unsafe fn tail_offsets(len: __m256i, sums_at: __m256i) -> (__m256i, u32) {
-    let mut p = len;
-    p = _mm256_add_epi32(p, _mm256_slli_si256::<4>(p));
-    p = _mm256_add_epi32(p, _mm256_slli_si256::<8>(p));
-    let lo = _mm256_permutevar8x32_epi32(p, sums_at);
-    p = _mm256_add_epi32(p, _mm256_blend_epi32::<0xF0>(_mm256_setzero_si256(), lo));
-    let total = _mm256_cvtsi256_si32(_mm256_permutevar8x32_epi32(p, sums_at)) as u32;
-    (_mm256_sub_epi32(p, len), total)
+unsafe fn tail_offsets(len: __m256i, s0: u64, k: &Tails32) -> (__m256i, u32) {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(len, k.low_bytes), k.pair);
+    let lens = _mm_cvtsi128_si64(_mm256_castsi256_si128(bytes)) as u64;
+    let sums = lens.wrapping_mul(ONES);
+    let off = sums - lens + s0 * ONES;
+    (
+        _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(off as i64)),
+        (sums >> 56) as u32,
+    )
 }
 
 /// The magnitudes of 8 elements' displacements (`word::compose`, before the sign) from
