@@ -175,20 +175,25 @@ fn main() {
         return;
     }
     let result = Opts::parse(&args[1..]).and_then(|o| {
-        if command != "table" {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(o.threads)
-                .build_global()
-                .map_err(|e| e.to_string())?;
+        if command == "table" {
+            // Builds its pools per row (one thread, then two).
+            return table::run(&o);
         }
-        match command.as_str() {
-            "table" => table::run(&o),
+        // Run on the pool's own thread, as `table` does: called from outside it, every
+        // parallel loop of a decode handed its work to a pool thread and waited to be woken
+        // (a tenth of a bf16 `decode-loop` went to these hand-offs on the Zen 5 VM, about 30
+        // µs per small tensor in its table building alone).
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(o.threads)
+            .build()
+            .map_err(|e| e.to_string())?;
+        pool.install(|| match command.as_str() {
             "stages" => stages::run(&o),
             "encode-loop" => loops::encode(&o),
             "decode-loop" => loops::decode(&o),
             "small-tensors" => loops::small_tensors(&o),
             c => Err(format!("unknown command {c}\n{USAGE}")),
-        }
+        })
     });
     if let Err(e) = result {
         eprintln!("measure: {e}");
