@@ -583,30 +583,6 @@ impl Tails16 {
     }
 }
 
-/// The bit offsets that start the two halves' windows, `s0` (the group's first bit in its
-/// byte) in the low half's 8 lanes and `s1 % 8` in the high half's, at entry `8·s0 + s1 % 8`:
-/// one load where building the vector from two scalars took five operations.
-#[repr(C, align(32))]
-struct Starts([[u16; 16]; 64]);
-
-static STARTS: Starts = {
-    let mut t = [[0u16; 16]; 64];
-    let mut e = 0;
-    while e < 64 {
-        let mut l = 0;
-        while l < 16 {
-            t[e][l] = if l < 8 {
-                (e / 8) as u16
-            } else {
-                (e % 8) as u16
-            };
-            l += 1;
-        }
-        e += 1;
-    }
-    Starts(t)
-};
-
 /// One group of [`finish_u16`]: the 16 elements whose codes are at `codes`, reference at
 /// `reference` and output at `out`, their tails from bit `*bits` of `tail` (advanced past
 /// them). Returns false, writing nothing, where the group's 32 bytes of tail could pass its
@@ -664,22 +640,31 @@ pub(in crate::backend::cpu) unsafe fn group16(
     };
     let b = _mm256_srli_epi16::<3>(u);
     let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3)); // b <= 16: max(b - 3, 0)
-    let (off, lo_total, total) = tail_offsets16(len);
+                                                          // Each half's 8 lengths (at most 31 whatever the codes) as the bytes of a 64-bit word,
+                                                          // whose product with 0x0101_0101_0101_0101 holds their running sums (at most 8 × 31:
+                                                          // no carry between bytes), as in `tail_offsets` for 32-bit floats.
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let bytes = _mm256_packus_epi16(len, len);
+    let lo = _mm_cvtsi128_si64(_mm256_castsi256_si128(bytes)) as u64;
+    let hi = _mm_cvtsi128_si64(_mm256_extracti128_si256::<1>(bytes)) as u64;
+    let (sum_lo, sum_hi) = (lo.wrapping_mul(ONES), hi.wrapping_mul(ONES));
+    let lo_total = (sum_lo >> 56) as u32;
+    let total = lo_total + (sum_hi >> 56) as u32;
     // Lanes 0..8 read the 16 bytes from `at`, lanes 8..16 the 16 from the byte of their
     // first tail (at most 13 bytes on: 7 + 8 × 13 bits; clamped whatever the codes, so
     // the load stays inside the 32 bytes checked above).
-    let (s0, s1) = (bits_in as u32 % 8, bits_in as u32 % 8 + lo_total);
+    let (s0, s1) = (bits_in % 8, bits_in % 8 + lo_total as u64);
     let w = _mm256_loadu2_m128i(
         tail.as_ptr().add(at + (s1 as usize / 8).min(16)).cast(),
         tail.as_ptr().add(at).cast(),
     );
-    let off = _mm256_add_epi16(
-        off,
-        _mm256_load_si256(STARTS.0[(8 * s0 + s1 % 8) as usize].as_ptr().cast()),
+    // Each lane's first bit in its half's window (below 2^8), in both bytes of the lane:
+    // the byte shuffles' indices below without a shift and an or each.
+    let o = _mm_set_epi64x(
+        (sum_hi - hi + s1 % 8 * ONES) as i64,
+        (sum_lo - lo + s0 * ONES) as i64,
     );
-    // Both bytes of each lane hold `off` (below 2^8): the byte shuffles' indices below
-    // without a shift and an or each.
-    let off2 = _mm256_mullo_epi16(off, tb.dup);
+    let off2 = _mm256_set_m128i(_mm_unpackhi_epi8(o, o), _mm_unpacklo_epi8(o, o));
     // Bytes k - 1, k and k + 1, k + 2 of the lane's window (k its tail's first byte, at
     // most 12) as two 16-bit words; byte -1 (index 0xFF) reads 0.
     let kk = _mm256_and_si256(_mm256_srli_epi16::<3>(off2), _mm256_set1_epi16(0x1F1F));
@@ -721,20 +706,6 @@ pub(in crate::backend::cpu) unsafe fn group16(
 fn u_of_joint(j: usize) -> u8 {
     let (b, q1, q2, neg) = joint_parts(j);
     8 * b + 4 * q1 + 2 * q2 + neg
-}
-
-/// Bit offsets of 16 consecutive raw tails of lengths `len` (16-bit lanes), each relative
-/// to the first of its 128-bit half (exclusive prefix sums per half), the low half's total
-/// and the total (at most 16 × 13).
-#[inline(always)]
-unsafe fn tail_offsets16(len: __m256i) -> (__m256i, u32, u32) {
-    let mut p = len;
-    p = _mm256_add_epi16(p, _mm256_slli_si256::<2>(p));
-    p = _mm256_add_epi16(p, _mm256_slli_si256::<4>(p));
-    p = _mm256_add_epi16(p, _mm256_slli_si256::<8>(p));
-    let lo = _mm256_extract_epi16::<7>(p) as u32 & 0xFFFF;
-    let hi = _mm256_extract_epi16::<15>(p) as u32 & 0xFFFF;
-    (_mm256_sub_epi16(p, len), lo, lo + hi)
 }
 
 /// [`displacement`] of 16 16-bit elements in 16-bit lanes (values and keys of 16-bit
