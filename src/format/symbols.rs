@@ -68,7 +68,7 @@ pub fn joint_symbol(s: &Sym) -> usize {
 
 /// Inverse of [`joint_symbol`]: (b, q1, q2, neg).
 #[inline]
-pub fn joint_parts(j: usize) -> (u8, u8, u8, u8) {
+pub const fn joint_parts(j: usize) -> (u8, u8, u8, u8) {
     match j {
         0 => (0, 0, 0, 0),
         1 | 2 => (1, 0, 0, (j - 1) as u8),

@@ -425,10 +425,16 @@ fn joint_blocked<T: Word>(
             )?;
             info_fn.fill::<T>(&reference[(at + k) * T::SIZE..(at + m) * T::SIZE], info);
             super::joint::decode_lanes(table, info, &mut codes[k..], &mut states, st, j_codes)?;
+            if T::BITS == 16 {
+                // What the AVX2 lanes store for 16-bit floats (`avx2::joint::decode`).
+                for c in &mut codes[k..] {
+                    *c = super::joint::u_of_joint(*c as usize & 255);
+                }
+            }
         }
         // The rest of the block: what the lanes' loop left.
         let (codes, r_rest, o_rest) = (
-            &codes[fused..],
+            &mut codes[fused..],
             &r[fused * T::SIZE..],
             &mut o[fused * T::SIZE..],
         );
@@ -458,13 +464,21 @@ fn joint_blocked<T: Word>(
             }
         };
         tail.consumed = bits;
-        let rest = &codes[done..];
-        if tail.consumed + tail_need(rest, j_codes) > avail {
+        let rest = &mut codes[done..];
+        if T::BITS == 16 {
+            // u back to per-element codes for the scalar pass.
+            for c in rest.iter_mut() {
+                let u = *c;
+                *c = u >> 3 | (u >> 2 & 1) << 7 | (u >> 1 & 1) << 8 | (u & 1) << 9;
+            }
+        }
+        let rest_j = j_codes && T::BITS != 16;
+        if tail.consumed + tail_need(rest, rest_j) > avail {
             return Err(bad("raw tail shorter than the bit lengths require"));
         }
         finish_scalar::<T>(
             rest,
-            j_codes,
+            rest_j,
             &r_rest[done * T::SIZE..],
             &mut o_rest[done * T::SIZE..],
             &mut tail,

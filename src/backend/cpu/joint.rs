@@ -55,6 +55,14 @@ pub fn code_of_joint() -> &'static [u32; 256] {
     })
 }
 
+/// `u = 8·b + 4·q1 + 2·q2 + neg` of joint symbol `j`: one number that gives b, the top bits
+/// and the sign by shifts (it is `j + 17` from j = 7, b = 3, on). What the AVX2 lanes store
+/// for 16-bit floats (below 2^8 there: b <= 16), so that their tail pass starts from it.
+pub fn u_of_joint(j: usize) -> u32 {
+    let (b, q1, q2, neg) = joint_parts(j);
+    8 * b as u32 + 4 * q1 as u32 + 2 * q2 as u32 + neg as u32
+}
+
 /// The J context of an element's reference facts: `er·2 + rs`.
 #[inline(always)]
 pub fn context(info: u16) -> usize {
@@ -497,7 +505,8 @@ pub struct JointDec<'a> {
     /// slot`), [`JointDec::POISON`] in every slot of a context without a row; empty unless
     /// [`JointDec::with_window_slots`] built it. The AVX2 lanes then index it by context
     /// straight away: no row lookup (two permutes, a blend and shifts per vector). Its
-    /// entries are `J | (slot - start) << 8 | (freq - 1) << 20`: the frequency by one shift,
+    /// entries are `J | (slot - start) << 8 | (freq - 1) << 20` (`u` of J in place of J for
+    /// 16-bit floats): the frequency by one shift,
     /// two vector operations fewer on the state chain than `slots`' order (see
     /// `avx2::joint::step_window`).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -559,7 +568,9 @@ impl<'a> JointDec<'a> {
     pub const POISON: u32 = u32::MAX;
 
     /// Builds [`JointDec::window_slots`]: 64 × 16 KiB written, worth it for large tensors.
-    pub fn with_window_slots(mut self) -> Self {
+    /// With `u_codes` (16-bit floats), each entry's low byte is [`u_of_joint`] of its symbol
+    /// instead of the symbol.
+    pub fn with_window_slots(mut self, u_codes: bool) -> Self {
         let total = PROB_TOTAL as usize;
         let mut ws = vec![Self::POISON; 64 * total];
         for (k, out) in ws.chunks_exact_mut(total).enumerate() {
@@ -567,7 +578,12 @@ impl<'a> JointDec<'a> {
                 Some(&r) if r != Self::NONE && (r as usize + 1) * total <= self.slots.len() => {
                     let row = &self.slots[r as usize * total..][..total];
                     for (o, &e) in out.iter_mut().zip(row) {
-                        *o = e & 255 | (e >> 20) << 8 | (e >> 8 & 0xFFF) << 20;
+                        let c = if u_codes {
+                            u_of_joint((e & 255) as usize)
+                        } else {
+                            e & 255
+                        };
+                        *o = c | (e >> 20) << 8 | (e >> 8 & 0xFFF) << 20;
                     }
                 }
                 _ => {}
@@ -621,7 +637,8 @@ pub fn decode_lanes(
 /// symbols into codes in the instructions the lanes would spend on 8 or 16, off the lanes'
 /// state chain (the lanes are bound by instruction count). AVX2 does the same for 32-bit
 /// floats: there the tail pass reads b, the top bits and the sign off `J + 17` in fewer
-/// instructions than it spent on the code, and the lanes skip `code_of`.
+/// instructions than it spent on the code, and the lanes skip `code_of`. For 16-bit floats
+/// the AVX2 lanes store [`u_of_joint`] of J, which their tail pass reads as it is.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const fn stores_j<T: Word>(isa: Isa) -> bool {
     match isa {

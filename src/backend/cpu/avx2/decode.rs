@@ -400,8 +400,8 @@ pub unsafe fn full_steps<T: Word>(
 /// Raw tails and the inverse transform for 16-bit elements, 16 at a time in 16-bit lanes,
 /// as `avx512::decode::finish_u16` does them 32 at a time (in 32-bit lanes this pass was
 /// 41% of a bf16 `--fast` decode's samples on a Zen 5 at this level, the lanes 38%): the
-/// codes (or, where `j_codes`, the joint symbols the lanes stored, expanded here off the
-/// lanes' state chain) narrowed to 16 bits; each tail's bit offset a prefix sum of the
+/// codes (or, where `u_codes`, what the Joint lanes store for 16-bit floats: `u` of each
+/// joint symbol, `super::super::joint::u_of_joint`) narrowed to 16 bits; each tail's bit offset a prefix sum of the
 /// lengths; its bits taken from the four bytes around the offset's byte by byte shuffles of
 /// two 16-byte windows, one per 128-bit half (8 tails of at most 13 bits and the 7 bits
 /// before the first lie in 16 bytes, so each half shuffles inside its own lane: no
@@ -420,7 +420,7 @@ pub unsafe fn full_steps<T: Word>(
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 pub unsafe fn finish_u16(
     codes: &[u32],
-    j_codes: bool,
+    u_codes: bool,
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
     tail: &[u8],
@@ -435,7 +435,7 @@ pub unsafe fn finish_u16(
         if !group16(
             &k,
             codes.as_ptr().add(j),
-            j_codes,
+            u_codes,
             reference.as_ptr().add(2 * j),
             out.as_mut_ptr().add(2 * j).cast(),
             tail,
@@ -542,8 +542,6 @@ impl AfterStep for Fused16<'_> {
 /// The byte tables [`group16`] looks up by `_mm256_shuffle_epi8` (an index with bit 7 set
 /// reads 0).
 pub(in crate::backend::cpu) struct Tails16 {
-    /// What turns `J + 17` into `u` for J < 16 (by xor; 0 from J = 7 on).
-    u_fix: __m256i,
     /// 2^i below 8, 0 above: the bytes of 2^e as entries e and e - 8.
     pow2: __m256i,
     /// 2^(8 - s) for s in 1..8 at entry s, and entry 8 + s its high byte (1 for s = 0).
@@ -566,7 +564,6 @@ impl Tails16 {
         };
         Tails16 {
             dup: _mm256_set1_epi16(std::hint::black_box(0x0101)),
-            u_fix: table(|j| u_of_joint(j) ^ (j as u8 + 17)),
             pow2: table(|i| if i < 8 { 1 << i } else { 0 }),
             shift_m: table(|i| match i {
                 1..=7 => 1 << (8 - i),
@@ -596,7 +593,7 @@ impl Tails16 {
 pub(in crate::backend::cpu) unsafe fn group16(
     tb: &Tails16,
     codes: *const u32,
-    j_codes: bool,
+    u_codes: bool,
     reference: *const u8,
     out: *mut u8,
     tail: &[u8],
@@ -616,15 +613,9 @@ pub(in crate::backend::cpu) unsafe fn group16(
         _mm256_loadu_si256(codes.cast()),
         _mm256_loadu_si256(codes.add(8).cast()),
     ));
-    // u = 8·b + 4·q1 + 2·q2 + neg.
-    let u = if j_codes {
-        // J + 17 from J = 7 on; below, its xor with `u_fix`. The index's high byte
-        // (0x80) and a low byte of J + 0x70 >= 0x80 (J >= 16) read 0.
-        let fix = _mm256_shuffle_epi8(
-            tb.u_fix,
-            _mm256_adds_epu8(c, _mm256_set1_epi16(0x8070_u16 as i16)),
-        );
-        _mm256_xor_si256(_mm256_add_epi16(c, _mm256_set1_epi16(17)), fix)
+    // u = 8·b + 4·q1 + 2·q2 + neg: what the Joint lanes store for 16-bit floats.
+    let u = if u_codes {
+        c
     } else {
         // From the code `b | q1 << 7 | q2 << 8 | neg << 9` (below 2^10).
         _mm256_or_si256(
@@ -701,11 +692,31 @@ pub(in crate::backend::cpu) unsafe fn group16(
     true
 }
 
-/// `u = 8·b + 4·q1 + 2·q2 + neg` of joint symbol `j` below 16, which is `j + 17` from
-/// j = 7 (b = 3) on: the one number [`finish_u16`] takes b, the top bits and the sign from.
-fn u_of_joint(j: usize) -> u8 {
-    let (b, q1, q2, neg) = joint_parts(j);
-    8 * b + 4 * q1 + 2 * q2 + neg
+/// `u_of_joint` below 16 as bytes, `u_of_joint(j) ^ (j + 17)` (0 from j = 7 on), twice.
+static U_FIX: [u8; 32] = {
+    let mut t = [0u8; 32];
+    let mut j = 0;
+    while j < 32 {
+        let (b, q1, q2, neg) = joint_parts(j % 16);
+        t[j] = (8 * b + 4 * q1 + 2 * q2 + neg) ^ ((j % 16) as u8 + 17);
+        j += 1;
+    }
+    t
+};
+
+/// `super::super::joint::u_of_joint` of 8 joint symbols (below 2^8) in 32-bit lanes: `J + 17`
+/// from J = 7 on; below, its xor with [`U_FIX`] (index bytes 1..3 read 0 by their 0x80, byte
+/// 0 of J + 0x70 >= 0x80 from J = 16 on).
+///
+/// # Safety
+/// AVX2 (inlined into code built for it).
+#[inline(always)]
+pub(in crate::backend::cpu) unsafe fn u16_of_joint(j: __m256i) -> __m256i {
+    let fix = _mm256_shuffle_epi8(
+        _mm256_loadu_si256(U_FIX.as_ptr().cast()),
+        _mm256_adds_epu8(j, _mm256_set1_epi32(0x8080_8070_u32 as i32)),
+    );
+    _mm256_xor_si256(_mm256_add_epi32(j, _mm256_set1_epi32(17)), fix)
 }
 
 /// [`displacement`] of 16 16-bit elements in 16-bit lanes (values and keys of 16-bit
@@ -900,10 +911,7 @@ impl Tails32 {
     #[inline(always)]
     pub(in crate::backend::cpu) unsafe fn new(tail: &[u8]) -> Option<Self> {
         let last_at = tail.len().checked_sub(32)?;
-        let u_fix = {
-            let t: [u8; 16] = std::array::from_fn(|j| u_of_joint(j) ^ (j as u8 + 17));
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
-        };
+        let u_fix = _mm256_loadu_si256(U_FIX.as_ptr().cast());
         // Opaque to LLVM, so that it keeps the operations written here: with the constants
         // in sight it turned a shift by 32 - m into a shift and a mask of m > 0, and
         // `andnot(m, low31)` into a shift and two xors.

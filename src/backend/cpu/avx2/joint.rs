@@ -12,7 +12,7 @@ use super::super::encode::Scratch;
 use super::super::joint::{context, small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::super::Isa;
-use super::decode::{overrun, refill, AfterStep};
+use super::decode::{overrun, refill, u16_of_joint, AfterStep};
 use super::encode::{
     codes_and_tails, first, flat_slots16, flat_slots32, gather_flat, load_u32, put4, SLACK,
 };
@@ -88,15 +88,18 @@ unsafe fn step_window(x: __m256i, e: __m256i, words: *const u16, pos: &mut usize
     refill(xs, words, pos)
 }
 
-/// Store 8 entries' symbols at `to`: for 16- and 32-bit floats J itself (`stores_j`), for
-/// the tail pass to expand; else their per-element codes.
+/// Store 8 entries' symbols at `to`: for 32-bit floats J itself (`stores_j`), for the tail
+/// pass to expand; for 16-bit floats `u_of_joint` of J (`window` entries hold it already);
+/// else their per-element codes.
 ///
 /// # Safety
 /// AVX2; 8 `u32` writable at `to`.
 #[inline(always)]
-unsafe fn store<T: Word>(to: *mut u32, e: __m256i, small: __m256i) {
+unsafe fn store<T: Word>(to: *mut u32, e: __m256i, small: __m256i, window: bool) {
     let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
-    let c = if stores_j::<T>(Isa::Avx2) {
+    let c = if T::BITS == 16 && !window {
+        u16_of_joint(j)
+    } else if stores_j::<T>(Isa::Avx2) {
         j
     } else {
         code_of(j, small)
@@ -227,7 +230,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
                     let e = _mm256_i32gather_epi32::<4>(wslots.cast(), idx);
                     poisoned = _mm256_max_epu32(poisoned, e);
                     xs[v] = step_window(xs[v], e, words, &mut pos);
-                    store::<T>(cp.add(base + 8 * v), e, small);
+                    store::<T>(cp.add(base + 8 * v), e, small, true);
                 }
                 if pos > st.len {
                     return Err(if any_poison(poisoned) {
@@ -315,7 +318,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
             let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(row[v]), slot);
             let e = _mm256_i32gather_epi32::<4>(slots.cast(), idx);
             x[v] = step_state(x[v], e, words, &mut pos);
-            store::<T>(cp.add(base + 8 * v), e, small);
+            store::<T>(cp.add(base + 8 * v), e, small, false);
         }
         if pos > st.len {
             return Err(if any_poison(poisoned) {
