@@ -506,9 +506,8 @@ pub struct JointDec<'a> {
     /// [`JointDec::with_window_slots`] built it. The AVX2 lanes then index it by context
     /// straight away: no row lookup (two permutes, a blend and shifts per vector). Its
     /// entries are `J | (slot - start) << 8 | (freq - 1) << 20` (`u` of J in place of J for
-    /// 16-bit floats): the frequency by one shift,
-    /// two vector operations fewer on the state chain than `slots`' order (see
-    /// `avx2::joint::step_window`).
+    /// 16-bit floats): the frequency by one shift, two vector operations fewer on the state
+    /// chain than `slots`' order (see `avx2::joint::step_window`).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub window_slots: Vec<u32>,
 }

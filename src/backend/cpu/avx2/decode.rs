@@ -401,22 +401,23 @@ pub unsafe fn full_steps<T: Word>(
 /// as `avx512::decode::finish_u16` does them 32 at a time (in 32-bit lanes this pass was
 /// 41% of a bf16 `--fast` decode's samples on a Zen 5 at this level, the lanes 38%): the
 /// codes (or, where `u_codes`, what the Joint lanes store for 16-bit floats: `u` of each
-/// joint symbol, `super::super::joint::u_of_joint`) narrowed to 16 bits; each tail's bit offset a prefix sum of the
-/// lengths; its bits taken from the four bytes around the offset's byte by byte shuffles of
-/// two 16-byte windows, one per 128-bit half (8 tails of at most 13 bits and the 7 bits
-/// before the first lie in 16 bytes, so each half shuffles inside its own lane: no
-/// lane-crossing picks); then the value rebuilt, turned into a displacement and added to the
-/// reference's ordered key. AVX2 has no variable 16-bit shifts: every shift by a lane's own
-/// count is a multiply by a power of two that a byte shuffle looks up (`mullo` shifts left,
-/// `mulhi` right). The first tail starts at bit `bits` of `tail` (a block after the first
-/// continues where the last one ended). Does every whole group of 16 while the windows fit
-/// the tail and returns how many elements it did and the bit where their tails end; the
-/// caller finishes the rest. Every read stays inside `tail` whatever the codes (each group
-/// checks its 32 bytes); whether the tail's length matches the codes is the caller's check.
+/// joint symbol, `super::super::joint::u_of_joint`) narrowed to 16 bits; each tail's bit
+/// offset a running sum of the lengths (by a multiply in the integer unit); its bits taken
+/// from the four bytes around the offset's byte by byte shuffles of two 16-byte windows,
+/// one per 128-bit half (8 tails of at most 13 bits and the 7 bits before the first lie in
+/// 16 bytes, so each half shuffles inside its own lane: no lane-crossing picks); then the
+/// value rebuilt, turned into a displacement and added to the reference's ordered key. AVX2
+/// has no variable 16-bit shifts: every shift by a lane's own count is a multiply by a
+/// power of two that a byte shuffle looks up (`mullo` shifts left, `mulhi` right). The
+/// first tail starts at bit `bits` of `tail` (a block after the first continues where the
+/// last one ended). Does every whole group of 16 while the windows fit the tail and returns
+/// how many elements it did and the bit where their tails end; the caller finishes the
+/// rest. Every read stays inside `tail` whatever the codes (each group checks its 32
+/// bytes); whether the tail's length matches the codes is the caller's check.
 ///
 /// # Safety
 /// The CPU must have AVX2; the codes must be below 2^16 (every lane writes codes below
-/// 2^10 and joint symbols below 2^8).
+/// 2^10 and `u` below 2^8).
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 pub unsafe fn finish_u16(
     codes: &[u32],
@@ -630,10 +631,11 @@ pub(in crate::backend::cpu) unsafe fn group16(
         )
     };
     let b = _mm256_srli_epi16::<3>(u);
-    let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3)); // b <= 16: max(b - 3, 0)
-                                                          // Each half's 8 lengths (at most 31 whatever the codes) as the bytes of a 64-bit word,
-                                                          // whose product with 0x0101_0101_0101_0101 holds their running sums (at most 8 × 31:
-                                                          // no carry between bytes), as in `tail_offsets` for 32-bit floats.
+    // max(b - 3, 0): b <= 16 in a valid stream.
+    let len = _mm256_subs_epu16(b, _mm256_set1_epi16(3));
+    // Each half's 8 lengths (at most 31 whatever the codes) as the bytes of a 64-bit word,
+    // whose product with 0x0101_0101_0101_0101 holds their running sums (at most 8 × 31: no
+    // carry between bytes), as in `tail_offsets` for 32-bit floats.
     const ONES: u64 = 0x0101_0101_0101_0101;
     let bytes = _mm256_packus_epi16(len, len);
     let lo = _mm_cvtsi128_si64(_mm256_castsi256_si128(bytes)) as u64;
