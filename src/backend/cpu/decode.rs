@@ -468,8 +468,7 @@ fn joint_blocked<T: Word>(
         if T::BITS == 16 {
             // u back to per-element codes for the scalar pass.
             for c in rest.iter_mut() {
-                let u = *c;
-                *c = u >> 3 | (u >> 2 & 1) << 7 | (u >> 1 & 1) << 8 | (u & 1) << 9;
+                *c = super::joint::code_of_u(*c);
             }
         }
         let rest_j = j_codes && T::BITS != 16;

@@ -58,9 +58,14 @@ pub fn code_of_joint() -> &'static [u32; 256] {
 /// `u = 8·b + 4·q1 + 2·q2 + neg` of joint symbol `j`: one number that gives b, the top bits
 /// and the sign by shifts (it is `j + 17` from j = 7, b = 3, on). What the AVX2 lanes store
 /// for 16-bit floats (below 2^8 there: b <= 16), so that their tail pass starts from it.
-pub fn u_of_joint(j: usize) -> u32 {
+pub const fn u_of_joint(j: usize) -> u32 {
     let (b, q1, q2, neg) = joint_parts(j);
     8 * b as u32 + 4 * q1 as u32 + 2 * q2 as u32 + neg as u32
+}
+
+/// The per-element code (`b | q1 << 7 | q2 << 8 | neg << 9`, as [`code_of_joint`]) of `u`.
+pub fn code_of_u(u: u32) -> u32 {
+    u >> 3 | (u >> 2 & 1) << 7 | (u >> 1 & 1) << 8 | (u & 1) << 9
 }
 
 /// The J context of an element's reference facts: `er·2 + rs`.

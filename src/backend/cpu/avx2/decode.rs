@@ -19,11 +19,11 @@ use core::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::super::decode::{no_row, Stream};
+use super::super::joint::u_of_joint;
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::LANES;
-use crate::format::symbols::joint_parts;
 use crate::{Error, Result};
 
 const SLOT_MASK: i32 = PROB_TOTAL as i32 - 1;
@@ -699,21 +699,21 @@ static U_FIX: [u8; 32] = {
     let mut t = [0u8; 32];
     let mut j = 0;
     while j < 32 {
-        let (b, q1, q2, neg) = joint_parts(j % 16);
-        t[j] = (8 * b + 4 * q1 + 2 * q2 + neg) ^ ((j % 16) as u8 + 17);
+        t[j] = u_of_joint(j % 16) as u8 ^ ((j % 16) as u8 + 17);
         j += 1;
     }
     t
 };
 
-/// `super::super::joint::u_of_joint` of 8 joint symbols (below 2^8) in 32-bit lanes: `J + 17`
-/// from J = 7 on; below, its xor with [`U_FIX`] (index bytes 1..3 read 0 by their 0x80, byte
-/// 0 of J + 0x70 >= 0x80 from J = 16 on).
+/// `u_of_joint` of 8 joint symbols (below 2^8) in 32-bit lanes: `J + 17` from J = 7 on;
+/// below, its xor with [`U_FIX`] (index bytes 1..3 read 0 by their 0x80, byte 0 of
+/// `J + 0x70` reads 0 from J = 16 on, its top bit set). What the Joint lanes store for
+/// 16-bit floats, and what the 32-bit tail pass reads b, the top bits and the sign from.
 ///
 /// # Safety
 /// AVX2 (inlined into code built for it).
 #[inline(always)]
-pub(in crate::backend::cpu) unsafe fn u16_of_joint(j: __m256i) -> __m256i {
+pub(in crate::backend::cpu) unsafe fn u_of_joint8(j: __m256i) -> __m256i {
     let fix = _mm256_shuffle_epi8(
         _mm256_loadu_si256(U_FIX.as_ptr().cast()),
         _mm256_adds_epu8(j, _mm256_set1_epi32(0x8080_8070_u32 as i32)),
@@ -722,7 +722,7 @@ pub(in crate::backend::cpu) unsafe fn u16_of_joint(j: __m256i) -> __m256i {
 }
 
 /// [`displacement`] of 16 16-bit elements in 16-bit lanes (values and keys of 16-bit
-/// floats wrap the same way there), from `u` (see [`u_of_joint`]), `b = u >> 3` and the
+/// floats wrap the same way there), from `u` (see `u_of_joint`), `b = u >> 3` and the
 /// raw tails `t`: `top << (b - 3)` (`top = 4 | q1 << 1 | q2`) as a multiply by 2^(b - 3)
 /// (`pow2`'s entries b - 3 and b - 11 as its bytes; both negative, so 0, for b < 3) and
 /// `top >> (3 - b)` as the high half of a multiply by 2^(13 + b) (`down_hi`; for b = 16
@@ -894,9 +894,6 @@ pub(in crate::backend::cpu) struct Tails32 {
     /// it (one compare of `bits` per group, with this, the last bit it may start at); the
     /// caller's scalar pass does the rest.
     last_bit: u64,
-    /// What turns `J + 17` into `u = 8·b + 4·q1 + 2·q2 + neg` for J < 16 (by xor; 0 from
-    /// J = 7 on), as in `finish_u16`.
-    u_fix: __m256i,
     low31: __m256i,
     /// The byte shuffle that puts each 128-bit half's four dwords' low bytes in its first
     /// dword, and the dword permute that brings those two dwords together.
@@ -913,7 +910,6 @@ impl Tails32 {
     #[inline(always)]
     pub(in crate::backend::cpu) unsafe fn new(tail: &[u8]) -> Option<Self> {
         let last_at = tail.len().checked_sub(32)?;
-        let u_fix = _mm256_loadu_si256(U_FIX.as_ptr().cast());
         // Opaque to LLVM, so that it keeps the operations written here: with the constants
         // in sight it turned a shift by 32 - m into a shift and a mask of m > 0, and
         // `andnot(m, low31)` into a shift and two xors.
@@ -922,7 +918,6 @@ impl Tails32 {
         let z = -128i8;
         Some(Tails32 {
             last_bit: last_at as u64 * 8 + 7,
-            u_fix,
             low31,
             low_bytes: _mm256_setr_epi8(
                 0, 4, 8, 12, z, z, z, z, z, z, z, z, z, z, z, z, //
@@ -960,13 +955,7 @@ unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
     // b, the top bits `1 q1 q2` and the sign as a lane negative where the element's
     // displacement is (and never 0: `_mm256_sign_epi32` applies it).
     let (b, top, sgn) = if J_CODES {
-        // The index's bytes 1..3 (0x80) and a byte 0 of J + 0x70 >= 0x80 (J >= 16)
-        // read 0.
-        let fix = _mm256_shuffle_epi8(
-            k.u_fix,
-            _mm256_adds_epu8(c, _mm256_set1_epi32(0x8080_8070_u32 as i32)),
-        );
-        let u = _mm256_xor_si256(_mm256_add_epi32(c, _mm256_set1_epi32(17)), fix);
+        let u = u_of_joint8(c);
         let one = _mm256_set1_epi32(1);
         (
             _mm256_srli_epi32::<3>(u),

@@ -12,7 +12,7 @@ use super::super::encode::Scratch;
 use super::super::joint::{context, small_codes, stores_j, JointDec, JointFlat, FLAT_STRIDE};
 use super::super::word::Word;
 use super::super::Isa;
-use super::decode::{overrun, refill, u16_of_joint, AfterStep};
+use super::decode::{overrun, refill, u_of_joint8, AfterStep};
 use super::encode::{
     codes_and_tails, first, flat_slots16, flat_slots32, gather_flat, load_u32, put4, SLACK,
 };
@@ -98,7 +98,7 @@ unsafe fn step_window(x: __m256i, e: __m256i, words: *const u16, pos: &mut usize
 unsafe fn store<T: Word>(to: *mut u32, e: __m256i, small: __m256i, window: bool) {
     let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
     let c = if T::BITS == 16 && !window {
-        u16_of_joint(j)
+        u_of_joint8(j)
     } else if stores_j::<T>(Isa::Avx2) {
         j
     } else {
@@ -118,6 +118,39 @@ unsafe fn ref_contexts<T: Word>(rp: *const u8, j: usize, mant: __m128i, emask: _
     let er = _mm256_and_si256(_mm256_srl_epi32(r, mant), emask);
     let sign = _mm256_srl_epi32(r, _mm_cvtsi32_si128(T::BITS as i32 - 1));
     _mm256_or_si256(_mm256_slli_epi32::<1>(er), sign)
+}
+
+/// The J contexts of elements `j..j + LANES` of `reference`, their offsets from the window's
+/// first (`lo`), and whether every one falls in the window's 64.
+#[inline(always)]
+unsafe fn contexts<T: Word>(
+    rp: *const u8,
+    j: usize,
+    (mant, emask): (__m128i, __m256i),
+    lo: __m256i,
+) -> ([__m256i; NV], [__m256i; NV], bool) {
+    let mut ctx = [_mm256_setzero_si256(); NV];
+    let mut rel = [_mm256_setzero_si256(); NV];
+    let mut any = _mm256_setzero_si256();
+    for v in 0..NV {
+        ctx[v] = ref_contexts::<T>(rp, j + 8 * v, mant, emask);
+        rel[v] = _mm256_sub_epi32(ctx[v], lo);
+        any = _mm256_or_si256(any, rel[v]);
+    }
+    let in_window = _mm256_testz_si256(any, _mm256_set1_epi32(!63)) != 0;
+    (ctx, rel, in_window)
+}
+
+/// The error of a step that read past the stream: a context without a row where one was
+/// read (the largest entry `POISON`), which decoding on past it may have caused, else the
+/// overrun itself.
+#[inline(always)]
+unsafe fn past_end(poisoned: __m256i) -> crate::Error {
+    if any_poison(poisoned) {
+        no_row()
+    } else {
+        overrun()
+    }
 }
 
 /// Decode whole steps of the chunk from its start, as the AVX-512 `decode` does (same
@@ -188,7 +221,6 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
         _mm256_set1_epi16(emask_raw as i16),
         _mm256_set1_epi16(!63),
     );
-    let outside = _mm256_set1_epi32(!63);
     let byte_none = _mm256_set1_epi32(255);
     let (by_ctx, wslots) = (!table.window_slots.is_empty(), table.window_slots.as_ptr());
     // The largest entry read from `window_slots`, checked once at the end: `POISON`
@@ -203,15 +235,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
         after.after(cp, done);
         let base = done;
         // Rows first (they depend only on the reference): off the state chain.
-        let mut ctx = [_mm256_setzero_si256(); NV];
-        let mut rel = [_mm256_setzero_si256(); NV];
-        let mut any = _mm256_setzero_si256();
-        for v in 0..NV {
-            ctx[v] = ref_contexts::<T>(rp, base + 8 * v, mant, emask);
-            rel[v] = _mm256_sub_epi32(ctx[v], lo_v);
-            any = _mm256_or_si256(any, rel[v]);
-        }
-        let in_window = _mm256_testz_si256(any, outside) != 0;
+        let (ctx, rel, in_window) = contexts::<T>(rp, base, (mant, emask), lo_v);
         if by_ctx && in_window {
             // Slots by context: no row lookup; a context without a row reads `POISON`.
             // Its own loop while the steps stay in the window: the states stay in
@@ -233,11 +257,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
                     store::<T>(cp.add(base + 8 * v), e, small, true);
                 }
                 if pos > st.len {
-                    return Err(if any_poison(poisoned) {
-                        no_row()
-                    } else {
-                        overrun()
-                    });
+                    return Err(past_end(poisoned));
                 }
                 done += LANES;
                 if done >= full || (guarded && st.len - pos < LANES) {
@@ -267,15 +287,8 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
                         rel12[2 * h + 1] = _mm256_slli_epi32::<{ PROB_BITS as i32 }>(hi);
                     }
                 } else {
-                    let mut any = _mm256_setzero_si256();
-                    for v in 0..NV {
-                        rel[v] = _mm256_sub_epi32(
-                            ref_contexts::<T>(rp, done + 8 * v, mant, emask),
-                            lo_v,
-                        );
-                        any = _mm256_or_si256(any, rel[v]);
-                    }
-                    if _mm256_testz_si256(any, outside) == 0 {
+                    let (_, rel, in_window) = contexts::<T>(rp, done, (mant, emask), lo_v);
+                    if !in_window {
                         break;
                     }
                     for v in 0..NV {
@@ -321,11 +334,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
             store::<T>(cp.add(base + 8 * v), e, small, false);
         }
         if pos > st.len {
-            return Err(if any_poison(poisoned) {
-                no_row()
-            } else {
-                overrun()
-            });
+            return Err(past_end(poisoned));
         }
         done += LANES;
     }
