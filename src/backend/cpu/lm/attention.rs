@@ -407,13 +407,7 @@ mod tests {
     /// rounding ties, multipliers of every head size and the extremes of i64.
     #[test]
     fn scaled_scores_equal_the_128_bit_products() {
-        let mut x = 11u64;
-        let mut rnd = || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x
-        };
+        let mut rnd = super::super::test_lcg(11);
         let ms: Vec<i64> = [1u32, 12, 16, 32, 64, 80, 128, 256]
             .iter()
             .map(|&hd| Tables::compute(hd).attn_m)
@@ -491,13 +485,8 @@ mod tests {
 
     #[test]
     fn weighted_values_equal_the_definition() {
-        let mut x = 5u64;
-        let mut rnd = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut next = super::super::test_lcg(5);
+        let mut rnd = |m: u64| (next() >> 33) % m;
         for (len, d, hd) in [
             (1, 8, 8),
             (7, 128, 32),
@@ -555,13 +544,8 @@ mod tests {
     /// keys and queries (|x| <= 2^20) and for random ones.
     #[test]
     fn dots_equal_the_definition() {
-        let mut x = 17u64;
-        let mut rnd = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut next = super::super::test_lcg(17);
+        let mut rnd = |m: u64| (next() >> 33) % m;
         for (len, d, hd) in [
             (1, 16, 16),
             (9, 128, 32),

@@ -388,13 +388,8 @@ mod tests {
             println!("skipped: the multi-item attention needs AVX-512 (per-item path used)");
             return;
         }
-        let mut x = 3u64;
-        let mut rnd = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut next = super::super::test_lcg(3);
+        let mut rnd = |m: u64| (next() >> 33) % m;
         for (d, hd, lens) in [
             (128usize, 32usize, vec![1usize, 2, 3, 4, 5]),
             (768, 64, (90..106).collect::<Vec<_>>()),

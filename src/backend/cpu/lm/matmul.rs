@@ -1035,13 +1035,8 @@ mod tests {
     /// item and many, rescale ties and clamps.
     #[test]
     fn matmul_at_every_level_equals_the_portable_one() {
-        let mut x = 41u64;
-        let mut rnd = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x >> 33
-        };
+        let mut next = super::super::test_lcg(41);
+        let mut rnd = move || next() >> 33;
         for (rows, k, n, e_base) in [
             (50usize, 128usize, 1usize, 30i32),
             (1000, 128, 9, 30),
@@ -1166,13 +1161,8 @@ mod tests {
             println!("skipped: this CPU or OS has no AMX-INT8 (nothing to compare)");
             return;
         }
-        let mut x = 99u64;
-        let mut rnd = || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as u32
-        };
+        let mut next = super::super::test_lcg(99);
+        let mut rnd = || (next() >> 33) as u32;
         for (k, rows, ns) in [
             (1usize, 5usize, &[1usize, 17][..]),
             (60, 33, &[1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 64, 70]),
@@ -1288,13 +1278,8 @@ mod tests {
             return;
         }
         let (rows, k) = (50257usize, 128usize);
-        let mut x = 5u64;
-        let mut rnd = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x >> 33
-        };
+        let mut next = super::super::test_lcg(5);
+        let mut rnd = move || next() >> 33;
         let lin = random_linear(&mut rnd, rows, k, 30);
         let cl = CpuLinear::new(Isa::Avx512, &lin);
         let mut line = String::from("head us/call:");
@@ -1363,13 +1348,8 @@ mod tests {
             println!("skipped: no AVX-512 VNNI");
             return;
         }
-        let mut x = 5u64;
-        let mut rnd = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x >> 33
-        };
+        let mut next = super::super::test_lcg(5);
+        let mut rnd = move || next() >> 33;
         let shapes = [
             (2304usize, 768usize),
             (768, 768),
@@ -1427,13 +1407,8 @@ mod tests {
 
     #[test]
     fn every_dot_kernel_equals_the_reference() {
-        let mut x = 7u64;
-        let mut rnd = || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as u32
-        };
+        let mut next = super::super::test_lcg(7);
+        let mut rnd = || (next() >> 33) as u32;
         // Row and item counts that reach every block shape and remainder of the tiles, for
         // short rows and long ones (k > LONG_ROWS: blocks of 1 to 8 items, 1 to 8 groups).
         for k in [1usize, 31, 32, 64, 128, 200, 300, 768] {

@@ -202,13 +202,8 @@ mod tests {
     /// lone outlier, gammas and betas at their bounds.
     #[test]
     fn layer_norm_equals_the_specification() {
-        let mut x = 41u64;
-        let mut rnd = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x >> 11
-        };
+        let mut next = super::super::test_lcg(41);
+        let mut rnd = move || next() >> 11;
         for len in [1usize, 2, 7, 128, 768, 8192] {
             let ln = LayerNorm {
                 gamma: (0..len)
@@ -245,13 +240,7 @@ mod tests {
     /// path's bounds 8 and 2^55 on both sides, zero, i64 extremes), lengths off the width.
     #[test]
     fn each_level_quantizes_as_the_definition() {
-        let mut x = 29u64;
-        let mut rnd = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x
-        };
+        let mut rnd = super::super::test_lcg(29);
         let mut rows: Vec<Vec<i64>> = Vec::new();
         for len in [1usize, 7, 8, 9, 128, 515, 3072] {
             for bits in [0u32, 2, 3, 4, 20, 40, 51, 54, 55, 56, 62, 63] {
