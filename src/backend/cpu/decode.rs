@@ -153,8 +153,7 @@ impl Lanes<'_> {
 }
 
 /// Decode chunk `c` against `reference` (this chunk's elements) into `out` (same size):
-/// on success every byte of `out` is written, and `crcs` (where given: reference, output)
-/// have hashed `reference` and `out`.
+/// on success every byte of `out` is written, and `crc` (where given) has hashed `out`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn chunk<T: Word>(
@@ -169,19 +168,12 @@ pub fn chunk<T: Word>(
     joint: Option<&JointDec>,
     distance: Option<usize>,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
-    crcs: Option<&mut [crc32fast::Hasher; 2]>,
+    crc: Option<&mut crc32fast::Hasher>,
 ) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if let (Some(table), Isa::Avx2, 16 | 32) = (joint, isa, T::BITS) {
-        return joint_blocked::<T>(
-            c, reference, out, isa, info_fn, signed, table, scratch, crcs,
-        );
+        return joint_blocked::<T>(c, reference, out, isa, info_fn, signed, table, scratch, crc);
     }
-    // The reference hashed first brings it into cache for the lanes and the tail pass.
-    let out_crc = crcs.map(|[r, o]| {
-        r.update(reference);
-        o
-    });
     let n = reference.len() / T::SIZE;
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
     // Every lane writes its element's code before anything reads it: no clearing memset
@@ -217,7 +209,7 @@ pub fn chunk<T: Word>(
         check_end(&st, &states)?;
     }
     finish::<T>(c, codes, j_codes, reference, out, isa, signed)?;
-    if let Some(h) = out_crc {
+    if let Some(h) = crc {
         // SAFETY: `finish` succeeded, so it wrote every byte of `out`.
         h.update(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) });
     }
@@ -348,7 +340,7 @@ fn joint_blocked<T: Word>(
     signed: bool,
     table: &JointDec,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
-    mut crcs: Option<&mut [crc32fast::Hasher; 2]>,
+    mut crc: Option<&mut crc32fast::Hasher>,
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
@@ -483,12 +475,10 @@ fn joint_blocked<T: Word>(
             &mut tail,
             signed,
         );
-        if let Some([rh, oh]) = crcs.as_deref_mut() {
-            // Both while in L1: hashing the chunk's reference from memory before its decode
-            // was most of the CRC-32's time.
-            rh.update(r);
+        if let Some(h) = crc.as_deref_mut() {
+            // While in L1.
             // SAFETY: the block's two passes wrote every byte of `o`.
-            oh.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
+            h.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
         }
     }
     check_end(near_end.as_ref().unwrap_or(&st), &states)?;
@@ -496,11 +486,10 @@ fn joint_blocked<T: Word>(
     for o in &mut out[n * T::SIZE..] {
         o.write(0);
     }
-    if let Some([rh, oh]) = crcs {
-        rh.update(&reference[n * T::SIZE..]);
+    if let Some(h) = crc {
         // SAFETY: just written.
         let past = &out[n * T::SIZE..];
-        oh.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
+        h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
     }
     if tail.consumed != c.tail_bits {
         return Err(bad("raw tail longer than the bit lengths require"));

@@ -492,7 +492,7 @@ fn resident<'a>(isa: Isa, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>>
     })
 }
 
-/// Decode every chunk; with `hash`, the CRC-32s too (0 without).
+/// Decode every chunk; with `hash`, the output's CRC-32 too (0 without).
 fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> {
     check_layout(job.layout, job.fl.width)?;
     check_tables(job.layout, job.tables)?;
@@ -525,16 +525,15 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
     // writes all of its bytes when it succeeds.
     let len = job.reference.len();
     let mut out: Vec<u8> = Vec::with_capacity(len);
-    // Each chunk's reference and output are hashed by its decode (the reference before it,
-    // or block by block while in L1, as the output).
+    // Each chunk's output is hashed by its decode (block by block while in L1, or after it).
     let crcs = out.spare_capacity_mut()[..len]
         .par_chunks_mut(CHUNK_ELEMS * T::SIZE)
         .zip(job.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
         .zip(job.chunks.par_iter())
         .map_init(
             || (Vec::new(), Vec::new(), Vec::new()),
-            |scratch, ((o, r), c)| -> Result<[crc32fast::Hasher; 2]> {
-                let mut crcs = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
+            |scratch, ((o, r), c)| -> Result<crc32fast::Hasher> {
+                let mut crc = crc32fast::Hasher::new();
                 fast(
                     isa,
                     #[inline(always)]
@@ -551,34 +550,24 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
                             joint.as_ref(),
                             job.distance,
                             scratch,
-                            hash.then_some(&mut crcs),
+                            hash.then_some(&mut crc),
                         )
                     },
                 )?;
-                Ok(crcs)
+                Ok(crc)
             },
         )
         .collect::<Result<Vec<_>>>()?;
     // SAFETY: the chunks cover `..len` and each one's successful decode wrote all its bytes
     // (`decode::chunk`); an error returned above, before this.
     unsafe { out.set_len(len) };
-    let [mut reference, mut target] = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
-    for [r, o] in &crcs {
-        reference.combine(r);
-        target.combine(o);
+    let mut target = crc32fast::Hasher::new();
+    for c in &crcs {
+        target.combine(c);
     }
-    // A reference longer than the chunks cover (never for a well-formed job) is hashed whole.
-    let reference_crc = if !hash {
-        0
-    } else if job.reference.len() == len {
-        reference.finalize()
-    } else {
-        crate::bytes::crc32(job.reference)
-    };
     Ok(Checked {
         out,
         crc: target.finalize(),
-        reference_crc,
     })
 }
 
