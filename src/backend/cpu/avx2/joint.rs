@@ -16,6 +16,7 @@ use super::decode::{overrun, refill, u_of_joint8, AfterStep};
 use super::encode::{
     codes_and_tails, first, flat_slots16, flat_slots32, gather_flat, load_u32, put4, SLACK,
 };
+use super::gather::gather8;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{EncodedChunk, LANES};
@@ -251,7 +252,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
                     let slot = _mm256_and_si256(xs[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
                     // In bounds: `rel` < 64, slots below 2^12.
                     let idx = _mm256_or_si256(rel12[v], slot);
-                    let e = _mm256_i32gather_epi32::<4>(wslots.cast(), idx);
+                    let e = gather8(wslots.cast(), idx);
                     poisoned = _mm256_max_epu32(poisoned, e);
                     xs[v] = step_window(xs[v], e, words, &mut pos);
                     store::<T>(cp.add(base + 8 * v), e, small, true);
@@ -329,7 +330,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
             let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
             // In bounds: rows are below the row count (`vector_ok`), slots below 2^12.
             let idx = _mm256_or_si256(_mm256_slli_epi32::<{ PROB_BITS as i32 }>(row[v]), slot);
-            let e = _mm256_i32gather_epi32::<4>(slots.cast(), idx);
+            let e = gather8(slots.cast(), idx);
             x[v] = step_state(x[v], e, words, &mut pos);
             store::<T>(cp.add(base + 8 * v), e, small, false);
         }
@@ -433,8 +434,16 @@ unsafe fn lanes(slots: &[u32], flat: &JointFlat, words: &mut Vec<u16>) -> ([u32;
                 if cnt == 0 {
                     continue;
                 }
-                // SAFETY: features as this function's (indices clamped inside).
-                *p = unsafe { gather_flat(&flat.packed, first(cnt), load_u32(slots, at, cnt)) };
+                let idx = load_u32(slots, at, cnt);
+                // SAFETY: features as this function's; indices clamped to the table.
+                *p = unsafe {
+                    if cnt == 8 {
+                        let last = _mm256_set1_epi32(flat.packed.len() as i32 - 1);
+                        gather8(flat.packed.as_ptr(), _mm256_min_epu32(idx, last))
+                    } else {
+                        gather_flat(&flat.packed, first(cnt), idx)
+                    }
+                };
             }
             p
         },

@@ -6,5 +6,6 @@
 
 pub mod decode;
 pub mod encode;
+mod gather;
 pub mod hist;
 pub mod joint;
