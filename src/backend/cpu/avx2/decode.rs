@@ -22,6 +22,7 @@ use super::super::decode::{no_row, Stream};
 use super::super::joint::u_of_joint;
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
+use super::gather::gather8_or;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::LANES;
 use crate::{Error, Result};
@@ -306,13 +307,14 @@ pub unsafe fn full_steps<T: Word>(
             present_q2[v] = _mm256_cmpgt_epi32(sym, _mm256_set1_epi32(2));
             let p_s = _mm256_cmpgt_epi32(sym, _mm256_setzero_si256());
             let eb = _mm256_add_epi32(_mm256_loadu_si256(erw_a.as_ptr().add(8 * v).cast()), sym);
-            f0_q1[v] = _mm256_mask_i32gather_epi32::<4>(total, q1p.cast(), eb, p_q1);
+            // Every lane's index is in its table (`vector_tables_fit`: er < 256, sym < W1).
+            f0_q1[v] = gather8_or(total, q1p, eb, p_q1);
             if any(_mm256_cmpeq_epi32(f0_q1[v], no_row_v)) {
                 return Err(no_row());
             }
-            f0_q2[v] = _mm256_mask_i32gather_epi32::<4>(
+            f0_q2[v] = gather8_or(
                 _mm256_set1_epi32((PROB_TOTAL | PROB_TOTAL << 16) as i32),
-                q2p.cast(),
+                q2p,
                 eb,
                 present_q2[v],
             );
@@ -321,12 +323,7 @@ pub unsafe fn full_steps<T: Word>(
                     _mm256_mullo_epi32(eb, _mm256_set1_epi32(6)),
                     _mm256_loadu_si256(us_a.as_ptr().add(8 * v).cast()),
                 );
-                f0_s[v] = _mm256_mask_i32gather_epi32::<4>(
-                    total,
-                    s_t.f0_by_ctx.as_ptr().cast(),
-                    sctx,
-                    p_s,
-                );
+                f0_s[v] = gather8_or(total, s_t.f0_by_ctx.as_ptr(), sctx, p_s);
                 if any(_mm256_cmpeq_epi32(f0_s[v], no_row_v)) {
                     return Err(no_row());
                 }

@@ -2,7 +2,9 @@
 //! Zen 2 (AMD EPYC Rome, the CPU of many GPU servers) a `vpgatherdd` of 8 dwords measured
 //! about 16.5 cycles of throughput and 25 of latency; eight scalar loads, their indices
 //! taken out of the vector by `vmovq` / `vpextrq` and their values put back by `vpinsrq`,
-//! leave the vector units to the rest of the step (the Joint decode 9–13% faster there).
+//! leave the vector units to the rest of the step (there the Joint decode ran 9–13% faster, the
+//! default layout's 2–7%; its encoder's lookups by scalar loads measured no change, and stay
+//! gathers).
 
 #![cfg(target_arch = "x86_64")]
 
@@ -31,4 +33,19 @@ pub(in crate::backend::cpu) unsafe fn gather8(table: *const u32, idx: __m256i) -
     let v0 = _mm_insert_epi64::<1>(_mm_cvtsi64_si128(p[0]), p[1]);
     let v1 = _mm_insert_epi64::<1>(_mm_cvtsi64_si128(p[2]), p[3]);
     _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(v0), v1)
+}
+
+/// `_mm256_mask_i32gather_epi32::<4>(src, table, idx, mask)` where every lane's index is
+/// valid, masked in or not: all 8 read, the lanes outside `mask` keep `src`.
+///
+/// # Safety
+/// As [`gather8`].
+#[inline(always)]
+pub(in crate::backend::cpu) unsafe fn gather8_or(
+    src: __m256i,
+    table: *const u32,
+    idx: __m256i,
+    mask: __m256i,
+) -> __m256i {
+    _mm256_blendv_epi8(src, gather8(table, idx), mask)
 }
