@@ -508,7 +508,7 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
         // The AVX2 lanes' context-ordered slots (see `JointDec::window_slots`): 1 MiB
         // written per tensor, so for tensors of a million elements or more.
         if isa == Isa::Avx2 && n >= 1 << 20 {
-            t.with_window_slots(T::BITS == 16)
+            t.with_window_slots(&job.tables.stages[0], T::BITS == 16)
         } else {
             t
         }
