@@ -2,9 +2,9 @@
 //! Zen 2 (AMD EPYC Rome, the CPU of many GPU servers) a `vpgatherdd` of 8 dwords measured
 //! about 16.5 cycles of throughput and 25 of latency; eight scalar loads, their indices
 //! taken out of the vector by `vmovq` / `vpextrq` and their values put back by `vpinsrq`,
-//! leave the vector units to the rest of the step (there the Joint decode ran 9–13% faster, the
-//! default layout's 2–7%; its encoder's lookups by scalar loads measured no change, and stay
-//! gathers).
+//! leave the vector units to the rest of the step. There the Joint decode ran 9–13% faster
+//! and the default layout's 2–7%; the default layout's encoder measured no change this way,
+//! and keeps its gathers.
 
 #![cfg(target_arch = "x86_64")]
 

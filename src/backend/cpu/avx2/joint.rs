@@ -435,6 +435,9 @@ unsafe fn lanes(slots: &[u32], flat: &JointFlat, words: &mut Vec<u16>) -> ([u32;
                     continue;
                 }
                 let idx = load_u32(slots, at, cnt);
+                // Whole vectors by scalar loads (`gather8`: slow gathers on Zen 2); the
+                // chunk's last, partial one by the masked gather that `gather_flat` shares
+                // with the AVX-512 encoder, not changed here (not measurable here).
                 // SAFETY: features as this function's; indices clamped to the table.
                 *p = unsafe {
                     if cnt == 8 {
