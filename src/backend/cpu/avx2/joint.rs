@@ -248,14 +248,22 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
             }
             loop {
                 let base = done;
+                // The four vectors' lookups first, then their state updates, so that a
+                // step's 32 scalar loads sit together in program order rather than behind
+                // each other vector's update (a step is some 500 instructions with the tail
+                // pass, more than the reorder window; likely why it pays). On a Zen 2,
+                // over three code placements, +0–9% fp32 and +0–7% bf16 (BENCHMARKS).
+                let mut e = [_mm256_setzero_si256(); NV];
                 for v in 0..NV {
                     let slot = _mm256_and_si256(xs[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
                     // In bounds: `rel` < 64, slots below 2^12.
                     let idx = _mm256_or_si256(rel12[v], slot);
-                    let e = gather8(wslots.cast(), idx);
-                    poisoned = _mm256_max_epu32(poisoned, e);
-                    xs[v] = step_window(xs[v], e, words, &mut pos);
-                    store::<T>(cp.add(base + 8 * v), e, small, true);
+                    e[v] = gather8(wslots.cast(), idx);
+                }
+                for v in 0..NV {
+                    poisoned = _mm256_max_epu32(poisoned, e[v]);
+                    xs[v] = step_window(xs[v], e[v], words, &mut pos);
+                    store::<T>(cp.add(base + 8 * v), e[v], small, true);
                 }
                 if pos > st.len {
                     return Err(past_end(poisoned));
