@@ -46,13 +46,53 @@ pub fn normalize_to(counts: &[u64], bits: u32) -> Vec<u32> {
         let best = argmax(counts.iter().copied());
         freqs[best] += (target - sum) as u32;
     }
-    while sum > target {
-        // At most (alphabet size) units over: each forced-to-1 symbol adds less than one unit.
-        let best = argmax(freqs.iter().map(|&f| if f > 1 { f as u64 } else { 0 }));
-        freqs[best] -= 1;
-        sum -= 1;
+    if sum > target {
+        remove_excess(&mut freqs, (sum - target) as u64);
     }
     freqs
+}
+
+/// Remove `excess` units as the rule does, one at a time from the largest frequency above 1
+/// (ties: lowest index), without doing them one at a time: that was an argmax over the
+/// alphabet per unit, and an excess of up to one unit per seen symbol (each symbol forced up
+/// to 1 adds less than one), so quadratic in the alphabet: 247 symbols for 32-bit floats,
+/// most of `normalize_to`'s time, which table selection runs for every context of every
+/// candidate precision. One at a time, the units come off the top: every frequency above
+/// some level `l` ends at `l`, and the few units left after that come off the lowest-index
+/// frequencies at `l`, one each. `l` is the lowest level whose units above it do not exceed
+/// the excess (found by bisection).
+fn remove_excess(freqs: &mut [u32], excess: u64) {
+    let above = |l: u32| -> u64 { freqs.iter().map(|&f| f.saturating_sub(l) as u64).sum() };
+    // The rule only takes from frequencies above 1, and their units above 1 cover any excess
+    // (`normalize_to` needs at least as many slots as seen symbols), so `l >= 1` suffices.
+    let (mut lo, mut hi) = (1u32, freqs.iter().copied().max().unwrap_or(1).max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if above(mid) <= excess {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let level = lo;
+    // Fewer than the frequencies at `level` after clipping (`above(level - 1)` exceeds the
+    // excess), and none when `level` is 1.
+    let mut left = excess - above(level);
+    for f in freqs.iter_mut() {
+        if *f > level {
+            *f = level;
+        }
+    }
+    for f in freqs.iter_mut() {
+        if left == 0 {
+            break;
+        }
+        if *f == level {
+            *f -= 1;
+            left -= 1;
+        }
+    }
+    debug_assert_eq!(left, 0);
 }
 
 fn argmax(values: impl Iterator<Item = u64>) -> usize {
@@ -127,6 +167,77 @@ mod tests {
             .map(|(&c, &f)| c * (PROB_BITS as u64 * COST_ONE_BIT - log2_fixed(f as u64)))
             .sum();
         assert_eq!(cost(&counts, &freqs), direct);
+    }
+
+    /// The rule as docs/FORMAT.md states it, one unit at a time; and the units it removed.
+    fn normalize_one_unit_at_a_time(counts: &[u64], bits: u32) -> (Vec<u32>, u64) {
+        let n: u64 = counts.iter().sum();
+        let total = 1u64 << bits;
+        let mut freqs: Vec<u32> = counts
+            .iter()
+            .map(|&c| match c {
+                0 => 0,
+                c => ((c as u128 * total as u128 / n as u128) as u32).max(1),
+            })
+            .collect();
+        let mut sum: i64 = freqs.iter().map(|&f| f as i64).sum();
+        if n > 0 && sum < total as i64 {
+            freqs[argmax(counts.iter().copied())] += (total as i64 - sum) as u32;
+        }
+        let mut removed = 0;
+        while sum > total as i64 {
+            let best = argmax(freqs.iter().map(|&f| if f > 1 { f as u64 } else { 0 }));
+            freqs[best] -= 1;
+            sum -= 1;
+            removed += 1;
+        }
+        (freqs, removed)
+    }
+
+    #[test]
+    fn excess_removed_as_one_unit_at_a_time() {
+        let mut next = {
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            move || {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                x >> 33
+            }
+        };
+        let (mut with_excess, mut units) = (0, 0);
+        for case in 0..3000 {
+            // Skewed counts over alphabets up to 247 (the 32-bit Joint alphabet): a few large
+            // counts and many rare symbols, which are what create an excess.
+            let len = 2 + next() as usize % 246;
+            let counts: Vec<u64> = (0..len)
+                .map(|_| match next() % 8 {
+                    0 => 0,
+                    1 => next() % 1_000_000,
+                    2 => next() % 3,
+                    _ => next() % (1 + case as u64 % 50),
+                })
+                .collect();
+            let seen = counts.iter().filter(|&&c| c > 0).count() as u64;
+            for bits in [12, 10, 8, 6, 4, 2] {
+                if 1u64 << bits < seen {
+                    continue;
+                }
+                let (want, removed) = normalize_one_unit_at_a_time(&counts, bits);
+                with_excess += (removed > 0) as usize;
+                units += removed;
+                assert_eq!(
+                    normalize_to(&counts, bits),
+                    want,
+                    "{counts:?} at {bits} bits"
+                );
+            }
+        }
+        // Most cases remove units, many of them more than one per level.
+        assert!(
+            with_excess > 5000 && units > 100_000,
+            "{with_excess} rows, {units} units"
+        );
     }
 
     #[test]
