@@ -249,10 +249,11 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
             loop {
                 let base = done;
                 // The four vectors' lookups first, then their state updates, so that a
-                // step's 32 scalar loads sit together in program order rather than behind
-                // each other vector's update (a step is some 500 instructions with the tail
-                // pass, more than the reorder window; likely why it pays). On a Zen 2,
-                // over three code placements, +0–9% fp32 and +0–7% bf16 (BENCHMARKS).
+                // step's 32 scalar loads sit together in program order instead of each
+                // vector's loads waiting behind the previous vector's update (a step is some
+                // 500 instructions with the tail pass, more than the reorder window: likely
+                // why it pays). On a Zen 2, over three code placements, +0–9% fp32 and
+                // +0–7% bf16 (docs/BENCHMARKS.md).
                 let mut e = [_mm256_setzero_si256(); NV];
                 for v in 0..NV {
                     let slot = _mm256_and_si256(xs[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
