@@ -25,3 +25,16 @@ pub mod float;
 pub mod format;
 pub mod memory;
 pub mod output;
+
+/// The unit tests' random numbers: Knuth's MMIX linear congruential generator from `seed`,
+/// its whole state after each step (callers take the bits they want).
+#[cfg(test)]
+pub(crate) fn test_lcg(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed;
+    move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        x
+    }
+}

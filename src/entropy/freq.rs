@@ -196,15 +196,8 @@ mod tests {
 
     #[test]
     fn excess_removed_as_one_unit_at_a_time() {
-        let mut next = {
-            let mut x = 0x9E37_79B9_7F4A_7C15u64;
-            move || {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                x >> 33
-            }
-        };
+        let mut lcg = crate::test_lcg(0x9E37_79B9_7F4A_7C15);
+        let mut next = || lcg() >> 33;
         let (mut with_excess, mut units) = (0, 0);
         for case in 0..3000 {
             // Skewed counts over alphabets up to 247 (the 32-bit Joint alphabet): a few large

@@ -602,13 +602,8 @@ mod tests {
         ];
         // And rows as the encoder prices them: every precision, frequencies past one varint
         // byte, gaps inside the range, wide alphabets.
-        let mut x = 0x1234_5678_9ABC_DEF1u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut lcg = crate::test_lcg(0x1234_5678_9ABC_DEF1);
+        let mut next = || lcg() >> 33;
         let mut random = Vec::new();
         for _ in 0..2000 {
             let len = 3 + next() as usize % 245;

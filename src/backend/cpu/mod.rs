@@ -643,15 +643,5 @@ impl Backend for CpuBackend {
     }
 }
 
-/// The CPU tests' random numbers: Knuth's MMIX linear congruential generator from `seed`,
-/// its whole state after each step (callers take the bits they want).
 #[cfg(test)]
-fn test_lcg(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed;
-    move || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        x
-    }
-}
+use crate::test_lcg;
