@@ -1,10 +1,14 @@
 //! Table lookups of 8 lanes by scalar loads, where they sit on the lanes' hot path. On a
 //! Zen 2 (AMD EPYC Rome, the CPU of many GPU servers) a `vpgatherdd` of 8 dwords measured
 //! about 16.5 cycles of throughput and 25 of latency; eight scalar loads, their indices
-//! taken out of the vector by `vmovq` / `vpextrq` and their values put back by `vpinsrq`,
-//! leave the vector units to the rest of the step. There the Joint decode ran 9–13% faster
-//! and the default layout's 2–7%; the default layout's encoder measured no change this way,
-//! and keeps its gathers.
+//! taken out of the vector by `vmovq` / `vpextrq`, leave the vector units to the rest of
+//! the step. There the Joint decode ran 9–13% faster and the default layout's 2–7%; the
+//! default layout's encoder measured no change this way, and keeps its gathers.
+//!
+//! The values go back in by `vpinsrd` with the load folded in, one instruction a value:
+//! pairing two values in a 64-bit register first (a shift and an or) and inserting the
+//! pair took three for two, and the lookups were some 40% of the Joint decode's lane
+//! instructions (docs/BENCHMARKS.md).
 
 #![cfg(target_arch = "x86_64")]
 
@@ -21,17 +25,22 @@ pub(in crate::backend::cpu) unsafe fn gather8(table: *const u32, idx: __m256i) -
         _mm256_castsi256_si128(idx),
         _mm256_extracti128_si256::<1>(idx),
     );
-    // Two indices per 64-bit move, two values per 64-bit insert.
+    // Two indices per 64-bit move; each value loaded into its lane by one insert.
     let pairs = [
         _mm_cvtsi128_si64(lo),
         _mm_extract_epi64::<1>(lo),
         _mm_cvtsi128_si64(hi),
         _mm_extract_epi64::<1>(hi),
     ];
-    let load = |i: u64| u64::from(*table.add(i as u32 as usize));
-    let p = pairs.map(|k| (load(k as u64) | load(k as u64 >> 32) << 32) as i64);
-    let v0 = _mm_insert_epi64::<1>(_mm_cvtsi64_si128(p[0]), p[1]);
-    let v1 = _mm_insert_epi64::<1>(_mm_cvtsi64_si128(p[2]), p[3]);
+    let load = |i: u64| *table.add(i as u32 as usize) as i32;
+    let half = |a: i64, b: i64| {
+        let v = _mm_cvtsi32_si128(load(a as u64));
+        let v = _mm_insert_epi32::<1>(v, load(a as u64 >> 32));
+        let v = _mm_insert_epi32::<2>(v, load(b as u64));
+        _mm_insert_epi32::<3>(v, load(b as u64 >> 32))
+    };
+    let v0 = half(pairs[0], pairs[1]);
+    let v1 = half(pairs[2], pairs[3]);
     _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(v0), v1)
 }
 
