@@ -2,13 +2,14 @@
 //! Zen 2 (AMD EPYC Rome, the CPU of many GPU servers) a `vpgatherdd` of 8 dwords measured
 //! about 16.5 cycles of throughput and 25 of latency; eight scalar loads, their indices
 //! taken out of the vector by `vmovq` / `vpextrq`, leave the vector units to the rest of
-//! the step. There the Joint decode ran 9–13% faster and the default layout's 2–7%; the
-//! default layout's encoder measured no change this way, and keeps its gathers.
+//! the step. There the Joint decode ran 9–13% faster and the default layout's 2–7%.
 //!
 //! The values go back in by `vpinsrd` with the load folded in, one instruction a value:
 //! pairing two values in a 64-bit register first (a shift and an or) and inserting the
 //! pair took three for two, and the lookups were some 40% of the Joint decode's lane
-//! instructions (docs/BENCHMARKS.md).
+//! instructions (docs/BENCHMARKS.md). With that, the default layout's encoder, which had
+//! measured no change from scalar loads, takes its flat-table lookups this way too
+//! (`encode::lookup_flat`); its two-level lookups keep `vpgatherdd` (no gain measured).
 
 #![cfg(target_arch = "x86_64")]
 
