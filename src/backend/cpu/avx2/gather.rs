@@ -45,6 +45,20 @@ pub(in crate::backend::cpu) unsafe fn gather8(table: *const u32, idx: __m256i) -
     _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(v0), v1)
 }
 
+/// `_mm256_i32gather_epi64::<8>(table, idx)`: four 64-bit values, one `vmovq` or `vpinsrq`
+/// that loads each.
+///
+/// # Safety
+/// As [`gather8`], for the four lanes of `idx`.
+#[inline(always)]
+pub(in crate::backend::cpu) unsafe fn gather4_u64(table: *const u64, idx: __m128i) -> __m256i {
+    let (a, b) = (_mm_cvtsi128_si64(idx), _mm_extract_epi64::<1>(idx));
+    let load = |i: i64| *table.add(i as u32 as usize) as i64;
+    let lo = _mm_insert_epi64::<1>(_mm_cvtsi64_si128(load(a)), load(a >> 32));
+    let hi = _mm_insert_epi64::<1>(_mm_cvtsi64_si128(load(b)), load(b >> 32));
+    _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+}
+
 /// `_mm256_mask_i32gather_epi32::<4>(src, table, idx, mask)` where every lane's index is
 /// valid, masked in or not: all 8 read, the lanes outside `mask` keep `src`.
 ///
