@@ -23,10 +23,20 @@ pub fn normalize(counts: &[u64]) -> Vec<u32> {
 /// [`normalize`] to a total of `1 << bits` (`bits <= PROB_BITS`; needs at least as many slots
 /// as seen symbols). Coarser rows are cheaper to transmit: the table format scales them up.
 pub fn normalize_to(counts: &[u64], bits: u32) -> Vec<u32> {
+    let mut freqs = Vec::new();
+    normalize_into(counts, bits, &mut freqs);
+    freqs
+}
+
+/// [`normalize_to`] into `freqs` (resized to `counts.len()`): table selection normalizes
+/// every context at every candidate precision, thousands of small rows per tensor, where
+/// an allocation per row cost as much as the row.
+pub fn normalize_into(counts: &[u64], bits: u32, freqs: &mut Vec<u32>) {
+    freqs.clear();
+    freqs.resize(counts.len(), 0);
     let n: u64 = counts.iter().sum();
-    let mut freqs = vec![0u32; counts.len()];
     if n == 0 {
-        return freqs;
+        return;
     }
     let total = 1u64 << bits;
     let mut sum: i64 = 0;
@@ -47,9 +57,8 @@ pub fn normalize_to(counts: &[u64], bits: u32) -> Vec<u32> {
         freqs[best] += (target - sum) as u32;
     }
     if sum > target {
-        remove_excess(&mut freqs, (sum - target) as u64);
+        remove_excess(freqs, (sum - target) as u64);
     }
-    freqs
 }
 
 /// Remove `excess` units as the rule does, one at a time from the largest frequency above 1

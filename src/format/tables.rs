@@ -27,7 +27,9 @@ use rayon::prelude::*;
 use super::symbols::{joint_alphabet, joint_symbol, Neighbor, RefInfo, Sym, EXP_CLASSES};
 
 use crate::bytes::{varint_len, ByteReader, ByteWriter};
-use crate::entropy::freq::{cost, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL};
+use crate::entropy::freq::{
+    cost, normalize_into, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL,
+};
 use crate::Result;
 
 /// The coded stages, in decoding order.
@@ -352,19 +354,20 @@ impl StageTable {
         // Each row priced on the pool: for a large tensor, choosing its tables is serial
         // work of a few percent of its encode, which a second thread could not share.
         let rows: Vec<(usize, &[u64])> = hist.rows().collect();
-        let priced: Vec<(Vec<u32>, u64)> = rows
+        // Only prices and precisions: most rows are pooled, and a kept row is made again.
+        let priced: Vec<(u64, u32)> = rows
             .par_iter()
             .with_min_len(8)
-            .map(|(_, counts)| priced_row(counts))
+            .map_init(RowScratch::default, |s, (_, counts)| row_price(counts, s))
             .collect();
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
-        for ((ctx, counts), (own, own_price)) in rows.into_iter().zip(priced) {
+        for ((ctx, counts), (own_price, bits)) in rows.into_iter().zip(priced) {
             // The row's own cost: its data, its bytes and one byte of context id.
             let keep =
                 !prune || own_price + 8 * COST_ONE_BIT < cost(counts, &group_freqs[ctx % nb]);
             if keep {
-                explicit.push((ctx as u32, Row::from_freqs(own)));
+                explicit.push((ctx as u32, Row::from_freqs(row_at(counts, bits))));
             } else {
                 let g = ctx % nb;
                 for (acc, &c) in rest[g * a..(g + 1) * a].iter_mut().zip(counts) {
@@ -452,37 +455,54 @@ const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
 /// code length under it plus the row's bytes (integer estimates only). Binary rows are always
 /// sent at full precision.
 pub fn best_row(counts: &[u64]) -> Vec<u32> {
-    priced_row(counts).0
+    row_at(counts, row_price(counts, &mut RowScratch::default()).1)
 }
 
-/// [`best_row`] and its price: the data's code length under it plus the row's bytes, in
-/// COST_ONE_BIT units.
+/// `counts` normalized at `bits` of precision, scaled to the full total (as sent).
+fn row_at(counts: &[u64], bits: u32) -> Vec<u32> {
+    let mut row = normalize_to(counts, bits);
+    for f in row.iter_mut() {
+        *f <<= PROB_BITS - bits;
+    }
+    row
+}
+
+/// Buffers of [`row_price`], kept across the rows of a selection.
+#[derive(Default)]
+struct RowScratch {
+    seen_at: Vec<usize>,
+    seen: Vec<u64>,
+    row: Vec<u32>,
+}
+
+/// The price of [`best_row`] (the data's code length under it plus the row's bytes, in
+/// COST_ONE_BIT units) and the precision that gives it, for [`row_at`].
 ///
 /// Priced on the row's seen symbols only: a J row of 119 or 247 symbols sees a few dozen,
 /// and every context of every candidate precision is priced (table selection was about a
 /// tenth of a bf16 `--fast` encode on a Zen 2). Unseen symbols change nothing but the
 /// row's bytes: each inside the row's symbol range is one zero byte (see [`row_bytes`]).
-/// [`normalize_to`] of the seen counts is the full row's normalization at the seen
+/// [`normalize_into`] of the seen counts is the full row's normalization at the seen
 /// symbols: unseen ones get no frequency, are never the largest count, and never hold
 /// the units an excess removes.
-fn priced_row(counts: &[u64]) -> (Vec<u32>, u64) {
-    let price = |f: &[u32]| cost(counts, f) + row_bytes(f) as u64 * 8 * COST_ONE_BIT;
+fn row_price(counts: &[u64], s: &mut RowScratch) -> (u64, u32) {
     if counts.len() == 2 {
-        let full = normalize_to(counts, PROB_BITS);
-        let p = price(&full);
-        return (full, p);
+        normalize_into(counts, PROB_BITS, &mut s.row);
+        let p = cost(counts, &s.row) + row_bytes(&s.row) as u64 * 8 * COST_ONE_BIT;
+        return (p, PROB_BITS);
     }
-    let (seen_at, seen): (Vec<usize>, Vec<u64>) = counts
-        .iter()
-        .enumerate()
-        .filter(|(_, &c)| c > 0)
-        .map(|(i, &c)| (i, c))
-        .unzip();
-    let (Some(&lo), Some(&hi)) = (seen_at.first(), seen_at.last()) else {
-        // What the search below returns for an empty row, without it.
+    s.seen_at.clear();
+    s.seen.clear();
+    for (i, &c) in counts.iter().enumerate() {
+        if c > 0 {
+            s.seen_at.push(i);
+            s.seen.push(c);
+        }
+    }
+    let (Some(&lo), Some(&hi)) = (s.seen_at.first(), s.seen_at.last()) else {
+        // An empty row: all zeros (its bytes: the shift, the start and a span of one).
         let zero = vec![0; counts.len()];
-        let p = price(&zero);
-        return (zero, p);
+        return (row_bytes(&zero) as u64 * 8 * COST_ONE_BIT, PROB_BITS);
     };
     // `row_bytes` of the full row from its seen frequencies: the range's zero bytes, one
     // byte and the varint's extra bytes of each seen frequency but the last (implied).
@@ -505,29 +525,23 @@ fn priced_row(counts: &[u64]) -> (Vec<u32>, u64) {
             + (hi - lo)
             + extra
     };
-    let seen_price = |f: &[u32]| cost(&seen, f) + bytes(f) as u64 * 8 * COST_ONE_BIT;
-    let mut best = normalize_to(&seen, PROB_BITS);
-    let mut best_price = seen_price(&best);
-    for bits in ROW_PRECISIONS[1..]
+    let mut best = (u64::MAX, PROB_BITS);
+    for bits in ROW_PRECISIONS
         .iter()
         .copied()
-        .filter(|&b| 1u64 << b >= seen.len() as u64)
+        .filter(|&b| b == PROB_BITS || 1u64 << b >= s.seen.len() as u64)
     {
-        let mut row = normalize_to(&seen, bits);
-        for f in row.iter_mut() {
+        normalize_into(&s.seen, bits, &mut s.row);
+        for f in s.row.iter_mut() {
             *f <<= PROB_BITS - bits;
         }
-        let p = seen_price(&row);
-        if p < best_price {
-            best_price = p;
-            best = row;
+        let p = cost(&s.seen, &s.row) + bytes(&s.row) as u64 * 8 * COST_ONE_BIT;
+        // The first (finest) of equal prices.
+        if p < best.0 {
+            best = (p, bits);
         }
     }
-    let mut full = vec![0u32; counts.len()];
-    for (&i, &f) in seen_at.iter().zip(&best) {
-        full[i] = f;
-    }
-    (full, best_price)
+    best
 }
 
 /// Bytes a row takes in the table format (what [`write_row`] writes), without writing it.
@@ -669,8 +683,8 @@ mod tests {
         }
     }
 
-    /// `priced_row` as first written: every precision normalized, priced and sized over the
-    /// whole alphabet.
+    /// [`row_price`] and [`row_at`] as first written: every precision normalized, priced
+    /// and sized over the whole alphabet.
     fn priced_row_dense(counts: &[u64]) -> (Vec<u32>, u64) {
         let price = |f: &[u32]| cost(counts, f) + row_bytes(f) as u64 * 8 * COST_ONE_BIT;
         if counts.iter().all(|&c| c == 0) {
@@ -704,7 +718,7 @@ mod tests {
     }
 
     #[test]
-    fn priced_row_is_its_dense_definition() {
+    fn row_price_is_its_dense_definition() {
         // Rows that take each precision, shortfalls and excesses, a single symbol at
         // either end, binary and empty rows, alphabets up to J's 247 with counts large and
         // small (an excess bigger than one level), and a symbol seen at every index.
@@ -742,8 +756,10 @@ mod tests {
             );
         }
         let mut precisions = std::collections::BTreeSet::new();
+        let mut scratch = RowScratch::default();
         for counts in &rows {
-            let got = priced_row(counts);
+            let (price, bits) = row_price(counts, &mut scratch);
+            let got = (row_at(counts, bits), price);
             assert_eq!(got, priced_row_dense(counts), "{counts:?}");
             let all = got.0.iter().fold(0u32, |a, &f| a | f);
             precisions.insert(all.trailing_zeros().min(PROB_BITS));
