@@ -441,7 +441,7 @@ pub fn er_range(info: &[u16]) -> (usize, usize) {
 
 /// Minimum and maximum of the low bytes of `info`, `(255, 0)` when empty.
 #[inline(always)]
-fn byte_range(info: &[u16]) -> (u8, u8) {
+pub(super) fn byte_range(info: &[u16]) -> (u8, u8) {
     // As bytes (an exponent class is the low byte): unsigned byte minima and maxima
     // vectorize even at baseline x86-64.
     let (mut lo, mut hi) = (u8::MAX, 0u8);
