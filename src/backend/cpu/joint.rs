@@ -3,6 +3,8 @@
 //! other layouts (`encode::codes`, `decode::finish`); only the lanes differ, and they are
 //! simpler: one table lookup per weight, no neighbor, so every lane is independent.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::decode::{no_row, Stream};
@@ -587,23 +589,36 @@ impl<'a> JointDec<'a> {
                 j as u32
             }
         };
-        let mut ws = vec![Self::POISON; 64 * total];
-        ws.par_chunks_mut(total).enumerate().for_each(|(k, out)| {
-            let r = match self.map.get(self.window as usize + k) {
-                Some(&r) if r != Self::NONE && (r as usize) < n_rows => r,
-                _ => return,
-            };
-            let mut at = 0;
-            for (j, &f) in t.row(r).freq.iter().enumerate() {
-                // As in `new`: `take` keeps a bad row inside its own slots.
-                let base = code(j) | f.saturating_sub(1) << 20;
-                for (o, k) in out[at..].iter_mut().zip(0..f) {
-                    *o = base | k << 8;
+        // Each window written once, on the pool: filling the whole 1 MiB with the poison
+        // first was a serial pass of its own.
+        let mut ws: Vec<u32> = Vec::with_capacity(64 * total);
+        ws.spare_capacity_mut()[..64 * total]
+            .par_chunks_mut(total)
+            .enumerate()
+            .for_each(|(k, out)| {
+                let fill = |out: &mut [MaybeUninit<u32>], v: u32| {
+                    out.iter_mut().for_each(|o| {
+                        o.write(v);
+                    })
+                };
+                let r = match self.map.get(self.window as usize + k) {
+                    Some(&r) if r != Self::NONE && (r as usize) < n_rows => r,
+                    _ => return fill(out, Self::POISON),
+                };
+                let mut at = 0;
+                for (j, &f) in t.row(r).freq.iter().enumerate() {
+                    // As in `new`: `take` keeps a bad row inside its own slots.
+                    let base = code(j) | f.saturating_sub(1) << 20;
+                    for (o, k) in out[at..].iter_mut().zip(0..f) {
+                        o.write(base | k << 8);
+                    }
+                    at = (at + f as usize).min(total);
                 }
-                at = (at + f as usize).min(total);
-            }
-            out[at..].fill(code(0));
-        });
+                fill(&mut out[at..], code(0));
+            });
+        // SAFETY: every window's `total` entries were written above, in one branch or the
+        // other (a row's runs up to `at`, then the rest).
+        unsafe { ws.set_len(64 * total) };
         self.window_slots = ws;
         self
     }
