@@ -115,6 +115,16 @@ pub struct Scratch {
     pub(super) tail: BitWriter,
 }
 
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// `f` with this thread's [`Scratch`], kept from tensor to tensor: a checkpoint's many small
+/// tensors each took fresh buffers (their first chunk's memsets and page faults).
+pub fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| f(&mut s.borrow_mut()))
+}
+
 /// Code one chunk of displacements.
 #[inline(always)]
 pub fn chunk<T: Word>(

@@ -414,32 +414,34 @@ impl<T: Word> Resident for CpuResident<'_, T> {
                 .flatten();
             return Ok(chunk_ranges(all_d.len())
                 .into_par_iter()
-                .map_init(encode::Scratch::default, |scratch, r| {
-                    let (d, info) = (&all_d[r.clone()], &all_info[r]);
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(flat) = &flat {
-                        // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever
-                        // a level `Isa::available` confirmed on this CPU; `Avx512` and `Avx2`
-                        // require the features the two `encode_chunk`s are compiled for.
-                        return unsafe {
-                            if self.isa == Isa::Avx512 {
-                                avx512::joint::encode_chunk(d, info, flat, scratch)
-                            } else {
-                                avx2::joint::encode_chunk(d, info, flat, scratch)
-                            }
-                        };
-                    }
-                    #[cfg(target_arch = "aarch64")]
-                    if let Some(flat) = &flat {
-                        // SAFETY: `flat` exists only at `isa == Neon`, and `isa` is only ever
-                        // a level `Isa::available` confirmed on this CPU.
-                        return unsafe { neon::joint::encode_chunk(d, info, flat, scratch) };
-                    }
-                    fast(
-                        self.isa,
-                        #[inline(always)]
-                        || joint::encode_chunk(d, info, &stages[0], scratch),
-                    )
+                .map(|r| {
+                    encode::with_scratch(|scratch| {
+                        let (d, info) = (&all_d[r.clone()], &all_info[r]);
+                        #[cfg(target_arch = "x86_64")]
+                        if let Some(flat) = &flat {
+                            // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever
+                            // a level `Isa::available` confirmed on this CPU; `Avx512` and `Avx2`
+                            // require the features the two `encode_chunk`s are compiled for.
+                            return unsafe {
+                                if self.isa == Isa::Avx512 {
+                                    avx512::joint::encode_chunk(d, info, flat, scratch)
+                                } else {
+                                    avx2::joint::encode_chunk(d, info, flat, scratch)
+                                }
+                            };
+                        }
+                        #[cfg(target_arch = "aarch64")]
+                        if let Some(flat) = &flat {
+                            // SAFETY: `flat` exists only at `isa == Neon`, and `isa` is only ever
+                            // a level `Isa::available` confirmed on this CPU.
+                            return unsafe { neon::joint::encode_chunk(d, info, flat, scratch) };
+                        }
+                        fast(
+                            self.isa,
+                            #[inline(always)]
+                            || joint::encode_chunk(d, info, &stages[0], scratch),
+                        )
+                    })
                 })
                 .collect());
         }
@@ -450,40 +452,50 @@ impl<T: Word> Resident for CpuResident<'_, T> {
         });
         Ok(chunk_ranges(all_d.len())
             .into_par_iter()
-            .map_init(encode::Scratch::default, |scratch, r| {
-                let (d, info) = (&all_d[r.clone()], &all_info[r]);
-                #[cfg(target_arch = "x86_64")]
-                if let Some(flat) = &flat {
-                    let w1 = self.w1();
-                    // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever a
-                    // level `Isa::available` confirmed on this CPU (`CpuAt` checks it on
-                    // construction); `Avx512` and `Avx2` require the features
-                    // `avx512::encode::chunk` and `avx2::encode::chunk` are compiled for.
-                    return unsafe {
-                        if self.isa == Isa::Avx512 {
-                            avx512::encode::chunk(
-                                d, info, signed, w1, &stages, flat, distance, scratch,
+            .map(|r| {
+                encode::with_scratch(|scratch| {
+                    let (d, info) = (&all_d[r.clone()], &all_info[r]);
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(flat) = &flat {
+                        let w1 = self.w1();
+                        // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever a
+                        // level `Isa::available` confirmed on this CPU (`CpuAt` checks it on
+                        // construction); `Avx512` and `Avx2` require the features
+                        // `avx512::encode::chunk` and `avx2::encode::chunk` are compiled for.
+                        return unsafe {
+                            if self.isa == Isa::Avx512 {
+                                avx512::encode::chunk(
+                                    d, info, signed, w1, &stages, flat, distance, scratch,
+                                )
+                            } else {
+                                avx2::encode::chunk(
+                                    d, info, signed, w1, &stages, flat, distance, scratch,
+                                )
+                            }
+                        };
+                    }
+                    #[cfg(target_arch = "aarch64")]
+                    if self.isa == Isa::Neon {
+                        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this
+                        // CPU.
+                        return unsafe {
+                            neon::encode::chunk(
+                                d,
+                                info,
+                                signed,
+                                self.w1(),
+                                &stages,
+                                distance,
+                                scratch,
                             )
-                        } else {
-                            avx2::encode::chunk(
-                                d, info, signed, w1, &stages, flat, distance, scratch,
-                            )
-                        }
-                    };
-                }
-                #[cfg(target_arch = "aarch64")]
-                if self.isa == Isa::Neon {
-                    // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this
-                    // CPU.
-                    return unsafe {
-                        neon::encode::chunk(d, info, signed, self.w1(), &stages, distance, scratch)
-                    };
-                }
-                fast(
-                    self.isa,
-                    #[inline(always)]
-                    || encode::chunk(d, info, signed, self.w1(), &stages, distance, scratch),
-                )
+                        };
+                    }
+                    fast(
+                        self.isa,
+                        #[inline(always)]
+                        || encode::chunk(d, info, signed, self.w1(), &stages, distance, scratch),
+                    )
+                })
             })
             .collect())
     }
