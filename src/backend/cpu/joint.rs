@@ -66,6 +66,8 @@ pub const fn u_of_joint(j: usize) -> u32 {
 }
 
 /// The per-element code (`b | q1 << 7 | q2 << 8 | neg << 9`, as [`code_of_joint`]) of `u`.
+/// (Only the AVX2 lanes store `u`.)
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn code_of_u(u: u32) -> u32 {
     u >> 3 | (u >> 2 & 1) << 7 | (u >> 1 & 1) << 8 | (u & 1) << 9
 }
