@@ -347,8 +347,18 @@ impl StageTable {
                 *acc += c;
             }
         }
+        // Only the groups that hold counts: a neighbor-form B has 256 of them, most empty on
+        // a small tensor, and no context reads an empty group's row.
+        let mut scratch = RowScratch::default();
         let group_freqs: Vec<Vec<u32>> = (0..nb)
-            .map(|g| best_row(&group[g * a..(g + 1) * a]))
+            .map(|g| {
+                let counts = &group[g * a..(g + 1) * a];
+                if counts.iter().any(|&c| c > 0) {
+                    row_at(counts, row_price(counts, &mut scratch).1)
+                } else {
+                    Vec::new()
+                }
+            })
             .collect();
 
         // Each row priced on the pool: for a large tensor, choosing its tables is serial
@@ -378,10 +388,10 @@ impl StageTable {
         let backoff = (0..nb)
             .filter_map(|g| {
                 let counts = &rest[g * a..(g + 1) * a];
-                counts
-                    .iter()
-                    .any(|&c| c > 0)
-                    .then(|| (g as u32, Row::from_freqs(best_row(counts))))
+                counts.iter().any(|&c| c > 0).then(|| {
+                    let bits = row_price(counts, &mut scratch).1;
+                    (g as u32, Row::from_freqs(row_at(counts, bits)))
+                })
             })
             .collect();
         StageTable::build(space, explicit, backoff)
