@@ -72,8 +72,9 @@ pub fn decode(o: &Opts) -> Result<(), String> {
 
 /// `measure small-tensors`: the tensors below 2^16 elements (layer norms, biases, position
 /// embeddings) encoded and decoded one after another; µs per tensor for `--fast` and the
-/// default layout, best of `--rounds` (default 20). What a checkpoint of many small tensors
-/// pays per tensor: table building and selection rather than coding.
+/// default layout (or `--layout`'s alone, to profile one), best of `--rounds` (default 20).
+/// What a checkpoint of many small tensors pays per tensor: table building and selection
+/// rather than coding.
 pub fn small_tensors(o: &Opts) -> Result<(), String> {
     let (r, t) = o.open_pair(&o.dtype)?;
     let cpu = o.cpu()?;
@@ -82,7 +83,10 @@ pub fn small_tensors(o: &Opts) -> Result<(), String> {
     for (layout, name) in [
         (LayoutChoice::Fast, "--fast"),
         (LayoutChoice::Auto, "default"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|&(l, _)| o.layout.is_none_or(|want| want == l))
+    {
         let opts = options(layout);
         let (mut enc, mut dec) = (f64::MAX, f64::MAX);
         for _ in 0..o.rounds.unwrap_or(20) {

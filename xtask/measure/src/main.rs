@@ -32,7 +32,7 @@ commands:
   stages          per-stage CPU time of both layouts, alternating, per CPU level
   encode-loop     encode every float tensor ROUNDS times, print the best pass
   decode-loop     decode every float tensor's blob ROUNDS times, print the best pass
-  small-tensors   microseconds per tensor below 2^16 elements, both layouts
+  small-tensors   microseconds per tensor below 2^16 elements, both layouts (or --layout's)
 
 options:
   --dir DIR       checkpoint folder (default ../shared/data/trajectory-gpt2)
