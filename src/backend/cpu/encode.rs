@@ -120,7 +120,8 @@ thread_local! {
 }
 
 /// `f` with this thread's [`Scratch`], kept from tensor to tensor: a checkpoint's many small
-/// tensors each took fresh buffers (their first chunk's memsets and page faults).
+/// tensors each took fresh buffers (their first chunk's memsets and page faults). Nothing a
+/// chunk's encode calls runs on the pool, so no stolen job borrows it twice.
 pub fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     SCRATCH.with(|s| f(&mut s.borrow_mut()))
 }
