@@ -365,11 +365,17 @@ impl StageTable {
         // work of a few percent of its encode, which a second thread could not share.
         let rows: Vec<(usize, &[u64])> = hist.rows().collect();
         // Only prices and precisions: most rows are pooled, and a kept row is made again.
-        let priced: Vec<(u64, u32)> = rows
-            .par_iter()
-            .with_min_len(8)
-            .map_init(RowScratch::default, |s, (_, counts)| row_price(counts, s))
-            .collect();
+        // A small tensor's few rows on this thread: the pool's dispatch cost more than them.
+        let priced: Vec<(u64, u32)> = if rows.len() < 64 {
+            rows.iter()
+                .map(|(_, counts)| row_price(counts, &mut scratch))
+                .collect()
+        } else {
+            rows.par_iter()
+                .with_min_len(8)
+                .map_init(RowScratch::default, |s, (_, counts)| row_price(counts, s))
+                .collect()
+        };
         let mut explicit = Vec::new();
         let mut rest = vec![0u64; nb * a];
         for ((ctx, counts), (own_price, bits)) in rows.into_iter().zip(priced) {
