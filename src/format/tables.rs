@@ -354,7 +354,7 @@ impl StageTable {
             .map(|g| {
                 let counts = &group[g * a..(g + 1) * a];
                 if counts.iter().any(|&c| c > 0) {
-                    row_at(counts, row_price(counts, &mut scratch).1)
+                    best_row(counts, &mut scratch)
                 } else {
                     Vec::new()
                 }
@@ -394,10 +394,10 @@ impl StageTable {
         let backoff = (0..nb)
             .filter_map(|g| {
                 let counts = &rest[g * a..(g + 1) * a];
-                counts.iter().any(|&c| c > 0).then(|| {
-                    let bits = row_price(counts, &mut scratch).1;
-                    (g as u32, Row::from_freqs(row_at(counts, bits)))
-                })
+                counts
+                    .iter()
+                    .any(|&c| c > 0)
+                    .then(|| (g as u32, Row::from_freqs(best_row(counts, &mut scratch))))
             })
             .collect();
         StageTable::build(space, explicit, backoff)
@@ -469,9 +469,9 @@ const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
 
 /// The cheapest normalized row for `counts`: each candidate precision is priced as the data's
 /// code length under it plus the row's bytes (integer estimates only). Binary rows are always
-/// sent at full precision.
-pub fn best_row(counts: &[u64]) -> Vec<u32> {
-    row_at(counts, row_price(counts, &mut RowScratch::default()).1)
+/// sent at full precision. `s`: buffers kept across a selection's rows.
+fn best_row(counts: &[u64], s: &mut RowScratch) -> Vec<u32> {
+    row_at(counts, row_price(counts, s).1)
 }
 
 /// `counts` normalized at `bits` of precision, scaled to the full total (as sent).
@@ -520,26 +520,15 @@ fn row_price(counts: &[u64], s: &mut RowScratch) -> (u64, u32) {
         let zero = vec![0; counts.len()];
         return (row_bytes(&zero) as u64 * 8 * COST_ONE_BIT, PROB_BITS);
     };
-    // `row_bytes` of the full row from its seen frequencies: the range's zero bytes, one
-    // byte and the varint's extra bytes of each seen frequency but the last (implied).
+    // `row_bytes` of the full row from its seen frequencies: the range's zeros take a byte
+    // each, and the last seen frequency is implied.
     let bytes = |f: &[u32]| {
-        let all = f.iter().fold(0u32, |a, &f| a | f);
-        let shift = all.trailing_zeros().min(PROB_BITS);
+        let shift = row_shift(f);
         let extra: usize = f[..f.len() - 1]
             .iter()
-            .map(|&f| {
-                let v = f >> shift;
-                (v >= 1 << 7) as usize
-                    + (v >= 1 << 14) as usize
-                    + (v >= 1 << 21) as usize
-                    + (v >= 1 << 28) as usize
-            })
+            .map(|&f| varint_extra(f >> shift))
             .sum();
-        varint_len(shift as u64)
-            + varint_len(lo as u64)
-            + varint_len((hi - lo + 1) as u64)
-            + (hi - lo)
-            + extra
+        wide_row_bytes(lo, hi, shift, extra)
     };
     let mut best = (u64::MAX, PROB_BITS);
     for bits in ROW_PRECISIONS
@@ -568,30 +557,46 @@ pub fn row_bytes(freq: &[u32]) -> usize {
     if freq.len() == 2 {
         return varint_len(freq[0] as u64);
     }
-    // The symbol range and the shift, as `write_row` finds them (the shift: the fewest
-    // trailing zeros of a non-zero frequency, those of all of them or'ed).
+    // The symbol range and the shift, as `write_row` finds them.
     let (lo, hi) = match freq.iter().position(|&f| f > 0) {
         Some(lo) => (lo, freq.iter().rposition(|&f| f > 0).unwrap_or(lo)),
         None => (0, 0),
     };
+    let shift = row_shift(freq);
+    let extra: usize = freq[lo..hi].iter().map(|&f| varint_extra(f >> shift)).sum();
+    wide_row_bytes(lo, hi, shift, extra)
+}
+
+/// The shift `write_row` finds: the fewest trailing zeros of a non-zero frequency (those of
+/// all of them or'ed), 0 for an empty row.
+fn row_shift(freq: &[u32]) -> u32 {
     let all = freq.iter().fold(0u32, |a, &f| a | f);
-    let shift = if all == 0 {
+    if all == 0 {
         0
     } else {
         all.trailing_zeros().min(PROB_BITS)
-    };
-    // `varint_len` of each, as compares: one byte, and one more at each 7 bits passed.
-    let body: usize = freq[lo..hi]
-        .iter()
-        .map(|&f| {
-            let v = f >> shift;
-            1 + (v >= 1 << 7) as usize
-                + (v >= 1 << 14) as usize
-                + (v >= 1 << 21) as usize
-                + (v >= 1 << 28) as usize
-        })
-        .sum();
-    varint_len(shift as u64) + varint_len(lo as u64) + varint_len((hi - lo + 1) as u64) + body
+    }
+}
+
+/// Bytes of `varint(v)` past its first, as compares (one more at each 7 bits passed):
+/// rows are sized for every context of every candidate precision, and this form keeps
+/// those loops plain enough to vectorize.
+#[inline(always)]
+fn varint_extra(v: u32) -> usize {
+    (v >= 1 << 7) as usize
+        + (v >= 1 << 14) as usize
+        + (v >= 1 << 21) as usize
+        + (v >= 1 << 28) as usize
+}
+
+/// Bytes of a wide row with symbol range `lo..=hi` and `shift`, whose sent frequencies (the
+/// `hi - lo` in `lo..hi`, zeros included) take one byte each plus `extra`.
+fn wide_row_bytes(lo: usize, hi: usize, shift: u32, extra: usize) -> usize {
+    varint_len(shift as u64)
+        + varint_len(lo as u64)
+        + varint_len((hi - lo + 1) as u64)
+        + (hi - lo)
+        + extra
 }
 
 /// Binary rows: `varint f0`. Wider rows: `varint shift` (every frequency is a multiple of
@@ -667,8 +672,11 @@ mod tests {
             (0..65).map(|i| if i % 3 == 0 { 0 } else { 64 }).collect(),
             // Coarse rows as best_row sends them (a shift > 0, a symbol range inside).
             vec![0, 1024, 0, 2048, 1024, 0],
-            best_row(&[0, 0, 5, 900, 3, 0, 1, 0, 0]),
-            best_row(&(0..66).map(|i| (i * 7 % 13) as u64).collect::<Vec<_>>()),
+            best_row(&[0, 0, 5, 900, 3, 0, 1, 0, 0], &mut RowScratch::default()),
+            best_row(
+                &(0..66).map(|i| (i * 7 % 13) as u64).collect::<Vec<_>>(),
+                &mut RowScratch::default(),
+            ),
         ];
         // And rows as the encoder prices them: every precision, frequencies past one varint
         // byte, gaps inside the range, wide alphabets.
