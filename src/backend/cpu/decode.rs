@@ -208,12 +208,7 @@ pub fn chunk<T: Word>(
         chain_lanes::<T>(info, codes, &mut states, &mut st, isa, stages, w1, d, d_s)?;
         check_end(&st, &states)?;
     }
-    finish::<T>(c, codes, j_codes, reference, out, isa, signed)?;
-    if let Some(h) = crc {
-        // SAFETY: `finish` succeeded, so it wrote every byte of `out`.
-        h.update(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<u8>(), out.len()) });
-    }
-    Ok(())
+    finish::<T>(c, codes, j_codes, reference, out, isa, signed, crc)
 }
 
 /// Every lane back in its initial state and every word read: what the encoder started from.
@@ -314,7 +309,7 @@ unsafe fn avx2_lanes<T: Word, A: super::avx2::decode::AfterStep>(
 
 /// Elements per block of [`joint_blocked`]: a multiple of `LANES` and of the tail passes'
 /// groups; the block's codes (16 KiB), reference and output stay in L1 from the lanes to
-/// the tail pass, and to the output's CRC-32.
+/// the tail pass (which folds the output's CRC-32 from its registers).
 #[cfg(target_arch = "x86_64")]
 const BLOCK: usize = 4096;
 
@@ -340,11 +335,17 @@ fn joint_blocked<T: Word>(
     signed: bool,
     table: &JointDec,
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
-    mut crc: Option<&mut crc32fast::Hasher>,
+    crc: Option<&mut crc32fast::Hasher>,
 ) -> Result<()> {
     let n = reference.len() / T::SIZE;
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
     let j_codes = super::joint::stores_j::<T>(isa);
+    // The output's CRC-32: the vector tail passes fold what they write (`avx2::crc`), the
+    // scalar pass's elements go to the hasher. (Without `crc`, folded and dropped.)
+    let mut unused = crc32fast::Hasher::new();
+    let h = crc.unwrap_or(&mut unused);
+    // SAFETY: SSE2.
+    let mut fold = unsafe { super::avx2::crc::Fold::new(h) };
     // Every block's lanes write its codes before the tail pass reads them.
     codes.truncate(BLOCK.min(n));
     codes.resize(BLOCK.min(n), 0);
@@ -376,17 +377,18 @@ fn joint_blocked<T: Word>(
                 use super::avx2::decode::{Fused16, Fused32};
                 let (tb, bits) = (tail.bytes(), tail.consumed);
                 let (s, c) = (&mut states, &mut st);
+                let fo = &mut fold;
                 (k, fused, tail.consumed) = match (T::BITS, signed) {
                     (16, _) => {
-                        let f = Fused16::new(r, o, tb, bits, signed);
+                        let f = Fused16::new(r, o, tb, bits, signed, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, true) => {
-                        let f = Fused32::<true>::new(r, o, tb, bits);
+                        let f = Fused32::<true>::new(r, o, tb, bits, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, false) => {
-                        let f = Fused32::<false>::new(r, o, tb, bits);
+                        let f = Fused32::<false>::new(r, o, tb, bits, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                 };
@@ -442,6 +444,7 @@ fn joint_blocked<T: Word>(
                     tail.bytes(),
                     tail.consumed,
                     signed,
+                    &mut fold,
                 )
             } else {
                 super::avx2::decode::finish_u32(
@@ -452,6 +455,7 @@ fn joint_blocked<T: Word>(
                     tail.bytes(),
                     tail.consumed,
                     signed,
+                    &mut fold,
                 )
             }
         };
@@ -467,30 +471,32 @@ fn joint_blocked<T: Word>(
         if tail.consumed + tail_need(rest, rest_j) > avail {
             return Err(bad("raw tail shorter than the bit lengths require"));
         }
-        finish_scalar::<T>(
-            rest,
-            rest_j,
-            &r_rest[done * T::SIZE..],
-            &mut o_rest[done * T::SIZE..],
-            &mut tail,
-            signed,
-        );
-        if let Some(h) = crc.as_deref_mut() {
-            // While in L1.
-            // SAFETY: the block's two passes wrote every byte of `o`.
+        if !rest.is_empty() {
+            let o = &mut o_rest[done * T::SIZE..];
+            finish_scalar::<T>(
+                rest,
+                rest_j,
+                &r_rest[done * T::SIZE..],
+                o,
+                &mut tail,
+                signed,
+            );
+            // SAFETY: SSE2; the fold continued `h`.
+            unsafe { fold.flush(h) };
+            // SAFETY: just written.
             h.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
         }
     }
     check_end(near_end.as_ref().unwrap_or(&st), &states)?;
+    // SAFETY: as above.
+    unsafe { fold.flush(h) };
     // Bytes past the last whole element (none for a well-formed reference) read as zeros.
     for o in &mut out[n * T::SIZE..] {
         o.write(0);
     }
-    if let Some(h) = crc {
-        // SAFETY: just written.
-        let past = &out[n * T::SIZE..];
-        h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
-    }
+    // SAFETY: just written.
+    let past = &out[n * T::SIZE..];
+    h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
     if tail.consumed != c.tail_bits {
         return Err(bad("raw tail longer than the bit lengths require"));
     }
@@ -627,7 +633,10 @@ fn finish<T: Word>(
     out: &mut [MaybeUninit<u8>],
     isa: Isa,
     signed: bool,
+    crc: Option<&mut crc32fast::Hasher>,
 ) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    let mut crc = crc;
     // The bit lengths say how long the tail is: check that once, then read it unchecked.
     // In 32 bits (twice the lanes of a 64-bit sum): whatever the codes, a chunk's lengths
     // sum to less than 2^18 × 128.
@@ -653,11 +662,18 @@ fn finish<T: Word>(
         done = elems;
         tail.consumed = bits;
     }
+    // Bytes of `out` that `crc` has hashed.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut hashed = 0;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && matches!(T::BITS, 16 | 32) {
+        // The vector pass folds the CRC-32 of what it writes (`avx2::crc`).
+        let mut unused = crc32fast::Hasher::new();
+        let h = crc.as_deref_mut().unwrap_or(&mut unused);
         // SAFETY: as above; `need` was checked.
         let (elems, bits) = unsafe {
-            if T::BITS == 16 {
+            let mut fold = super::avx2::crc::Fold::new(h);
+            let r = if T::BITS == 16 {
                 super::avx2::decode::finish_u16(
                     codes,
                     j_codes,
@@ -666,6 +682,7 @@ fn finish<T: Word>(
                     tail.bytes(),
                     0,
                     signed,
+                    &mut fold,
                 )
             } else {
                 super::avx2::decode::finish_u32(
@@ -676,10 +693,14 @@ fn finish<T: Word>(
                     tail.bytes(),
                     0,
                     signed,
+                    &mut fold,
                 )
-            }
+            };
+            fold.flush(h);
+            r
         };
         done = elems;
+        hashed = elems * T::SIZE;
         tail.consumed = bits;
     }
     #[cfg(target_arch = "x86_64")]
@@ -717,6 +738,11 @@ fn finish<T: Word>(
     // Bytes past the last whole element (none for a well-formed reference) read as zeros.
     for o in &mut out[codes.len().min(reference.len() / T::SIZE) * T::SIZE..] {
         o.write(0);
+    }
+    if let Some(h) = crc {
+        // SAFETY: every byte of `out` is written (above, or by the passes before).
+        let rest = &out[hashed.min(out.len())..];
+        h.update(unsafe { std::slice::from_raw_parts(rest.as_ptr().cast::<u8>(), rest.len()) });
     }
     if need != c.tail_bits {
         return Err(bad("raw tail longer than the bit lengths require"));

@@ -88,8 +88,14 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            let avx2 =
-                has!("avx2") && has!("bmi1") && has!("bmi2") && has!("lzcnt") && has!("popcnt");
+            // PCLMULQDQ: the AVX2 decode folds the output's CRC-32 by carry-less multiplies
+            // (`avx2::crc`); every AVX2 CPU has it.
+            let avx2 = has!("avx2")
+                && has!("bmi1")
+                && has!("bmi2")
+                && has!("lzcnt")
+                && has!("popcnt")
+                && has!("pclmulqdq");
             match self {
                 Isa::Portable => true,
                 Isa::Neon => false,
@@ -162,7 +168,7 @@ struct CpuResident<'a, T: Word> {
 fn fast<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+        #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
         fn avx2<R>(f: impl FnOnce() -> R) -> R {
             f()
         }

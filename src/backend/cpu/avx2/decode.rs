@@ -22,6 +22,7 @@ use super::super::decode::{no_row, Stream};
 use super::super::joint::u_of_joint;
 use super::super::tables::{vector_tables_fit, DecStage, NO_ROW};
 use super::super::word::Word;
+use super::crc::Fold;
 use super::gather::gather8_or;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::LANES;
@@ -184,7 +185,7 @@ unsafe fn any(m: __m256i) -> bool {
 /// # Safety
 /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT, and `st.words` must hold `LANES`
 /// padding words past `st.len`.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn full_steps<T: Word>(
     info: &[u16],
@@ -415,7 +416,7 @@ pub unsafe fn full_steps<T: Word>(
 /// # Safety
 /// The CPU must have AVX2; the codes must be below 2^16 (every lane writes codes below
 /// 2^10 and `u` below 2^8).
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 pub unsafe fn finish_u16(
     codes: &[u32],
     u_codes: bool,
@@ -424,6 +425,7 @@ pub unsafe fn finish_u16(
     tail: &[u8],
     bits: u64,
     signed: bool,
+    fold: &mut Fold,
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 2).min(out.len() / 2);
     let full = n / 16 * 16;
@@ -439,6 +441,7 @@ pub unsafe fn finish_u16(
             tail,
             &mut bits,
             signed,
+            fold,
         ) {
             return (j, bits);
         }
@@ -473,6 +476,7 @@ impl AfterStep for () {
 /// and `bits` with [`finish_u16`].
 pub(in crate::backend::cpu) struct Fused16<'a> {
     tb: Tails16,
+    fold: &'a mut Fold,
     reference: &'a [u8],
     out: &'a mut [MaybeUninit<u8>],
     tail: &'a [u8],
@@ -493,9 +497,11 @@ impl<'a> Fused16<'a> {
         tail: &'a [u8],
         bits: u64,
         signed: bool,
+        fold: &'a mut Fold,
     ) -> Self {
         Fused16 {
             tb: Tails16::new(),
+            fold,
             reference,
             out,
             tail,
@@ -531,6 +537,7 @@ impl AfterStep for Fused16<'_> {
                 self.tail,
                 &mut self.bits,
                 self.signed,
+                self.fold,
             );
             self.done += 16 * self.live as usize;
         }
@@ -597,6 +604,7 @@ pub(in crate::backend::cpu) unsafe fn group16(
     tail: &[u8],
     bits: &mut u64,
     signed: bool,
+    fold: &mut Fold,
 ) -> bool {
     let (ffff, h) = (_mm256_set1_epi16(-1), _mm256_set1_epi16(i16::MIN));
     // The tail is not padded: where the group's 32 bytes could pass its end, the
@@ -688,6 +696,7 @@ pub(in crate::backend::cpu) unsafe fn group16(
         _mm256_or_si256(_mm256_andnot_si256(_mm256_srai_epi16::<15>(k), ffff), h),
     );
     _mm256_storeu_si256(out.cast(), x);
+    fold.add32(x);
     true
 }
 
@@ -765,7 +774,7 @@ unsafe fn displacement16(
 ///
 /// # Safety
 /// The CPU must have AVX2.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 pub unsafe fn finish_u32(
     codes: &[u32],
     j_codes: bool,
@@ -774,20 +783,22 @@ pub unsafe fn finish_u32(
     tail: &[u8],
     bits: u64,
     signed: bool,
+    fold: &mut Fold,
 ) -> (usize, u64) {
     // One loop per form, so that neither flag is tested per 8 elements.
+    let f = fold;
     match (j_codes, signed) {
-        (true, true) => finish_u32_as::<true, true>(codes, reference, out, tail, bits),
-        (true, false) => finish_u32_as::<true, false>(codes, reference, out, tail, bits),
-        (false, true) => finish_u32_as::<false, true>(codes, reference, out, tail, bits),
-        (false, false) => finish_u32_as::<false, false>(codes, reference, out, tail, bits),
+        (true, true) => finish_u32_as::<true, true>(codes, reference, out, tail, bits, f),
+        (true, false) => finish_u32_as::<true, false>(codes, reference, out, tail, bits, f),
+        (false, true) => finish_u32_as::<false, true>(codes, reference, out, tail, bits, f),
+        (false, false) => finish_u32_as::<false, false>(codes, reference, out, tail, bits, f),
     }
 }
 
 /// [`finish_u32`] with its flags as constants: its own function per form, not inlined
 /// into the dispatch (inlined, LLVM merged the four loops back into one that tests both
 /// flags per 8 elements).
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline(never)]
 unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     codes: &[u32],
@@ -795,6 +806,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     out: &mut [MaybeUninit<u8>],
     tail: &[u8],
     bits: u64,
+    fold: &mut Fold,
 ) -> (usize, u64) {
     let n = codes.len().min(reference.len() / 4).min(out.len() / 4);
     let full = n / 8 * 8;
@@ -810,6 +822,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
             out.as_mut_ptr().add(4 * j).cast(),
             tail,
             &mut bits,
+            fold,
         ) {
             return (j, bits);
         }
@@ -822,6 +835,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
 /// group's 32 bytes.
 pub(in crate::backend::cpu) struct Fused32<'a, const SIGNED: bool> {
     k: Option<Tails32>,
+    fold: &'a mut Fold,
     reference: &'a [u8],
     out: &'a mut [MaybeUninit<u8>],
     tail: &'a [u8],
@@ -839,9 +853,11 @@ impl<'a, const SIGNED: bool> Fused32<'a, SIGNED> {
         out: &'a mut [MaybeUninit<u8>],
         tail: &'a [u8],
         bits: u64,
+        fold: &'a mut Fold,
     ) -> Self {
         Fused32 {
             k: Tails32::new(tail),
+            fold,
             reference,
             out,
             tail,
@@ -876,6 +892,7 @@ impl<const SIGNED: bool> AfterStep for Fused32<'_, SIGNED> {
                 self.out.as_mut_ptr().add(4 * j).cast(),
                 self.tail,
                 &mut self.bits,
+                self.fold,
             ) {
                 self.k = None;
                 return;
@@ -942,6 +959,7 @@ unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
     out: *mut u8,
     tail: &[u8],
     bits: &mut u64,
+    fold: &mut Fold,
 ) -> bool {
     let bits_in = *bits;
     if bits_in > k.last_bit {
@@ -1021,6 +1039,7 @@ unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
         _mm256_andnot_si256(_mm256_srai_epi32::<31>(not_k), k.low31),
     );
     _mm256_storeu_si256(out.cast(), x);
+    fold.add32(x);
     true
 }
 
@@ -1063,6 +1082,7 @@ mod tests {
 
     use super::super::super::joint::code_of_joint;
     use super::super::super::Isa;
+    use super::super::crc::Fold;
     use super::finish_u32;
 
     /// The 32-bit tail pass from joint symbols writes what it writes from their per-element
@@ -1071,7 +1091,7 @@ mod tests {
     #[test]
     fn finish_u32_from_j_matches_codes() {
         if !Isa::Avx2.available() {
-            eprintln!("SKIP: this CPU has no AVX2");
+            eprintln!("SKIP: this CPU has no AVX2 level");
             return;
         }
         let mut js: Vec<u32> = (0..247).collect();
@@ -1090,12 +1110,17 @@ mod tests {
                 vec![MaybeUninit::<u8>::uninit(); reference.len()],
             ];
             let [a, b] = &mut out;
+            let mut h = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
             // SAFETY: AVX2 checked above.
             let (ra, rb) = unsafe {
-                (
-                    finish_u32(&js, true, &reference, a, &tail, 3, signed),
-                    finish_u32(&codes, false, &reference, b, &tail, 3, signed),
-                )
+                let mut f = [Fold::new(&h[0]), Fold::new(&h[1])];
+                let r = (
+                    finish_u32(&js, true, &reference, a, &tail, 3, signed, &mut f[0]),
+                    finish_u32(&codes, false, &reference, b, &tail, 3, signed, &mut f[1]),
+                );
+                f[0].flush(&mut h[0]);
+                f[1].flush(&mut h[1]);
+                r
             };
             assert_eq!(ra, rb, "elements done and tail bits, signed {signed}");
             assert!(ra.0 >= 256, "the vector pass ran ({} elements)", ra.0);
@@ -1107,6 +1132,12 @@ mod tests {
                 )
             };
             assert_eq!(a, b, "outputs, signed {signed}");
+            // And the CRC-32 the pass folded is the output's.
+            let [ha, hb] = h;
+            assert_eq!(
+                (ha.finalize(), hb.finalize()),
+                (crc32fast::hash(a), crc32fast::hash(a))
+            );
         }
     }
 }

@@ -161,7 +161,7 @@ unsafe fn past_end(poisoned: __m256i) -> crate::Error {
 /// # Safety
 /// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT; `T` at most 32 bits; unless
 /// `guarded`, `st.words` must hold `LANES` padding words past `st.len`.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn decode<T: Word, A: AfterStep>(
     table: &JointDec,
@@ -362,7 +362,7 @@ pub unsafe fn decode<T: Word, A: AfterStep>(
 ///
 /// # Safety
 /// The CPU must support AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx2` available).
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 pub unsafe fn encode_chunk<T: Word>(
     d: &[T],
     info: &[u16],
@@ -386,7 +386,7 @@ pub unsafe fn encode_chunk<T: Word>(
 ///
 /// # Safety
 /// The CPU must support AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx2` available).
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 pub(in crate::backend::cpu) unsafe fn slots_and_tails<T: Word>(
     d: &[T],
     info: &[u16],

@@ -4,6 +4,7 @@
 //! [`super::Isa::Avx2`] is available. Each file's comments say what AVX2 lacks and what
 //! replaces it.
 
+pub(in crate::backend::cpu) mod crc;
 pub mod decode;
 pub mod encode;
 mod gather;
