@@ -432,10 +432,17 @@ const FUSED_BLOCK: usize = 4096;
 pub fn er_range(info: &[u16]) -> (usize, usize) {
     // Chunk by chunk on the pool: one serial pass over a large tensor's facts was a few
     // percent of its encode, and serial work is what keeps a second thread from helping.
-    let (lo, hi) = chunk_ranges(info.len())
-        .into_par_iter()
-        .map(|r| byte_range(&info[r]))
-        .reduce(|| (u8::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+    merge_ranges(
+        chunk_ranges(info.len())
+            .into_par_iter()
+            .map(|r| byte_range(&info[r])),
+    )
+}
+
+/// The least and greatest exponent class over the parts' [`byte_range`]s, (0, 0) where
+/// there are none.
+pub(super) fn merge_ranges(parts: impl ParallelIterator<Item = (u8, u8)>) -> (usize, usize) {
+    let (lo, hi) = parts.reduce(|| (u8::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
     if lo > hi {
         (0, 0)
     } else {

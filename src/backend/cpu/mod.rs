@@ -235,7 +235,7 @@ impl<'a, T: Word> CpuResident<'a, T> {
         // `vec!` was a one-thread memset, 5% of a two-thread encode; zeroing on every thread
         // still cost a pass over both buffers).
         let (mut d, mut info) = uninit::<T>(n);
-        let (lo, hi) = d.spare_capacity_mut()[..n]
+        let parts = d.spare_capacity_mut()[..n]
             .par_chunks_mut(CHUNK_ELEMS)
             .zip(info.spare_capacity_mut()[..n].par_chunks_mut(CHUNK_ELEMS))
             .zip(self.reference.par_chunks(CHUNK_ELEMS * size))
@@ -254,13 +254,8 @@ impl<'a, T: Word> CpuResident<'a, T> {
                 // their own later, from memory, was 2% of a default-layout encode).
                 // SAFETY: `residual_chunk` wrote every element of the chunk.
                 joint::byte_range(unsafe { &*(info as *const [MaybeUninit<u16>] as *const [u16]) })
-            })
-            .reduce(|| (u8::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
-        let _ = self.er.set(if lo > hi {
-            (0, 0)
-        } else {
-            (lo as usize, hi as usize)
-        });
+            });
+        let _ = self.er.set(joint::merge_ranges(parts));
         // SAFETY: the chunks cover `..n` of both buffers, `reference` and `target` hold at
         // least `n` elements, and `residual_chunk` writes every element of its chunk.
         unsafe {
