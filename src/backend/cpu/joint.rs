@@ -267,6 +267,7 @@ pub fn residual_histogram<T: Word>(
 ) -> Option<(Hist, [u32; 2], (usize, usize))> {
     #[cfg(target_arch = "x86_64")]
     {
+        use super::avx2::crc::Running;
         use super::avx2::hist::{er_range_of, residual_count};
         let n = d.len();
         // The AVX-512 level takes the AVX2 kernel too (it implies AVX2: `Isa::available`).
@@ -309,7 +310,8 @@ pub fn residual_histogram<T: Word>(
                     // the chunk's classes touched), its exponent classes found on the way
                     // and only their rows drained: no pass over the reference first.
                     let size = size_of((0, 255));
-                    let mut h = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
+                    // SAFETY: SSE2.
+                    let mut h = unsafe { [Running::new(), Running::new()] };
                     COUNT_SCRATCH.with(|s| {
                         // Not re-entered: nothing below yields to the rayon pool.
                         let (_, sub) = &mut *s.borrow_mut();
@@ -327,18 +329,19 @@ pub fn residual_histogram<T: Word>(
                         {
                             // SAFETY: AVX2 as above; contexts are below 512, so every
                             // one of them is inside the tables from context 0.
+                            // The inputs' CRC-32s too (folded from the loaded vectors).
                             let (l, h_) = unsafe {
-                                residual_count::<T>(r, x, d, i, info_fn, 0, &mut sub[..4 * size])
+                                let sub = &mut sub[..4 * size];
+                                residual_count::<T>(r, x, d, i, info_fn, 0, sub, &mut h)
                             };
                             (lo, hi) = (lo.min(l), hi.max(h_));
-                            h[0].update(r);
-                            h[1].update(x);
                         }
                         // Chunks are never empty: `lo <= hi`.
                         let (lo, hi) = (lo as usize, hi as usize);
                         drain_part(sub, size, lo * CLASS_SLOTS, acc.classes(lo, hi));
                     });
-                    hashes.push((c, h));
+                    // SAFETY: SSE2.
+                    hashes.push((c, h.map(|h| unsafe { h.finish() })));
                     (acc, hashes)
                 },
             )

@@ -1,5 +1,7 @@
-//! The output's CRC-32 folded inside the AVX2 tail passes, 32 bytes at a time while they
-//! are still in registers, instead of a `crc32fast` pass over each block after it.
+//! CRC-32s folded inside the AVX2 passes, 32 bytes at a time while they are in registers,
+//! instead of a `crc32fast` pass over each block after the pass: the decode's output in its
+//! tail passes, and the encode's two inputs (reference and target) in its fused residual
+//! and histogram pass (`hist::residual_count`).
 //!
 //! Same CRC-32 (IEEE, reflected) as `crc32fast`, by the same carry-less folding
 //! (`crc32fast`'s `pclmulqdq` path; Intel, "Fast CRC Computation for Generic Polynomials
@@ -9,11 +11,12 @@
 //! register is the whole region's), so `crc32fast` does the final reduction and keeps the
 //! running length for `combine`.
 //!
-//! Why here: hashing each block after its decode was a pass of its own at the carry-less
-//! multiplier's limit (on a Zen 2, 4 bytes a cycle: some 7% of a bf16 `--fast` decode, 10%
-//! of an fp32 one). In the tail pass it is about a dozen instructions per 32 bytes on data already in
-//! registers: on the Zen 2, `--fast` decode +1–2.5% in each of three code placements, the
-//! default layout unchanged (docs/BENCHMARKS.md).
+//! Why: each such pass ran at the carry-less multiplier's limit (on a Zen 2, 4 bytes a
+//! cycle: the output's some 7% of a bf16 `--fast` decode, 10% of an fp32 one; the inputs'
+//! 8% of a bf16 encode). Inside the passes it is about a dozen instructions per 32 bytes
+//! on data already in registers: on the Zen 2, in each of three code placements, `--fast`
+//! decode +1–2.5% (the default layout's unchanged) and `--fast` encode +5–6% (bf16) and
+//! +2–3% (fp32) (docs/BENCHMARKS.md).
 
 #![cfg(target_arch = "x86_64")]
 
@@ -98,6 +101,54 @@ impl Fold {
         z.update(&a);
         *h = crc32fast::Hasher::new_with_initial_len(z.finalize(), h.total_len() + self.bytes);
         *self = Fold::new(h);
+    }
+}
+
+/// A `crc32fast::Hasher` with a [`Fold`] in front of it: 32-byte pieces folded, anything
+/// else hashed in order.
+pub(in crate::backend::cpu) struct Running {
+    h: crc32fast::Hasher,
+    fold: Fold,
+}
+
+impl Running {
+    /// # Safety
+    /// SSE2 (every x86-64 CPU).
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn new() -> Self {
+        let h = crc32fast::Hasher::new();
+        let fold = Fold::new(&h);
+        Running { h, fold }
+    }
+
+    /// # Safety
+    /// As [`Fold::add32`].
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn add32(&mut self, v: __m256i) {
+        self.fold.add32(v);
+    }
+
+    /// Hash `bytes`, which follow what came before.
+    ///
+    /// # Safety
+    /// SSE2.
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn update(&mut self, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.fold.flush(&mut self.h);
+            self.h.update(bytes);
+            self.fold = Fold::new(&self.h);
+        }
+    }
+
+    /// The hasher, as if it had hashed everything itself.
+    ///
+    /// # Safety
+    /// SSE2.
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn finish(mut self) -> crc32fast::Hasher {
+        self.fold.flush(&mut self.h);
+        self.h
     }
 }
 

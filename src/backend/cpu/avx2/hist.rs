@@ -19,6 +19,7 @@ use std::mem::MaybeUninit;
 
 use super::super::joint::{flat_index, FLAT_STRIDE};
 use super::super::word::{self, InfoFn, Word};
+use super::crc::Running;
 
 /// The lowest and highest exponent class of `reference`'s elements (`(0, 0)` when empty),
 /// as `joint::er_range` finds them in the facts: `(r >> mant) & emask` of each element.
@@ -92,7 +93,8 @@ pub unsafe fn er_range_of<T: Word>(reference: &[u8], (mant, emask): (u32, u32)) 
 /// `wide`; every context of `r` is at least `lo2` and below `lo2 + sub.len() / 4 /
 /// FLAT_STRIDE` (indices are clamped into the tables whatever the input, so a violation
 /// miscounts, never writes outside them).
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn residual_count<T: Word>(
     r: &[u8],
     x: &[u8],
@@ -101,6 +103,7 @@ pub unsafe fn residual_count<T: Word>(
     info_fn: InfoFn,
     lo2: u32,
     sub: &mut [u32],
+    crcs: &mut [Running; 2],
 ) -> (u8, u8) {
     let n = d
         .len()
@@ -108,7 +111,9 @@ pub unsafe fn residual_count<T: Word>(
         .min(r.len() / T::SIZE)
         .min(x.len() / T::SIZE);
     let size = sub.len() / 4;
-    if size == 0 {
+    if size == 0 || !matches!(T::BITS, 16 | 32) {
+        crcs[0].update(r);
+        crcs[1].update(x);
         return (u8::MAX, 0);
     }
     let s = sub.as_mut_ptr();
@@ -116,12 +121,16 @@ pub unsafe fn residual_count<T: Word>(
     let (dp, ip) = (d.as_mut_ptr(), info.as_mut_ptr().cast::<u16>());
     // SAFETY (both): `n` elements of every buffer; `T` checked to be the width used.
     let (done, mut lo, mut hi) = if TypeId::of::<T>() == TypeId::of::<u16>() {
-        unsafe { step16(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables) }
+        unsafe { step16(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
     } else if TypeId::of::<T>() == TypeId::of::<u32>() {
-        unsafe { step32(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables) }
+        unsafe { step32(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
     } else {
         return (u8::MAX, 0);
     };
+    // The inputs' CRC-32s: the steps folded theirs, the rest (and anything past the last
+    // whole element) hashed here.
+    crcs[0].update(&r[done * T::SIZE..]);
+    crcs[1].update(&x[done * T::SIZE..]);
     // The last partial step, as the portable passes do it.
     let cond = info_fn.condition();
     for j in done..n {
@@ -219,7 +228,7 @@ pub(super) fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
 /// 16-bit floats, 16 elements a step; returns how many were done and the lowest and highest
 /// exponent class among them.
 #[inline]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn step16(
     r: &[u8],
@@ -231,6 +240,7 @@ unsafe fn step16(
     lo2: u32,
     size: usize,
     t: [*mut u32; 4],
+    crcs: &mut [Running; 2],
 ) -> (usize, u8, u8) {
     let (mant, emask) = info_fn.joint_params();
     let (rp, xp) = (r.as_ptr(), x.as_ptr());
@@ -247,6 +257,8 @@ unsafe fn step16(
     while j < full {
         let rv = _mm256_loadu_si256(rp.add(2 * j).cast());
         let xv = _mm256_loadu_si256(xp.add(2 * j).cast());
+        crcs[0].add32(rv);
+        crcs[1].add32(xv);
         let dv = _mm256_sub_epi16(key16(xv), key16(rv));
         _mm256_storeu_si256(d.add(j).cast(), dv);
         let er = _mm256_and_si256(_mm256_srl_epi16(rv, mant_v), emask_v);
@@ -278,7 +290,7 @@ unsafe fn step16(
 /// 32-bit floats, 8 elements a step (two vectors per count); returns how many were done and
 /// the lowest and highest exponent class among them.
 #[inline]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn step32(
     r: &[u8],
@@ -290,6 +302,7 @@ unsafe fn step32(
     lo2: u32,
     size: usize,
     t: [*mut u32; 4],
+    crcs: &mut [Running; 2],
 ) -> (usize, u8, u8) {
     let (mant, emask) = info_fn.joint_params();
     let (rp, xp) = (r.as_ptr(), x.as_ptr());
@@ -303,6 +316,10 @@ unsafe fn step32(
     let full = n / 16 * 16;
     let mut j = 0;
     while j < full {
+        for k in 0..2 {
+            crcs[0].add32(_mm256_loadu_si256(rp.add(4 * j + 32 * k).cast()));
+            crcs[1].add32(_mm256_loadu_si256(xp.add(4 * j + 32 * k).cast()));
+        }
         let (ia, sa) = vec32(rp.add(4 * j), xp.add(4 * j), d.add(j), &c);
         let (ib, sb) = vec32(rp.add(4 * j + 32), xp.add(4 * j + 32), d.add(j + 8), &c);
         // Facts of 16 elements as `u16`: the pack interleaves the 128-bit halves.
