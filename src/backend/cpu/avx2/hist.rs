@@ -105,13 +105,45 @@ pub unsafe fn residual_count<T: Word>(
     sub: &mut [u32],
     crcs: &mut [Running; 2],
 ) -> (u8, u8) {
+    residual_pass::<T, true>(r, x, d, info, info_fn, lo2, sub, crcs)
+}
+
+/// [`residual_count`] without the counting: the displacements, facts, exponent-class range
+/// and the inputs' CRC-32s of the layouts whose histograms another pass counts.
+///
+/// # Safety
+/// As [`residual_count`].
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
+pub unsafe fn residuals<T: Word>(
+    r: &[u8],
+    x: &[u8],
+    d: &mut [MaybeUninit<T>],
+    info: &mut [MaybeUninit<u16>],
+    info_fn: InfoFn,
+    crcs: &mut [Running; 2],
+) -> (u8, u8) {
+    residual_pass::<T, false>(r, x, d, info, info_fn, 0, &mut [], crcs)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn residual_pass<T: Word, const COUNT: bool>(
+    r: &[u8],
+    x: &[u8],
+    d: &mut [MaybeUninit<T>],
+    info: &mut [MaybeUninit<u16>],
+    info_fn: InfoFn,
+    lo2: u32,
+    sub: &mut [u32],
+    crcs: &mut [Running; 2],
+) -> (u8, u8) {
     let n = d
         .len()
         .min(info.len())
         .min(r.len() / T::SIZE)
         .min(x.len() / T::SIZE);
     let size = sub.len() / 4;
-    if size == 0 || !matches!(T::BITS, 16 | 32) {
+    if (COUNT && size == 0) || !matches!(T::BITS, 16 | 32) {
         crcs[0].update(r);
         crcs[1].update(x);
         return (u8::MAX, 0);
@@ -121,9 +153,9 @@ pub unsafe fn residual_count<T: Word>(
     let (dp, ip) = (d.as_mut_ptr(), info.as_mut_ptr().cast::<u16>());
     // SAFETY (both): `n` elements of every buffer; `T` checked to be the width used.
     let (done, mut lo, mut hi) = if TypeId::of::<T>() == TypeId::of::<u16>() {
-        unsafe { step16(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
+        unsafe { step16::<COUNT>(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
     } else if TypeId::of::<T>() == TypeId::of::<u32>() {
-        unsafe { step32(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
+        unsafe { step32::<COUNT>(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
     } else {
         return (u8::MAX, 0);
     };
@@ -147,8 +179,10 @@ pub unsafe fn residual_count<T: Word>(
         d[j].write(T::from_u64(k));
         info[j].write(i);
         (lo, hi) = (lo.min(i as u8), hi.max(i as u8));
-        let slot = (flat_index(T::from_u64(k), i, lo2) as usize).min(size - 1);
-        *tables[0].add(slot) += 1;
+        if COUNT {
+            let slot = (flat_index(T::from_u64(k), i, lo2) as usize).min(size - 1);
+            *tables[0].add(slot) += 1;
+        }
     }
     (lo, hi)
 }
@@ -230,7 +264,7 @@ pub(super) fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn step16(
+unsafe fn step16<const COUNT: bool>(
     r: &[u8],
     x: &[u8],
     d: *mut u16,
@@ -277,10 +311,12 @@ unsafe fn step16(
             exp_q(_mm256_unpacklo_epi16(v, zero)),
             exp_q(_mm256_unpackhi_epi16(v, zero)),
         );
-        let slot = slot_of(_mm256_subs_epu16(tq, bias), neg);
-        let ctx = _mm256_sub_epi16(_mm256_or_si256(_mm256_slli_epi16::<1>(er), sign), lo2_v);
-        let (a, b) = slot_ctx(slot, ctx);
-        count16(a, b, size, t);
+        if COUNT {
+            let slot = slot_of(_mm256_subs_epu16(tq, bias), neg);
+            let ctx = _mm256_sub_epi16(_mm256_or_si256(_mm256_slli_epi16::<1>(er), sign), lo2_v);
+            let (a, b) = slot_ctx(slot, ctx);
+            count16(a, b, size, t);
+        }
         j += 16;
     }
     let (lo, hi) = byte_min_max(vlo, vhi);
@@ -292,7 +328,7 @@ unsafe fn step16(
 #[inline]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn step32(
+unsafe fn step32<const COUNT: bool>(
     r: &[u8],
     x: &[u8],
     d: *mut u32,
@@ -327,7 +363,9 @@ unsafe fn step32(
         _mm256_storeu_si256(info.add(j).cast(), inf);
         // The classes are the facts' low bytes.
         (vlo, vhi) = (_mm256_min_epu8(vlo, inf), _mm256_max_epu8(vhi, inf));
-        count16(sa, sb, size, t);
+        if COUNT {
+            count16(sa, sb, size, t);
+        }
         j += 16;
     }
     let (lo, hi) = byte_min_max(vlo, vhi);
@@ -429,6 +467,7 @@ mod tests {
 
     use super::super::super::word::{InfoFn, Word};
     use super::super::super::{joint, residual_chunk, Isa};
+    use super::Running;
     use crate::dtype::DType;
 
     /// The fused pass against the residual pass and the two-pass count, on tensors of two
@@ -504,6 +543,31 @@ mod tests {
         );
         assert_eq!(info, wi, "{what}: facts");
         assert_eq!(er, joint::er_range(&wi), "{what}: exponent range");
+        // The same without the counting (`residuals`), in one call.
+        let (mut rd, mut ri) = (
+            vec![MaybeUninit::<T>::uninit(); n],
+            vec![MaybeUninit::uninit(); n],
+        );
+        // SAFETY: AVX2 checked by the caller; `T` is u16 or u32, `info_fn` not wide.
+        let (lo, hi, rcrcs) = unsafe {
+            let mut h = [Running::new(), Running::new()];
+            let (lo, hi) = super::residuals::<T>(r, x, &mut rd, &mut ri, info_fn, &mut h);
+            (lo, hi, h.map(|h| h.finish().finalize()))
+        };
+        // SAFETY: `residuals` writes every element.
+        let (rd, ri): (Vec<T>, Vec<u16>) = unsafe {
+            (
+                rd.iter().map(|v| v.assume_init()).collect(),
+                ri.iter().map(|v| v.assume_init()).collect(),
+            )
+        };
+        assert!(
+            rd.iter().zip(&wd).all(|(a, b)| a.get() == b.get()),
+            "{what}: residuals' displacements"
+        );
+        assert_eq!(ri, wi, "{what}: residuals' facts");
+        assert_eq!((lo as usize, hi as usize), er, "{what}: residuals' range");
+        assert_eq!(rcrcs, crcs, "{what}: residuals' CRC-32s");
         let want = joint::histogram::<T>(Isa::Portable, &wd, &wi, er, width);
         assert_eq!(got.dense(), want.dense(), "{what}: histogram");
     }
