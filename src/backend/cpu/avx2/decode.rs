@@ -183,8 +183,8 @@ unsafe fn any(m: __m256i) -> bool {
 /// the portable step) when the tables do not have the shapes the contexts assume.
 ///
 /// # Safety
-/// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT, and `st.words` must hold `LANES`
-/// padding words past `st.len`.
+/// The CPU must have AVX2, BMI1, BMI2, LZCNT, POPCNT and PCLMULQDQ, and `st.words` must
+/// hold `LANES` padding words past `st.len`.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn full_steps<T: Word>(

@@ -159,8 +159,9 @@ unsafe fn past_end(poisoned: __m256i) -> crate::Error {
 /// `after` the codes stored before each step.
 ///
 /// # Safety
-/// The CPU must have AVX2, BMI1, BMI2, LZCNT and POPCNT; `T` at most 32 bits; unless
-/// `guarded`, `st.words` must hold `LANES` padding words past `st.len`.
+/// The CPU must have AVX2, BMI1, BMI2, LZCNT, POPCNT and PCLMULQDQ (`Isa::Avx2`
+/// available); `T` at most 32 bits; unless `guarded`, `st.words` must hold `LANES` padding
+/// words past `st.len`.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn decode<T: Word, A: AfterStep>(
