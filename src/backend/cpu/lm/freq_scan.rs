@@ -3,6 +3,7 @@
 //! running sums of the floors `by_gap[min(top - l, n)]`. The portable functions are the
 //! definition; the AVX2 and AVX-512 ones gather 8 / 16 tokens at a time and give the same
 //! integers (`W` in exact u64 lanes; the running sums wrap in u32 as the portable ones do).
+//! `W` at AVX2 is the portable loop's.
 //!
 //! The gap `top - l` of a logit at most `top` lies in `0..2^32`, so it is exact as the
 //! wrapping u32 difference whatever the i32 logits are.
@@ -54,11 +55,9 @@ pub fn weight_sum(
             // read only indices below `exp40.len()` (masked).
             return unsafe { x86::weight_sum_avx512(logits, top, exp40, at_top) };
         }
-        if isa == Isa::Avx2 {
-            // SAFETY: as in `top`; the gathers read only indices below `exp40.len()`.
-            return unsafe { x86::weight_sum_avx2(logits, top, exp40, at_top) };
-        }
     }
+    // AVX2 takes the scalar loop: on a Zen 2 its 64-bit gathers were no faster than their
+    // four loads each (the same text speed without them).
     weight_sum_portable(logits, 0, top, exp40, at_top)
 }
 
@@ -227,57 +226,6 @@ mod x86 {
         let sum = _mm512_reduce_add_epi64(_mm512_add_epi64(acc[0], acc[1])) as u64;
         let from = logits.len() - rest.len();
         sum + super::weight_sum_portable(rest, from, top, exp40, at_top)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn weight_sum_avx2(
-        logits: &[i32],
-        top: i32,
-        exp40: &[u64],
-        at_top: &mut Vec<usize>,
-    ) -> u64 {
-        let (top_v, n_v) = (
-            _mm256_set1_epi32(top),
-            _mm256_set1_epi32(exp40.len() as i32),
-        );
-        let mut acc = [_mm256_setzero_si256(); 2];
-        let chunks = logits.chunks_exact(8);
-        let rest = chunks.remainder();
-        for (i, c) in chunks.enumerate() {
-            let l = _mm256_loadu_si256(c.as_ptr().cast());
-            let g = _mm256_sub_epi32(top_v, l);
-            let zero = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
-                g,
-                _mm256_setzero_si256(),
-            )));
-            if zero != 0 {
-                super::push_bits(zero as u32, 8 * i, at_top);
-            }
-            // Clamped to n (< 2^31), the gap compares as signed: inside the table below n.
-            let idx = _mm256_min_epu32(g, n_v);
-            let inside = _mm256_cmpgt_epi32(n_v, idx);
-            for (h, a) in acc.iter_mut().enumerate() {
-                let (i, m) = if h == 0 {
-                    (_mm256_castsi256_si128(idx), _mm256_castsi256_si128(inside))
-                } else {
-                    (
-                        _mm256_extracti128_si256::<1>(idx),
-                        _mm256_extracti128_si256::<1>(inside),
-                    )
-                };
-                let w = _mm256_mask_i32gather_epi64::<8>(
-                    _mm256_setzero_si256(),
-                    exp40.as_ptr().cast(),
-                    i,
-                    _mm256_cvtepi32_epi64(m),
-                );
-                *a = _mm256_add_epi64(*a, w);
-            }
-        }
-        let mut lanes = [0u64; 4];
-        _mm256_storeu_si256(lanes.as_mut_ptr().cast(), _mm256_add_epi64(acc[0], acc[1]));
-        let from = logits.len() - rest.len();
-        lanes.iter().sum::<u64>() + super::weight_sum_portable(rest, from, top, exp40, at_top)
     }
 
     /// Sixteen lookups per step into two accumulators (the gathers' latency overlapped),

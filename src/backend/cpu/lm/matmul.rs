@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::amx;
-use super::rescale::{rescale, RowScales};
+use super::rescale::{rescale, rescale_item_fast, RowScales};
 use super::split::Split;
 use crate::backend::cpu::Isa;
 use crate::format::lm::model_file::Linear;
@@ -25,6 +25,7 @@ pub fn dot_generic(a: &[i8], b: &[i8]) -> i32 {
 }
 
 /// `out[t] = dot(w, xs[t*k..(t+1)*k])`: one weight row against every item (reference).
+#[cfg(test)]
 pub fn dot_rows_generic(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
     for (o, x) in out.iter_mut().zip(xs.chunks_exact(k)) {
         *o = dot_generic(w, x);
@@ -35,22 +36,24 @@ pub fn dot_rows_generic(w: &[i8], xs: &[i8], k: usize, out: &mut [i32]) {
 /// (|w| <= 128, |x| <= 127: 2 * 128 * 127 = 32512 < 2^15), widened by `madd` into i32.
 ///
 /// Register-blocked: `R` weight rows against `T` items per pass over `k`, so each weight load
-/// (and its `abs`) serves `T` items and each activation load `R` rows. `acc[r * n + t]`
-/// receives row `r`'s dot with item `t`; `w` holds whole rows of `k`.
+/// (and its `abs`) serves `T` items and each activation load `R` rows. `acc[t * rows + r]`
+/// receives row `r`'s dot with item `t` (item-major: the matmul's output layout, rescaled
+/// item by item with no transpose); `w` holds whole rows of `k`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn dots_avx2(w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
     let rows = w.len() / k;
     let mut t = 0;
-    // Four items at a time, two rows per block: 8 accumulators, 4 weight registers.
+    // Four items at a time, two rows per block: 8 accumulators, 4 weight registers, their
+    // eight sums reduced together.
     while t + 4 <= n {
         let mut r = 0;
         while r + 2 <= rows {
-            block_avx2::<2, 4>(w, xs, k, n, r, t, acc);
+            rows2_items4_avx2(w, xs, k, rows, r, t, acc);
             r += 2;
         }
         if r < rows {
-            block_avx2::<1, 4>(w, xs, k, n, r, t, acc);
+            block_avx2::<1, 4>(w, xs, k, rows, r, t, acc);
         }
         t += 4;
     }
@@ -59,43 +62,50 @@ unsafe fn dots_avx2(w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
     while t < n {
         let mut r = 0;
         while r + 8 <= rows {
-            rows8_avx2(w, xs, k, n, r, t, acc);
+            rows8_avx2(w, xs, k, rows, r, t, acc);
             r += 8;
         }
         while r + 4 <= rows {
-            block_avx2::<4, 1>(w, xs, k, n, r, t, acc);
+            block_avx2::<4, 1>(w, xs, k, rows, r, t, acc);
             r += 4;
         }
         while r < rows {
-            block_avx2::<1, 1>(w, xs, k, n, r, t, acc);
+            block_avx2::<1, 1>(w, xs, k, rows, r, t, acc);
             r += 1;
         }
         t += 1;
     }
 }
 
-/// Rows `r0..r0 + R` against items `t0..t0 + T` (see [`dots_avx2`]).
+/// `acc[t * rows + r] += dot(w row r, item t)` over the first `body` bytes of the rows, for
+/// `R` rows from `r0` against `T` items from `t0`: the `R x T` accumulators, lane sums not
+/// yet reduced.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_avx2<const R: usize, const T: usize>(
-    w: &[i8],
-    xs: &[i8],
+unsafe fn sums_avx2<const R: usize, const T: usize>(
+    wp: *const i8,
+    xp: *const i8,
     k: usize,
-    n: usize,
-    r0: usize,
-    t0: usize,
-    acc: &mut [i32],
-) {
+) -> [[std::arch::x86_64::__m256i; T]; R] {
     use std::arch::x86_64::*;
     let body = k / 32 * 32;
     let ones = _mm256_set1_epi16(1);
-    let wp = w.as_ptr().add(r0 * k);
-    let xp = xs.as_ptr().add(t0 * k);
     let mut a = [[_mm256_setzero_si256(); T]; R];
     let mut c = 0;
     while c < body {
+        if T == 1 {
+            // One item: its bytes first, then each row streamed through (eight rows would
+            // not fit the sixteen registers with their `abs` beside them).
+            let xv = _mm256_loadu_si256(xp.add(c) as *const __m256i);
+            for (r, ar) in a.iter_mut().enumerate() {
+                let wv = _mm256_loadu_si256(wp.add(r * k + c) as *const __m256i);
+                let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+                ar[0] = _mm256_add_epi32(ar[0], _mm256_madd_epi16(p, ones));
+            }
+            c += 32;
+            continue;
+        }
         let mut wv = [_mm256_setzero_si256(); R];
         let mut aw = [_mm256_setzero_si256(); R];
         for r in 0..R {
@@ -111,25 +121,100 @@ unsafe fn block_avx2<const R: usize, const T: usize>(
         }
         c += 32;
     }
-    for r in 0..R {
-        let wr = std::slice::from_raw_parts(wp.add(r * k + body), k - body);
-        for t in 0..T {
-            let v = a[r][t];
+    a
+}
+
+/// The eight lane sums of `a`, in its order (one transposing `hadd` tree: i32 adds wrap,
+/// and the exact sums fit, so the order of the additions does not matter).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn reduce8(a: [std::arch::x86_64::__m256i; 8]) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let h01 = _mm256_hadd_epi32(a[0], a[1]);
+    let h23 = _mm256_hadd_epi32(a[2], a[3]);
+    let h45 = _mm256_hadd_epi32(a[4], a[5]);
+    let h67 = _mm256_hadd_epi32(a[6], a[7]);
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(h0123, h4567, 0x20),
+        _mm256_permute2x128_si256(h0123, h4567, 0x31),
+    )
+}
+
+/// The dot of the bytes past the last whole 32 of rows `r` (from `wp`) and item `t`.
+#[inline(always)]
+unsafe fn tail(wp: *const i8, xp: *const i8, k: usize, r: usize, t: usize) -> i32 {
+    let body = k / 32 * 32;
+    dot_generic(
+        std::slice::from_raw_parts(wp.add(r * k + body), k - body),
+        std::slice::from_raw_parts(xp.add(t * k + body), k - body),
+    )
+}
+
+/// Rows `r0..r0 + 2` against items `t0..t0 + 4` (see [`dots_avx2`]): the eight sums
+/// reduced by one `hadd` tree into item-major pairs, stored two rows at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn rows2_items4_avx2(
+    w: &[i8],
+    xs: &[i8],
+    k: usize,
+    rows: usize,
+    r0: usize,
+    t0: usize,
+    acc: &mut [i32],
+) {
+    use std::arch::x86_64::*;
+    let (wp, xp) = (w.as_ptr().add(r0 * k), xs.as_ptr().add(t0 * k));
+    let a = sums_avx2::<2, 4>(wp, xp, k);
+    let s = reduce8([
+        a[0][0], a[1][0], a[0][1], a[1][1], a[0][2], a[1][2], a[0][3], a[1][3],
+    ]);
+    let mut sums = [0i32; 8];
+    _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, s);
+    if !k.is_multiple_of(32) {
+        for (i, v) in sums.iter_mut().enumerate() {
+            *v += tail(wp, xp, k, i % 2, i / 2);
+        }
+    }
+    for (t, pair) in sums.chunks_exact(2).enumerate() {
+        acc[(t0 + t) * rows + r0..][..2].copy_from_slice(pair);
+    }
+}
+
+/// Rows `r0..r0 + R` against items `t0..t0 + T` (see [`dots_avx2`]), each sum reduced on
+/// its own (the blocks at the rows' and items' ends).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_avx2<const R: usize, const T: usize>(
+    w: &[i8],
+    xs: &[i8],
+    k: usize,
+    rows: usize,
+    r0: usize,
+    t0: usize,
+    acc: &mut [i32],
+) {
+    use std::arch::x86_64::*;
+    let (wp, xp) = (w.as_ptr().add(r0 * k), xs.as_ptr().add(t0 * k));
+    let a = sums_avx2::<R, T>(wp, xp, k);
+    for (r, ar) in a.iter().enumerate() {
+        for (t, &v) in ar.iter().enumerate() {
             let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-            let tail = dot_generic(
-                wr,
-                std::slice::from_raw_parts(xp.add(t * k + body), k - body),
-            );
-            acc[(r0 + r) * n + t0 + t] = _mm_cvtsi128_si32(s) + tail;
+            acc[(t0 + t) * rows + r0 + r] = _mm_cvtsi128_si32(s) + tail(wp, xp, k, r, t);
         }
     }
 }
 
 /// Rows `r0..r0 + 8` against item `t`: as [`block_avx2`] with `R = 8, T = 1`, but the eight
 /// row sums are reduced by one transposing `hadd` tree instead of eight horizontal sums (with
-/// k = 128 those cost as much as the dot products themselves).
+/// k = 128 those cost as much as the dot products themselves), and stored in one go.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -137,46 +222,24 @@ unsafe fn rows8_avx2(
     w: &[i8],
     xs: &[i8],
     k: usize,
-    n: usize,
+    rows: usize,
     r0: usize,
     t: usize,
     acc: &mut [i32],
 ) {
     use std::arch::x86_64::*;
-    let body = k / 32 * 32;
-    let ones = _mm256_set1_epi16(1);
-    let wp = w.as_ptr().add(r0 * k);
-    let xp = xs.as_ptr().add(t * k);
-    let mut a = [_mm256_setzero_si256(); 8];
-    let mut c = 0;
-    while c < body {
-        let xv = _mm256_loadu_si256(xp.add(c) as *const __m256i);
-        for (r, ar) in a.iter_mut().enumerate() {
-            let wv = _mm256_loadu_si256(wp.add(r * k + c) as *const __m256i);
-            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
-            *ar = _mm256_add_epi32(*ar, _mm256_madd_epi16(p, ones));
+    let (wp, xp) = (w.as_ptr().add(r0 * k), xs.as_ptr().add(t * k));
+    let a = sums_avx2::<8, 1>(wp, xp, k);
+    let mut s = reduce8(a.map(|r| r[0]));
+    if !k.is_multiple_of(32) {
+        let mut tails = [0i32; 8];
+        for (r, v) in tails.iter_mut().enumerate() {
+            *v = tail(wp, xp, k, r, 0);
         }
-        c += 32;
+        s = _mm256_add_epi32(s, _mm256_loadu_si256(tails.as_ptr() as *const __m256i));
     }
-    // Lane i of `s` ends up as the sum of a[i]'s eight lanes (i32 adds wrap, and the exact
-    // sums fit, so the order does not matter).
-    let h01 = _mm256_hadd_epi32(a[0], a[1]);
-    let h23 = _mm256_hadd_epi32(a[2], a[3]);
-    let h45 = _mm256_hadd_epi32(a[4], a[5]);
-    let h67 = _mm256_hadd_epi32(a[6], a[7]);
-    let h0123 = _mm256_hadd_epi32(h01, h23);
-    let h4567 = _mm256_hadd_epi32(h45, h67);
-    let s = _mm256_add_epi32(
-        _mm256_permute2x128_si256(h0123, h4567, 0x20),
-        _mm256_permute2x128_si256(h0123, h4567, 0x31),
-    );
-    let mut sums = [0i32; 8];
-    _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, s);
-    let xt = std::slice::from_raw_parts(xp.add(body), k - body);
-    for (r, &v) in sums.iter().enumerate() {
-        let wr = std::slice::from_raw_parts(wp.add(r * k + body), k - body);
-        acc[(r0 + r) * n + t] = v + dot_generic(wr, xt);
-    }
+    let dst = &mut acc[t * rows + r0..][..8];
+    _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, s);
 }
 
 /// A layer's weights laid out for the AVX-512 VNNI kernel, built once per session.
@@ -706,10 +769,10 @@ impl Dot {
         }
     }
 
-    /// `acc[r * n + t] = dot(w row r, item t)` for the whole rows in `w` (`k` each) and `n`
-    /// items. Activations must lie in [-127, 127], as `quantize_row` makes them (the AVX2
-    /// sign trick cannot negate -128). The VNNI kernel reads its own layout ([`VnniRows`]);
-    /// here it stands in with the AVX2 one.
+    /// `acc[t * rows + r] = dot(w row r, item t)` for the whole rows in `w` (`k` each) and `n`
+    /// items: item-major, the layout of the matmul's output. Activations must lie in [-127,
+    /// 127], as `quantize_row` makes them (the AVX2 sign trick cannot negate -128). The VNNI
+    /// kernel reads its own layout ([`VnniRows`]); here it stands in with the AVX2 one.
     pub fn dots(self, w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
         let rows = w.len() / k.max(1);
         assert!(k > 0 && w.len() == rows * k && xs.len() >= n * k && acc.len() >= rows * n);
@@ -721,8 +784,10 @@ impl Dot {
                 unsafe { dots_avx2(w, xs, k, n, acc) }
             }
             _ => {
-                for (r, a) in acc.chunks_mut(n).take(rows).enumerate() {
-                    dot_rows_generic(&w[r * k..(r + 1) * k], xs, k, a);
+                for (a, x) in acc.chunks_mut(rows).zip(xs.chunks_exact(k)).take(n) {
+                    for (o, wr) in a.iter_mut().zip(w.chunks_exact(k)) {
+                        *o = dot_generic(wr, x);
+                    }
                 }
             }
         }
@@ -905,7 +970,9 @@ pub fn matmul_tops(
     let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
     let tile = tile_rows(rows, k, n, split);
     let tiles = rows.div_ceil(tile);
-    if cl.kernel == Dot::Vnni && cl.scales.fast(&tms, &tes, out_frac) {
+    // Once per call, not per item: whether every item's rescale takes the branch-free path.
+    let fast = cl.scales.fast(&tms, &tes, out_frac);
+    if cl.kernel == Dot::Vnni && fast {
         // The rescale in the dot kernel's registers: every output written once, in place.
         let tops: Vec<AtomicI32> = match want_tops {
             true => (0..n).map(|_| AtomicI32::new(i32::MIN)).collect(),
@@ -943,39 +1010,33 @@ pub fn matmul_tops(
     let run_tile = |ti: usize, dst: &mut [&mut [i32]]| {
         let j0 = ti * tile;
         let j1 = (j0 + tile).min(rows);
-        // acc[r * n + t]: the dots of rows j0.. against every item.
-        let mut acc = vec![0i32; (j1 - j0) * n];
+        let w = j1 - j0;
         let (ms, es) = (&cl.scales.ms[j0..j1], &cl.scales.es[j0..j1]);
         let bias = &cl.scales.bias[j0..j1];
-        if cl.kernel == Dot::Vnni {
-            // Item-major sums: each item's row of the output is rescaled as in the one-item
-            // case (a transpose of row-major sums cost a fifth of a batched encode).
-            cl.vnni.dots(j0, j1, &xu, n, &mut acc);
-            let w = j1 - j0;
+        ACC.with(|acc| {
+            let acc = &mut *acc.borrow_mut();
+            // Only grown: the kernels write every sum they are asked for (a zeroed buffer per
+            // tile was a twentieth of a batched AVX2 encode).
+            if acc.len() < w * n {
+                acc.resize(w * n, 0);
+            }
+            let acc = &mut acc[..w * n];
+            // Item-major sums: each item's row of the output is rescaled on its own (a
+            // transpose of row-major sums cost a fifth of a batched encode).
+            if cl.kernel == Dot::Vnni {
+                cl.vnni.dots(j0, j1, &xu, n, acc);
+            } else {
+                cl.kernel.dots(&lin.w[j0 * k..j1 * k], xq, k, n, acc);
+            }
             for (t, a) in acc.chunks_exact(w).enumerate() {
                 let (tm, te) = (&tms[t..t + 1], &tes[t..t + 1]);
-                rescale(isa, a, 1, ms, es, bias, tm, te, out_frac, clamp, dst[t]);
+                if fast {
+                    rescale_item_fast(isa, a, ms, es, bias, tm, te, out_frac, clamp, dst[t]);
+                } else {
+                    rescale(isa, a, 1, ms, es, bias, tm, te, out_frac, clamp, dst[t]);
+                }
             }
-            return;
-        }
-        cl.kernel.dots(&lin.w[j0 * k..j1 * k], xq, k, n, &mut acc);
-        if n == 1 {
-            // One item: row-major and item-major are the same layout.
-            rescale(
-                isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, dst[0],
-            );
-            return;
-        }
-        let mut res = vec![0i32; (j1 - j0) * n];
-        rescale(
-            isa, &acc, n, ms, es, bias, &tms, &tes, out_frac, clamp, &mut res,
-        );
-        // Row-major sums to the item-major output.
-        for (t, d) in dst.iter_mut().enumerate() {
-            for (r, o) in d.iter_mut().enumerate() {
-                *o = res[r * n + t];
-            }
-        }
+        });
     };
     if tiles == 1 {
         run_tile(0, &mut out.chunks_exact_mut(rows).collect::<Vec<_>>());
@@ -1001,6 +1062,11 @@ pub fn matmul_tops(
     None
 }
 
+thread_local! {
+    /// One tile's sums (item-major), kept per thread across calls.
+    static ACC: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A raw pointer that tasks writing disjoint elements may share.
 struct SyncPtr(*mut i32);
 // SAFETY: used only for writes to disjoint indices from rayon tasks that end before the
@@ -1009,6 +1075,7 @@ unsafe impl Sync for SyncPtr {}
 
 #[cfg(test)]
 mod tests {
+    use super::super::rescale::rescale_reference;
     use super::*;
     use crate::format::lm::fixed::quantize_row;
 
@@ -1030,11 +1097,11 @@ mod tests {
     }
 
     /// The whole matmul (dots, rescale, tiles) at every level, serial and parallel, equals
-    /// the portable one: real-like scales (the fused rescale of the VNNI kernel), scales
+    /// the definition (the portable level included): real-like scales (the fused rescale of the VNNI kernel), scales
     /// whose shifts leave 1..=63 (the unfused path), row counts off the groups of 16, one
     /// item and many, rescale ties and clamps.
     #[test]
-    fn matmul_at_every_level_equals_the_portable_one() {
+    fn matmul_at_every_level_equals_the_definition() {
         let mut next = super::super::test_lcg(41);
         let mut rnd = move || next() >> 33;
         for (rows, k, n, e_base) in [
@@ -1060,7 +1127,21 @@ mod tests {
                     let cl = CpuLinear::new(isa, &lin);
                     matmul(isa, split, &cl, &xq, &sc, 12, clamp)
                 };
-                let want = at(Isa::Portable, Split::SERIAL);
+                // The definition (docs/INTEGER_GPT2.md §4): every dot in i32, rescaled by
+                // `rescale_reference`; item-major.
+                let (ms, es): (Vec<i64>, Vec<i32>) = (0..rows).map(|j| lin.m16(j)).unzip();
+                let (tms, tes): (Vec<i64>, Vec<i32>) = sc.iter().copied().unzip();
+                let acc: Vec<i32> = (0..rows * n)
+                    .map(|i| dot_generic(&lin.w[i / n * k..][..k], &xq[i % n * k..][..k]))
+                    .collect();
+                let mut res = vec![0; rows * n];
+                let args = (&ms, &es, &lin.bias, &tms, &tes);
+                rescale_reference(
+                    &acc, n, args.0, args.1, args.2, args.3, args.4, 12, clamp, &mut res,
+                );
+                let want: Vec<i32> = (0..n * rows)
+                    .map(|i| res[i % rows * n + i / rows])
+                    .collect();
                 // Both kernels of the AVX-512 level for every item count: VNNI registers
                 // and AMX tiles (where the CPU has them).
                 let both = [1, usize::MAX].into_iter();
@@ -1440,10 +1521,15 @@ mod tests {
                     dot_rows_generic(&w[r * k..(r + 1) * k], &xs, k, a);
                 }
                 let rs = Linear::row_sums(&w, k);
+                // The kernels' output is item-major; i32::MIN (no dot reaches it) shows a
+                // sum left unwritten.
+                let items: Vec<i32> = (0..n * rows)
+                    .map(|i| want[i % rows * n + i / rows])
+                    .collect();
                 for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                    let mut got = vec![0; rows * n];
+                    let mut got = vec![i32::MIN; rows * n];
                     Dot::at(isa).dots(&w, &xs, k, n, &mut got);
-                    assert_eq!(got, want, "k={k} rows={rows} n={n} {isa:?}");
+                    assert_eq!(got, items, "k={k} rows={rows} n={n} {isa:?}");
                 }
                 if vnni() {
                     // Every range of whole groups the tiles can ask for.

@@ -140,6 +140,41 @@ pub fn rescale(
     rescale_fast(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res)
 }
 
+/// [`rescale`] of one item's sums (`n = 1`) in a call whose items [`RowScales::fast`]
+/// admitted: the branch-free path straight away, without `rescale`'s scans of the
+/// exponents (per item of a batched call, those scans cost half as much as the rescale).
+#[allow(clippy::too_many_arguments)]
+pub fn rescale_item_fast(
+    isa: Isa,
+    acc: &[i32],
+    ms: &[i64],
+    es: &[i32],
+    bias: &[i32],
+    tm: &[i64],
+    te: &[i32],
+    out_frac: i32,
+    clamp: i64,
+    res: &mut [i32],
+) {
+    debug_assert!(tm.len() == 1 && te.len() == 1);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 && std::is_x86_feature_detected!("avx512dq") {
+            // SAFETY: as in `rescale`.
+            unsafe { rescale_fast_avx512(acc, 1, ms, es, bias, tm, te, out_frac, clamp, res) };
+            return;
+        }
+        if isa >= Isa::Avx2 {
+            // SAFETY: as in `rescale`; `RowScales::fast` checked the shifts and that every
+            // multiplier is below 2^16.
+            unsafe { rescale_avx2(acc, 1, ms, es, bias, tm, te, out_frac, clamp, res) };
+            return;
+        }
+    }
+    let _ = isa;
+    rescale_fast(acc, 1, ms, es, bias, tm, te, out_frac, clamp, res)
+}
+
 /// One element of [`rescale_fast`]: `clamp(((a * m * t_m + 2^(s-1)) >> s) + b)`.
 #[inline(always)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -255,7 +290,7 @@ unsafe fn rescale4(
 
 /// The definition: every element through `round_shift64`.
 #[allow(clippy::too_many_arguments)]
-fn rescale_reference(
+pub(super) fn rescale_reference(
     acc: &[i32],
     n: usize,
     ms: &[i64],
