@@ -201,6 +201,12 @@ fn dots<T: KvValue>(isa: Isa, q: &[i32], kc: &[T], d: usize, hd: usize, dots: &m
         // read bounds-checked slices of 16.
         return unsafe { x86::dots_avx512(q, kc, d, hd, dots) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && hd.is_multiple_of(8) {
+        // SAFETY: levels from `Avx2` up imply AVX2 (`Isa::available`); the vector loads read
+        // bounds-checked slices of 8.
+        return unsafe { x86::dots_avx2(q, kc, d, hd, dots) };
+    }
     let _ = isa;
     let len = dots.len() / (d / hd);
     for (h, dots) in dots.chunks_exact_mut(len).enumerate() {
@@ -237,6 +243,11 @@ fn weighted_values<T: KvValue>(
     if isa == Isa::Avx512 && hd.is_multiple_of(16) {
         // SAFETY: as in `dots`.
         return unsafe { x86::weighted_values_avx512(p, vc, d, hd, acc) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && hd.is_multiple_of(8) {
+        // SAFETY: as in `dots`.
+        return unsafe { x86::weighted_values_avx2(p, vc, d, hd, acc) };
     }
     let _ = isa;
     let len = p.len() / (d / hd);
@@ -394,6 +405,111 @@ mod x86 {
             for i in 0..8 {
                 acc[16 * b + 2 * i] = e[i];
                 acc[16 * b + 2 * i + 1] = o[i];
+            }
+        }
+    }
+
+    /// Eight cache values at `p` as i32 lanes (i16 ones sign-extended).
+    #[inline(always)]
+    unsafe fn load8<T: KvValue>(p: *const T) -> __m256i {
+        if T::NARROW {
+            _mm256_cvtepi16_epi32(_mm_loadu_si128(p.cast()))
+        } else {
+            _mm256_loadu_si256(p.cast())
+        }
+    }
+
+    /// The sum of the four i64 lanes.
+    #[inline(always)]
+    unsafe fn sum4(v: __m256i) -> i64 {
+        let s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        _mm_cvtsi128_si64(_mm_add_epi64(s, _mm_unpackhi_epi64(s, s)))
+    }
+
+    /// [`dots_avx512`] eight channels per load.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn dots_avx2<T: KvValue>(
+        q: &[i32],
+        kc: &[T],
+        d: usize,
+        hd: usize,
+        dots: &mut [i64],
+    ) {
+        let len = dots.len() / (d / hd);
+        for s in 0..len {
+            let row = &kc[s * d..(s + 1) * d];
+            for (h, (qh, kh)) in q[..d]
+                .chunks_exact(hd)
+                .zip(row.chunks_exact(hd))
+                .enumerate()
+            {
+                let mut acc = _mm256_setzero_si256();
+                for (qb, kb) in qh.chunks_exact(8).zip(kh.chunks_exact(8)) {
+                    let qv = _mm256_loadu_si256(qb.as_ptr().cast());
+                    let kv = load8(kb.as_ptr());
+                    acc = _mm256_add_epi64(acc, _mm256_mul_epi32(qv, kv));
+                    let (qo, ko) = (_mm256_srli_epi64::<32>(qv), _mm256_srli_epi64::<32>(kv));
+                    acc = _mm256_add_epi64(acc, _mm256_mul_epi32(qo, ko));
+                }
+                dots[h * len + s] = sum4(acc);
+            }
+        }
+    }
+
+    /// [`weighted_values_avx512`] eight channels per load, up to 32 at a time
+    /// (their even and odd sums are eight of the sixteen registers).
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn weighted_values_avx2<T: KvValue>(
+        p: &[i32],
+        vc: &[T],
+        d: usize,
+        hd: usize,
+        acc: &mut [i64],
+    ) {
+        let len = p.len() / (d / hd);
+        let mut c = 0;
+        while c + 32 <= d {
+            block8::<T, 4>(p, len, hd, vc, d, c, &mut acc[c..c + 32]);
+            c += 32;
+        }
+        while c < d {
+            block8::<T, 1>(p, len, hd, vc, d, c, &mut acc[c..c + 8]);
+            c += 8;
+        }
+    }
+
+    /// `8 * B` channels from column `col` (`hd` a multiple of 8: each 8 in one head).
+    #[inline(always)]
+    unsafe fn block8<T: KvValue, const B: usize>(
+        p: &[i32],
+        len: usize,
+        hd: usize,
+        vc: &[T],
+        d: usize,
+        col: usize,
+        acc: &mut [i64],
+    ) {
+        // Where each 8 channels' head's weights start in `p`.
+        let at: [usize; B] = std::array::from_fn(|b| (col + 8 * b) / hd * len);
+        let mut even = [_mm256_setzero_si256(); B];
+        let mut odd = [_mm256_setzero_si256(); B];
+        for s in 0..len {
+            let row = &vc[s * d + col..s * d + col + 8 * B];
+            for b in 0..B {
+                let w = _mm256_set1_epi32(p[at[b] + s]);
+                let v = load8(row[8 * b..][..8].as_ptr());
+                even[b] = _mm256_add_epi64(even[b], _mm256_mul_epi32(v, w));
+                let vo = _mm256_srli_epi64::<32>(v);
+                odd[b] = _mm256_add_epi64(odd[b], _mm256_mul_epi32(vo, w));
+            }
+        }
+        for b in 0..B {
+            let (mut e, mut o) = ([0i64; 4], [0i64; 4]);
+            _mm256_storeu_si256(e.as_mut_ptr().cast(), even[b]);
+            _mm256_storeu_si256(o.as_mut_ptr().cast(), odd[b]);
+            for i in 0..4 {
+                acc[8 * b + 2 * i] = e[i];
+                acc[8 * b + 2 * i + 1] = o[i];
             }
         }
     }
