@@ -49,7 +49,7 @@ unsafe fn dots_avx2(w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
     while t + 4 <= n {
         let mut r = 0;
         while r + 2 <= rows {
-            rows2_items4_avx2(w, xs, k, rows, r, t, acc);
+            block8_avx2::<2, 4>(w, xs, k, rows, r, t, acc);
             r += 2;
         }
         if r < rows {
@@ -62,7 +62,7 @@ unsafe fn dots_avx2(w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
     while t < n {
         let mut r = 0;
         while r + 8 <= rows {
-            rows8_avx2(w, xs, k, rows, r, t, acc);
+            block8_avx2::<8, 1>(w, xs, k, rows, r, t, acc);
             r += 8;
         }
         while r + 4 <= rows {
@@ -77,9 +77,8 @@ unsafe fn dots_avx2(w: &[i8], xs: &[i8], k: usize, n: usize, acc: &mut [i32]) {
     }
 }
 
-/// `acc[t * rows + r] += dot(w row r, item t)` over the first `body` bytes of the rows, for
-/// `R` rows from `r0` against `T` items from `t0`: the `R x T` accumulators, lane sums not
-/// yet reduced.
+/// The `R x T` accumulators of `R` rows (from `wp`) against `T` items (from `xp`) over the
+/// rows' whole 32-byte pieces: lane sums, not yet reduced.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -153,38 +152,6 @@ unsafe fn tail(wp: *const i8, xp: *const i8, k: usize, r: usize, t: usize) -> i3
     )
 }
 
-/// Rows `r0..r0 + 2` against items `t0..t0 + 4` (see [`dots_avx2`]): the eight sums
-/// reduced by one `hadd` tree into item-major pairs, stored two rows at a time.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn rows2_items4_avx2(
-    w: &[i8],
-    xs: &[i8],
-    k: usize,
-    rows: usize,
-    r0: usize,
-    t0: usize,
-    acc: &mut [i32],
-) {
-    use std::arch::x86_64::*;
-    let (wp, xp) = (w.as_ptr().add(r0 * k), xs.as_ptr().add(t0 * k));
-    let a = sums_avx2::<2, 4>(wp, xp, k);
-    let s = reduce8([
-        a[0][0], a[1][0], a[0][1], a[1][1], a[0][2], a[1][2], a[0][3], a[1][3],
-    ]);
-    let mut sums = [0i32; 8];
-    _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, s);
-    if !k.is_multiple_of(32) {
-        for (i, v) in sums.iter_mut().enumerate() {
-            *v += tail(wp, xp, k, i % 2, i / 2);
-        }
-    }
-    for (t, pair) in sums.chunks_exact(2).enumerate() {
-        acc[(t0 + t) * rows + r0..][..2].copy_from_slice(pair);
-    }
-}
-
 /// Rows `r0..r0 + R` against items `t0..t0 + T` (see [`dots_avx2`]), each sum reduced on
 /// its own (the blocks at the rows' and items' ends).
 #[cfg(target_arch = "x86_64")]
@@ -212,34 +179,38 @@ unsafe fn block_avx2<const R: usize, const T: usize>(
     }
 }
 
-/// Rows `r0..r0 + 8` against item `t`: as [`block_avx2`] with `R = 8, T = 1`, but the eight
-/// row sums are reduced by one transposing `hadd` tree instead of eight horizontal sums (with
-/// k = 128 those cost as much as the dot products themselves), and stored in one go.
+/// Rows `r0..r0 + R` against items `t0..t0 + T` with `R * T = 8` (see [`dots_avx2`]): as
+/// [`block_avx2`], but the eight sums are reduced by one transposing `hadd` tree instead of
+/// eight horizontal sums (with k = 128 those cost as much as the dot products themselves)
+/// and stored item by item, `R` rows at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn rows8_avx2(
+unsafe fn block8_avx2<const R: usize, const T: usize>(
     w: &[i8],
     xs: &[i8],
     k: usize,
     rows: usize,
     r0: usize,
-    t: usize,
+    t0: usize,
     acc: &mut [i32],
 ) {
     use std::arch::x86_64::*;
-    let (wp, xp) = (w.as_ptr().add(r0 * k), xs.as_ptr().add(t * k));
-    let a = sums_avx2::<8, 1>(wp, xp, k);
-    let mut s = reduce8(a.map(|r| r[0]));
+    debug_assert_eq!(R * T, 8);
+    let (wp, xp) = (w.as_ptr().add(r0 * k), xs.as_ptr().add(t0 * k));
+    let a = sums_avx2::<R, T>(wp, xp, k);
+    // Item-major: sum `i` is row `i % R` of item `i / R`.
+    let s = reduce8(std::array::from_fn(|i| a[i % R][i / R]));
+    let mut sums = [0i32; 8];
+    _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, s);
     if !k.is_multiple_of(32) {
-        let mut tails = [0i32; 8];
-        for (r, v) in tails.iter_mut().enumerate() {
-            *v = tail(wp, xp, k, r, 0);
+        for (i, v) in sums.iter_mut().enumerate() {
+            *v += tail(wp, xp, k, i % R, i / R);
         }
-        s = _mm256_add_epi32(s, _mm256_loadu_si256(tails.as_ptr() as *const __m256i));
     }
-    let dst = &mut acc[t * rows + r0..][..8];
-    _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, s);
+    for (t, item) in sums.chunks_exact(R).enumerate() {
+        acc[(t0 + t) * rows + r0..][..R].copy_from_slice(item);
+    }
 }
 
 /// A layer's weights laid out for the AVX-512 VNNI kernel, built once per session.

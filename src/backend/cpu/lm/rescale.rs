@@ -115,29 +115,13 @@ pub fn rescale(
     if !fast {
         return rescale_reference(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res);
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa == Isa::Avx512 && std::is_x86_feature_detected!("avx512dq") {
-            // SAFETY: the `Avx512` level implies F and VL (`Isa::available`), DQ is checked;
-            // the body is safe code compiled with them.
-            unsafe { rescale_fast_avx512(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res) };
-            return;
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        // AVX2 has no 64-bit multiply, but `m * t_m` fits 32 bits for real scales (both are
-        // below 2^16), and then one 32 x 32 -> 64 multiply per element is the whole product.
-        let small = |v: &[i64]| v.iter().fold(0u64, |a, &x| a | x as u64) < 1 << 16;
-        if isa >= Isa::Avx2 && small(ms) && small(tms) {
-            // SAFETY: levels from `Avx2` up imply AVX2 (`Isa::available`); shifts are in
-            // 1..=63 (`fast`) and the multipliers below 2^16 (checked).
-            unsafe { rescale_avx2(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res) };
-            return;
-        }
-    }
-    let _ = isa;
-    rescale_fast(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res)
+    // AVX2 has no 64-bit multiply, but `m * t_m` fits 32 bits for real scales (both are
+    // below 2^16), and then one 32 x 32 -> 64 multiply per element is the whole product.
+    let small = |v: &[i64]| v.iter().fold(0u64, |a, &x| a | x as u64) < 1 << 16;
+    let args = (ms, es, bias, tms, tes);
+    rescale_fast_at(isa, acc, n, args, out_frac, clamp, res, || {
+        small(ms) && small(tms)
+    })
 }
 
 /// [`rescale`] of one item's sums (`n = 1`) in a call whose items [`RowScales::fast`]
@@ -157,22 +141,49 @@ pub fn rescale_item_fast(
     res: &mut [i32],
 ) {
     debug_assert!(tm.len() == 1 && te.len() == 1);
+    // `RowScales::fast` checked that every multiplier is below 2^16.
+    rescale_fast_at(
+        isa,
+        acc,
+        1,
+        (ms, es, bias, tm, te),
+        out_frac,
+        clamp,
+        res,
+        || true,
+    )
+}
+
+/// The branch-free rescale at level `isa`, every shift known to lie in 1..=63; `small`
+/// answers whether every multiplier is below 2^16 (asked only where AVX2 needs it).
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn rescale_fast_at(
+    isa: Isa,
+    acc: &[i32],
+    n: usize,
+    (ms, es, bias, tms, tes): (&[i64], &[i32], &[i32], &[i64], &[i32]),
+    out_frac: i32,
+    clamp: i64,
+    res: &mut [i32],
+    small: impl FnOnce() -> bool,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 && std::is_x86_feature_detected!("avx512dq") {
-            // SAFETY: as in `rescale`.
-            unsafe { rescale_fast_avx512(acc, 1, ms, es, bias, tm, te, out_frac, clamp, res) };
+            // SAFETY: the `Avx512` level implies F and VL (`Isa::available`), DQ is checked;
+            // the body is safe code compiled with them.
+            unsafe { rescale_fast_avx512(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res) };
             return;
         }
-        if isa >= Isa::Avx2 {
-            // SAFETY: as in `rescale`; `RowScales::fast` checked the shifts and that every
-            // multiplier is below 2^16.
-            unsafe { rescale_avx2(acc, 1, ms, es, bias, tm, te, out_frac, clamp, res) };
+        if isa >= Isa::Avx2 && small() {
+            // SAFETY: levels from `Avx2` up imply AVX2 (`Isa::available`); shifts are in
+            // 1..=63 (the caller's contract) and the multipliers below 2^16 (`small`).
+            unsafe { rescale_avx2(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res) };
             return;
         }
     }
-    let _ = isa;
-    rescale_fast(acc, 1, ms, es, bias, tm, te, out_frac, clamp, res)
+    rescale_fast(acc, n, ms, es, bias, tms, tes, out_frac, clamp, res)
 }
 
 /// One element of [`rescale_fast`]: `clamp(((a * m * t_m + 2^(s-1)) >> s) + b)`.
