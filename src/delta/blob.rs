@@ -114,8 +114,8 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
 }
 
 /// Estimated cost of a stage (data + table) in COST_ONE_BIT units.
-fn stage_cost(t: &StageTable, h: &Hist) -> u64 {
-    t.data_cost(h) + t.bytes() as u64 * 8 * COST_ONE_BIT
+fn table_cost(t: &StageTable) -> u64 {
+    t.bytes() as u64 * 8 * COST_ONE_BIT
 }
 
 /// One way of coding a float tensor, with its estimated size.
@@ -123,7 +123,8 @@ struct Candidate {
     layout: Layout,
     /// Neighbor distance, if any stage's context uses the neighbor.
     distance: Option<usize>,
-    hists: Vec<Hist>,
+    /// Each stage's estimated data cost (COST_ONE_BIT units), for the report: priced once.
+    data_costs: Vec<u64>,
     tables: Tables,
     /// Estimated payload cost in COST_ONE_BIT units: data + tables + raw tail.
     cost: u64,
@@ -157,14 +158,21 @@ fn candidate(req: HistRequest, mut hists: Vec<Hist>) -> Result<Candidate> {
     let prune = layout != Layout::Paper;
     let mut stages: Vec<StageTable> = hists.iter().map(|h| StageTable::select(h, prune)).collect();
     hists.truncate(stages.len());
+    let mut data_costs: Vec<u64> = stages
+        .iter()
+        .zip(&hists)
+        .map(|(t, h)| t.data_cost(h))
+        .collect();
     // Where a neighbor context does not pay for its larger tables, fold it away.
     for i in 0..stages.len() {
         if stages[i].space.neighbor {
             let plain_hist = hists[i].without_neighbor();
             let plain = StageTable::select(&plain_hist, true);
-            if stage_cost(&plain, &plain_hist) <= stage_cost(&stages[i], &hists[i]) {
+            let plain_data = plain.data_cost(&plain_hist);
+            if plain_data + table_cost(&plain) <= data_costs[i] + table_cost(&stages[i]) {
                 stages[i] = plain;
                 hists[i] = plain_hist;
+                data_costs[i] = plain_data;
             }
         }
     }
@@ -172,13 +180,13 @@ fn candidate(req: HistRequest, mut hists: Vec<Hist>) -> Result<Candidate> {
     let cost = tail_bits(&hists[0]) * COST_ONE_BIT
         + stages
             .iter()
-            .zip(&hists)
-            .map(|(t, h)| stage_cost(t, h))
+            .zip(&data_costs)
+            .map(|(t, d)| d + table_cost(t))
             .sum::<u64>();
     Ok(Candidate {
         layout,
         distance,
-        hists,
+        data_costs,
         tables: Tables { stages },
         cost,
     })
@@ -422,8 +430,8 @@ fn encode_modeled(
     report.b_neighbor = uses(Stage::B);
     report.stream_bytes = stream;
     report.tail_bits = chunks.iter().map(|c| c.tail_bits).sum();
-    for (i, (t, h)) in chosen.tables.stages.iter().zip(&chosen.hists).enumerate() {
-        report.stage_bits[i] = t.data_cost(h) as f64 / COST_ONE_BIT as f64;
+    for (i, d) in chosen.data_costs.iter().enumerate() {
+        report.stage_bits[i] = *d as f64 / COST_ONE_BIT as f64;
     }
     Ok(resident.input_crcs())
 }

@@ -173,6 +173,27 @@ impl Hist {
         }
         h
     }
+    /// From the occupied contexts in ascending order and their rows, none all zero (a
+    /// pass that makes them in order: no sort, no copy).
+    ///
+    /// # Panics
+    /// If a context repeats, is out of order or out of range, or a row is all zero.
+    pub fn from_sorted(space: Space, ctxs: Vec<u32>, rows: Vec<u64>) -> Self {
+        let a = space.alphabet();
+        assert_eq!(ctxs.len() * a, rows.len());
+        assert!(
+            ctxs.windows(2).all(|p| p[0] < p[1])
+                && ctxs
+                    .last()
+                    .is_none_or(|&c| (c as usize) < space.n_primary()),
+            "contexts out of order or range"
+        );
+        assert!(
+            rows.chunks_exact(a).all(|r| r.iter().any(|&c| c != 0)),
+            "an all-zero row"
+        );
+        Hist { space, ctxs, rows }
+    }
     /// From rows in any order, `rows[k * alphabet..][..alphabet]` the counts of `ctxs[k]`;
     /// rows of one context add up, all-zero rows are dropped.
     pub fn from_rows(space: Space, ctxs: &[u32], rows: &[u64]) -> Self {
@@ -181,6 +202,10 @@ impl Hist {
         let mut order: Vec<usize> = (0..ctxs.len()).collect();
         order.sort_unstable_by_key(|&k| ctxs[k]);
         let mut h = Hist::new(space);
+        // Room for every row at once (rows of one context add up: at most this many):
+        // growing by doubling copied the rows of a neighbor-form B a few times over.
+        h.ctxs.reserve(ctxs.len());
+        h.rows.reserve(rows.len());
         for k in order {
             let (ctx, row) = (ctxs[k], &rows[k * a..][..a]);
             assert!(
@@ -341,7 +366,8 @@ impl StageTable {
         let nb = space.n_backoff();
 
         let mut group = vec![0u64; nb * a];
-        for (ctx, row) in hist.rows() {
+        // Without pruning no row is priced against its group's: no group rows to make.
+        for (ctx, row) in hist.rows().filter(|_| prune) {
             let g = ctx % nb;
             for (acc, &c) in group[g * a..(g + 1) * a].iter_mut().zip(row) {
                 *acc += c;
@@ -661,6 +687,25 @@ pub struct Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_sorted_is_from_rows_of_sorted_rows_and_refuses_any_other_order() {
+        let space = Space::new(Stage::Q1, 16, false);
+        let (ctxs, rows) = (vec![3u32, 7, 40], vec![1u64, 0, 0, 5, 9, 9]);
+        let sorted = Hist::from_sorted(space, ctxs.clone(), rows.clone());
+        let any = Hist::from_rows(space, &[40, 3, 7, 9], &[9, 9, 1, 0, 0, 5, 0, 0]);
+        assert_eq!(sorted.occupied(), any.occupied());
+        assert_eq!(sorted.dense(), any.dense());
+        for (c, r) in [
+            (vec![7u32, 3], vec![1u64, 0, 0, 5]),
+            (vec![3, 3], vec![1, 0, 0, 5]),
+            (vec![3, 7], vec![1, 0, 0, 0]),
+            (vec![3, space.n_primary() as u32], vec![1, 0, 0, 5]),
+        ] {
+            let r = std::panic::catch_unwind(|| Hist::from_sorted(space, c, r));
+            assert!(r.is_err());
+        }
+    }
 
     #[test]
     fn row_bytes_and_cost_match_their_slow_definitions() {

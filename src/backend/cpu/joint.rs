@@ -152,7 +152,8 @@ fn fold_rows(acc: &[u64], lo2: u32, space: Space) -> Hist {
             }
         }
     }
-    Hist::from_rows(space, &ctxs, &rows)
+    // Ascending contexts, each with a count (some slot of it is not zero).
+    Hist::from_sorted(space, ctxs, rows)
 }
 
 thread_local! {
