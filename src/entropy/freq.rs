@@ -32,22 +32,69 @@ pub fn normalize_to(counts: &[u64], bits: u32) -> Vec<u32> {
 /// every context at every candidate precision, thousands of small rows per tensor, where
 /// an allocation per row cost as much as the row.
 pub fn normalize_into(counts: &[u64], bits: u32, freqs: &mut Vec<u32>) {
+    let n: u64 = counts.iter().sum();
+    let total = 1u64 << bits;
+    normalize_by(counts, n, bits, freqs, |_, c| {
+        // c·total fits in u64 unless c is huge; the quotient is the same either way.
+        match c.checked_mul(total) {
+            Some(p) => p / n,
+            None => (c as u128 * total as u128 / n as u128) as u64,
+        }
+    });
+}
+
+/// `floor(c · PROB_TOTAL / N)` of every count `c` (N their sum) into `out`: what
+/// [`normalize_from_quotients`] needs for every precision at once.
+pub fn full_quotients(counts: &[u64], out: &mut Vec<u64>) {
+    let n: u64 = counts.iter().sum();
+    out.clear();
+    out.extend(
+        counts
+            .iter()
+            .map(|&c| match c.checked_mul(PROB_TOTAL as u64) {
+                _ if n == 0 => 0,
+                Some(p) => p / n,
+                None => (c as u128 * PROB_TOTAL as u128 / n as u128) as u64,
+            }),
+    );
+}
+
+/// [`normalize_into`] from the counts' [`full_quotients`]: a precision's quotient
+/// `floor(c · 2^bits / N)` is the full one shifted right by `PROB_BITS - bits` (a floor of a
+/// floor divided by an integer is the floor of the whole quotient), so a row priced at
+/// several precisions divides once per count instead of once per count and precision.
+pub fn normalize_from_quotients(
+    counts: &[u64],
+    quotients: &[u64],
+    bits: u32,
+    freqs: &mut Vec<u32>,
+) {
+    debug_assert_eq!(counts.len(), quotients.len());
+    let n: u64 = counts.iter().sum();
+    let shift = PROB_BITS - bits;
+    normalize_by(counts, n, bits, freqs, |i, _| quotients[i] >> shift);
+}
+
+/// The rule of [`normalize`] to `1 << bits`, with `q(i, c)` = `floor(c · 2^bits / n)` for
+/// the seen symbols.
+#[inline(always)]
+fn normalize_by(
+    counts: &[u64],
+    n: u64,
+    bits: u32,
+    freqs: &mut Vec<u32>,
+    q: impl Fn(usize, u64) -> u64,
+) {
     freqs.clear();
     freqs.resize(counts.len(), 0);
-    let n: u64 = counts.iter().sum();
     if n == 0 {
         return;
     }
     let total = 1u64 << bits;
     let mut sum: i64 = 0;
-    for (f, &c) in freqs.iter_mut().zip(counts) {
+    for (i, (f, &c)) in freqs.iter_mut().zip(counts).enumerate() {
         if c > 0 {
-            // c·total fits in u64 unless c is huge; the quotient is the same either way.
-            let q = match c.checked_mul(total) {
-                Some(p) => p / n,
-                None => (c as u128 * total as u128 / n as u128) as u64,
-            };
-            *f = (q as u32).max(1);
+            *f = (q(i, c) as u32).max(1);
             sum += *f as i64;
         }
     }
@@ -164,6 +211,34 @@ pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn normalizing_from_full_quotients_is_normalizing() {
+        let mut lcg = crate::test_lcg(0x0DDB_A11C_0FFE_E123);
+        let mut next = || lcg() >> 33;
+        let (mut q, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3000 {
+            let len = 1 + next() as usize % 120;
+            let counts: Vec<u64> = (0..len)
+                .map(|_| match next() % 4 {
+                    0 => 0,
+                    1 => next() % 1_000_000,
+                    2 => 1,
+                    _ => next() % 30,
+                })
+                .collect();
+            let seen = counts.iter().filter(|&&c| c > 0).count() as u64;
+            full_quotients(&counts, &mut q);
+            for bits in [PROB_BITS, 11, 10, 8, 6, 1] {
+                if 1u64 << bits < seen {
+                    continue;
+                }
+                normalize_into(&counts, bits, &mut a);
+                normalize_from_quotients(&counts, &q, bits, &mut b);
+                assert_eq!(a, b, "{counts:?} at {bits} bits");
+            }
+        }
+    }
 
     #[test]
     fn looked_up_cost_is_the_definition() {

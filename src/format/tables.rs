@@ -28,7 +28,8 @@ use super::symbols::{joint_alphabet, joint_symbol, Neighbor, RefInfo, Sym, EXP_C
 
 use crate::bytes::{varint_len, ByteReader, ByteWriter};
 use crate::entropy::freq::{
-    cost, normalize_into, normalize_to, COST_ONE_BIT, PROB_BITS, PROB_TOTAL,
+    cost, full_quotients, normalize_from_quotients, normalize_into, normalize_to, COST_ONE_BIT,
+    PROB_BITS, PROB_TOTAL,
 };
 use crate::Result;
 
@@ -514,6 +515,8 @@ fn row_at(counts: &[u64], bits: u32) -> Vec<u32> {
 struct RowScratch {
     seen_at: Vec<usize>,
     seen: Vec<u64>,
+    /// The seen counts' quotients at full precision (every precision's, shifted).
+    quotients: Vec<u64>,
     row: Vec<u32>,
 }
 
@@ -557,12 +560,13 @@ fn row_price(counts: &[u64], s: &mut RowScratch) -> (u64, u32) {
         wide_row_bytes(lo, hi, shift, extra)
     };
     let mut best = (u64::MAX, PROB_BITS);
+    full_quotients(&s.seen, &mut s.quotients);
     for bits in ROW_PRECISIONS
         .iter()
         .copied()
         .filter(|&b| b == PROB_BITS || 1u64 << b >= s.seen.len() as u64)
     {
-        normalize_into(&s.seen, bits, &mut s.row);
+        normalize_from_quotients(&s.seen, &s.quotients, bits, &mut s.row);
         for f in s.row.iter_mut() {
             *f <<= PROB_BITS - bits;
         }
