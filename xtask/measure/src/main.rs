@@ -8,10 +8,13 @@
 //!   decode) of both layouts, alternating, per instruction-set level;
 //! - `encode-loop`, `decode-loop`: one pipeline in a loop, for `perf record` and A/B runs;
 //! - `small-tensors`: microseconds per small tensor (table building rather than coding).
+//! - `contexts`: estimated sizes of richer context models for the one-symbol Joint layout,
+//!   next to the real blobs (a format change weighed before it is built).
 //!
 //! `cargo run --release -p lockstep-measure -- <command> [options]`; `--help` lists them.
 //! Every decode is compared with its target outside the timed region.
 
+mod contexts;
 mod loops;
 mod stages;
 mod table;
@@ -33,6 +36,8 @@ commands:
   encode-loop     encode every float tensor ROUNDS times, print the best pass
   decode-loop     decode every float tensor's blob ROUNDS times, print the best pass
   small-tensors   microseconds per tensor below 2^16 elements, both layouts (or --layout's)
+  contexts        estimated sizes of richer Joint context models next to the real blobs of
+                  both layouts (what a format change would gain, before building it)
 
 options:
   --dir DIR       checkpoint folder (default ../shared/data/trajectory-gpt2)
@@ -192,6 +197,7 @@ fn main() {
             "encode-loop" => loops::encode(&o),
             "decode-loop" => loops::decode(&o),
             "small-tensors" => loops::small_tensors(&o),
+            "contexts" => contexts::run(&o),
             c => Err(format!("unknown command {c}\n{USAGE}")),
         })
     });
