@@ -11,7 +11,7 @@ use crate::format::chunk::{chunk_ranges, DecodeChunk, CHUNK_ELEMS, LANES};
 use crate::format::layout_stages;
 use crate::format::neighbor_distance;
 use crate::format::symbols::{joint_parts, Layout, JOINT_MAX_WIDTH};
-use crate::format::tables::{Hist, Space, Stage, StageTable, Tables};
+use crate::format::tables::{Hist, Selection, Space, Stage, StageTable, Tables};
 use crate::{Error, Result};
 
 pub const MAGIC: &[u8; 4] = b"LSDB";
@@ -114,8 +114,8 @@ pub fn read_header(bytes: &[u8]) -> Result<(BlobHeader, &[u8])> {
 }
 
 /// Estimated cost of a stage (data + table) in COST_ONE_BIT units.
-fn table_cost(t: &StageTable) -> u64 {
-    t.bytes() as u64 * 8 * COST_ONE_BIT
+fn stage_cost(s: &Selection) -> u64 {
+    s.data_cost + s.bytes() as u64 * 8 * COST_ONE_BIT
 }
 
 /// One way of coding a float tensor, with its estimated size.
@@ -123,9 +123,9 @@ struct Candidate {
     layout: Layout,
     /// Neighbor distance, if any stage's context uses the neighbor.
     distance: Option<usize>,
-    /// Each stage's estimated data cost (COST_ONE_BIT units), for the report: priced once.
-    data_costs: Vec<u64>,
-    tables: Tables,
+    /// Each stage's rows and their estimated data cost; the chosen candidate's become its
+    /// tables.
+    stages: Vec<Selection>,
     /// Estimated payload cost in COST_ONE_BIT units: data + tables + raw tail.
     cost: u64,
 }
@@ -156,38 +156,25 @@ fn candidate(req: HistRequest, mut hists: Vec<Hist>) -> Result<Candidate> {
     let (layout, distance) = (req.layout, req.distance);
     // The Paper layout is the paper's control: every occupied context keeps its own row.
     let prune = layout != Layout::Paper;
-    let mut stages: Vec<StageTable> = hists.iter().map(|h| StageTable::select(h, prune)).collect();
+    let mut stages: Vec<Selection> = hists.iter().map(|h| Selection::of(h, prune)).collect();
     hists.truncate(stages.len());
-    let mut data_costs: Vec<u64> = stages
-        .iter()
-        .zip(&hists)
-        .map(|(t, h)| t.data_cost(h))
-        .collect();
     // Where a neighbor context does not pay for its larger tables, fold it away.
     for i in 0..stages.len() {
         if stages[i].space.neighbor {
             let plain_hist = hists[i].without_neighbor();
-            let plain = StageTable::select(&plain_hist, true);
-            let plain_data = plain.data_cost(&plain_hist);
-            if plain_data + table_cost(&plain) <= data_costs[i] + table_cost(&stages[i]) {
+            let plain = Selection::of(&plain_hist, true);
+            if stage_cost(&plain) <= stage_cost(&stages[i]) {
                 stages[i] = plain;
                 hists[i] = plain_hist;
-                data_costs[i] = plain_data;
             }
         }
     }
     let distance = distance.filter(|_| stages.iter().any(|t| t.space.neighbor));
-    let cost = tail_bits(&hists[0]) * COST_ONE_BIT
-        + stages
-            .iter()
-            .zip(&data_costs)
-            .map(|(t, d)| d + table_cost(t))
-            .sum::<u64>();
+    let cost = tail_bits(&hists[0]) * COST_ONE_BIT + stages.iter().map(stage_cost).sum::<u64>();
     Ok(Candidate {
         layout,
         distance,
-        data_costs,
-        tables: Tables { stages },
+        stages,
         cost,
     })
 }
@@ -364,7 +351,11 @@ fn encode_modeled(
         }
     }
     let chosen = chosen.expect("at least one layout");
-    let chunks = resident.encode(chosen.layout, &chosen.tables, chosen.distance)?;
+    let data_costs: Vec<u64> = chosen.stages.iter().map(|s| s.data_cost).collect();
+    let tables = Tables {
+        stages: chosen.stages.into_iter().map(Selection::table).collect(),
+    };
+    let chunks = resident.encode(chosen.layout, &tables, chosen.distance)?;
     if chunks.len() != chunk_ranges(pair.target.len() / pair.dtype.size()).len() {
         return Err(Error::Invalid(format!(
             "backend {} returned {} chunks",
@@ -375,8 +366,7 @@ fn encode_modeled(
 
     out.u8(chosen.layout as u8);
     let uses = |stage: Stage| {
-        chosen
-            .tables
+        tables
             .stages
             .get(stage as usize)
             .is_some_and(|t| t.space.neighbor)
@@ -392,7 +382,7 @@ fn encode_modeled(
     out.u8(LANES as u8);
     out.u8(PROB_BITS as u8);
     let before_tables = out.len();
-    for t in &chosen.tables.stages {
+    for t in &tables.stages {
         t.write(out);
     }
     report.table_bytes = (out.len() - before_tables) as u64;
@@ -430,7 +420,7 @@ fn encode_modeled(
     report.b_neighbor = uses(Stage::B);
     report.stream_bytes = stream;
     report.tail_bits = chunks.iter().map(|c| c.tail_bits).sum();
-    for (i, d) in chosen.data_costs.iter().enumerate() {
+    for (i, d) in data_costs.iter().enumerate() {
         report.stage_bits[i] = *d as f64 / COST_ONE_BIT as f64;
     }
     Ok(resident.input_crcs())

@@ -359,9 +359,68 @@ impl StageTable {
         }
     }
 
+    /// Choose rows from a histogram: [`Selection::of`] with its context map.
+    pub fn select(hist: &Hist, prune: bool) -> StageTable {
+        Selection::of(hist, prune).table()
+    }
+
+    /// Bytes [`StageTable::write`] writes, without writing them.
+    pub fn bytes(&self) -> usize {
+        lists_bytes(&self.explicit, &self.backoff)
+    }
+
+    /// Serialize (docs/FORMAT.md, "stage table").
+    pub fn write(&self, w: &mut ByteWriter) {
+        for list in [&self.explicit, &self.backoff] {
+            w.varint(list.len() as u64);
+            let mut next = 0u32;
+            for (id, row) in list.iter() {
+                w.varint((id - next) as u64);
+                next = id + 1;
+                write_row(w, &row.freq);
+            }
+        }
+    }
+
+    pub fn read(r: &mut ByteReader, space: Space) -> Result<StageTable> {
+        let mut lists = Vec::with_capacity(2);
+        for limit in [space.n_primary(), space.n_backoff()] {
+            let n = r.varint_max(limit as u64, "table row count")? as usize;
+            let mut list = Vec::with_capacity(n);
+            let mut next = 0u64;
+            for _ in 0..n {
+                let id = next + r.varint_max(limit as u64, "context id gap")?;
+                if id >= limit as u64 {
+                    return Err(r.err(format!("context id {id} out of range (< {limit})")));
+                }
+                next = id + 1;
+                list.push((id as u32, Row::from_freqs(read_row(r, space.alphabet())?)));
+            }
+            lists.push(list);
+        }
+        let backoff = lists.pop().unwrap();
+        let explicit = lists.pop().unwrap();
+        Ok(StageTable::build(space, explicit, backoff))
+    }
+}
+
+/// Rows chosen for a histogram, and the data's cost under them: what candidate layouts and
+/// context forms are compared by. Only the chosen ones become [`StageTable`]s, whose context
+/// maps (up to 50,688 entries for stage S) were a good part of building the candidates.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    pub space: Space,
+    pub explicit: Vec<(u32, Row)>,
+    pub backoff: Vec<(u32, Row)>,
+    /// Ideal code length of the histogram under these rows, in COST_ONE_BIT units: each
+    /// context's counts priced under the row the table's map gives it.
+    pub data_cost: u64,
+}
+
+impl Selection {
     /// Choose rows from a histogram. `prune = false` gives every occupied context its own row
     /// (the paper); `prune = true` keeps a context's own row only where it pays for itself.
-    pub fn select(hist: &Hist, prune: bool) -> StageTable {
+    pub fn of(hist: &Hist, prune: bool) -> Selection {
         let space = hist.space;
         let a = space.alphabet();
         let nb = space.n_backoff();
@@ -404,13 +463,16 @@ impl StageTable {
                 .collect()
         };
         let mut explicit = Vec::new();
+        let mut data_cost = 0;
         let mut rest = vec![0u64; nb * a];
         for ((ctx, counts), (own_price, bits)) in rows.into_iter().zip(priced) {
             // The row's own cost: its data, its bytes and one byte of context id.
             let keep =
                 !prune || own_price + 8 * COST_ONE_BIT < cost(counts, &group_freqs[ctx % nb]);
             if keep {
-                explicit.push((ctx as u32, Row::from_freqs(row_at(counts, bits))));
+                let row = Row::from_freqs(row_at(counts, bits));
+                data_cost += cost(counts, &row.freq);
+                explicit.push((ctx as u32, row));
             } else {
                 let g = ctx % nb;
                 for (acc, &c) in rest[g * a..(g + 1) * a].iter_mut().zip(counts) {
@@ -418,77 +480,54 @@ impl StageTable {
                 }
             }
         }
+        // The pooled rows' cost under their group's row: `cost` is linear in the counts,
+        // so the group's summed counts price them all at once.
         let backoff = (0..nb)
             .filter_map(|g| {
                 let counts = &rest[g * a..(g + 1) * a];
-                counts
-                    .iter()
-                    .any(|&c| c > 0)
-                    .then(|| (g as u32, Row::from_freqs(best_row(counts, &mut scratch))))
+                counts.iter().any(|&c| c > 0).then(|| {
+                    let row = Row::from_freqs(best_row(counts, &mut scratch));
+                    data_cost += cost(counts, &row.freq);
+                    (g as u32, row)
+                })
             })
             .collect();
-        StageTable::build(space, explicit, backoff)
+        Selection {
+            space,
+            explicit,
+            backoff,
+            data_cost,
+        }
     }
 
-    /// Ideal code length of `hist` under this table, in COST_ONE_BIT units.
-    pub fn data_cost(&self, hist: &Hist) -> u64 {
-        hist.rows()
-            .map(|(ctx, counts)| cost(counts, &self.row(self.map[ctx]).freq))
-            .sum()
-    }
-
-    /// Bytes [`StageTable::write`] writes, without writing them.
+    /// Bytes the table of these rows takes ([`StageTable::bytes`]).
     pub fn bytes(&self) -> usize {
-        [&self.explicit, &self.backoff]
-            .iter()
-            .map(|list| {
-                let mut next = 0u32;
-                varint_len(list.len() as u64)
-                    + list
-                        .iter()
-                        .map(|(id, row)| {
-                            let gap = id - next;
-                            next = id + 1;
-                            varint_len(gap as u64) + row_bytes(&row.freq)
-                        })
-                        .sum::<usize>()
-            })
-            .sum()
+        lists_bytes(&self.explicit, &self.backoff)
     }
 
-    /// Serialize (docs/FORMAT.md, "stage table").
-    pub fn write(&self, w: &mut ByteWriter) {
-        for list in [&self.explicit, &self.backoff] {
-            w.varint(list.len() as u64);
+    /// The table of these rows, with its context map.
+    pub fn table(self) -> StageTable {
+        StageTable::build(self.space, self.explicit, self.backoff)
+    }
+}
+
+/// Bytes of a table's two row lists in the table format.
+fn lists_bytes(explicit: &[(u32, Row)], backoff: &[(u32, Row)]) -> usize {
+    [explicit, backoff]
+        .iter()
+        .map(|list| {
             let mut next = 0u32;
-            for (id, row) in list.iter() {
-                w.varint((id - next) as u64);
-                next = id + 1;
-                write_row(w, &row.freq);
-            }
-        }
-    }
-
-    pub fn read(r: &mut ByteReader, space: Space) -> Result<StageTable> {
-        let mut lists = Vec::with_capacity(2);
-        for limit in [space.n_primary(), space.n_backoff()] {
-            let n = r.varint_max(limit as u64, "table row count")? as usize;
-            let mut list = Vec::with_capacity(n);
-            let mut next = 0u64;
-            for _ in 0..n {
-                let id = next + r.varint_max(limit as u64, "context id gap")?;
-                if id >= limit as u64 {
-                    return Err(r.err(format!("context id {id} out of range (< {limit})")));
-                }
-                next = id + 1;
-                list.push((id as u32, Row::from_freqs(read_row(r, space.alphabet())?)));
-            }
-            lists.push(list);
-        }
-        let backoff = lists.pop().unwrap();
-        let explicit = lists.pop().unwrap();
-        Ok(StageTable::build(space, explicit, backoff))
-    }
+            varint_len(list.len() as u64)
+                + list
+                    .iter()
+                    .map(|(id, row)| {
+                        let gap = id - next;
+                        next = id + 1;
+                        varint_len(gap as u64) + row_bytes(&row.freq)
+                    })
+                    .sum::<usize>()
+        })
+        .sum()
 }
 
 /// Precisions a multi-symbol row may be transmitted at (bits of its total).
@@ -691,6 +730,44 @@ pub struct Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_selections_data_cost_is_every_context_priced_under_its_rows() {
+        let mut lcg = crate::test_lcg(0x5EED_0F5E_1EC7_10A5);
+        let mut next = || lcg() >> 33;
+        for (stage, w, neighbor) in [
+            (Stage::B, 16, true),
+            (Stage::B, 32, false),
+            (Stage::Q1, 16, false),
+            (Stage::S, 16, true),
+            (Stage::J, 16, false),
+            (Stage::J, 8, false),
+        ] {
+            let space = Space::new(stage, w, neighbor);
+            let a = space.alphabet();
+            let mut counts = vec![0u64; space.n_primary() * a];
+            for _ in 0..400 {
+                let at = next() as usize % counts.len();
+                counts[at] += match next() % 3 {
+                    0 => next() % 100_000,
+                    _ => next() % 10,
+                };
+            }
+            let h = Hist::from_dense(space, &counts);
+            for prune in [true, false] {
+                let sel = Selection::of(&h, prune);
+                let (want, t) = (sel.data_cost, sel.table());
+                let got: u64 = h
+                    .rows()
+                    .map(|(ctx, c)| cost(c, &t.row(t.map[ctx]).freq))
+                    .sum();
+                assert_eq!(
+                    got, want,
+                    "{stage:?} w{w} neighbor {neighbor} prune {prune}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn from_sorted_is_from_rows_of_sorted_rows_and_refuses_any_other_order() {
