@@ -200,13 +200,13 @@ impl<'a> DecStage<'a> {
             // The zero row: starts 0 (every slot counts all of them), frequencies 0.
             d.starts.extend((1..a).map(|_| 0u16));
             d.fs_packed.extend((0..a).map(|_| 0u32));
-            d.map_padded = per_context(t, |ri| ri.min(n_rows as u32));
+            d.map_padded = t.per_context(|ri| ri.min(n_rows as u32));
         }
         // Row `n_rows` of a binary stage: absent elements decode symbol 0 at probability 1,
         // which leaves the state unchanged.
         if a == 2 {
             let f0 = &d.f0;
-            d.f0_by_ctx = per_context(t, |ri| f0.get(ri as usize).copied().unwrap_or(NO_ROW));
+            d.f0_by_ctx = t.per_context(|ri| f0.get(ri as usize).copied().unwrap_or(NO_ROW));
             let pairs = d.f0_by_ctx.chunks_exact(2);
             let odd = pairs
                 .remainder()
@@ -232,31 +232,6 @@ impl<'a> DecStage<'a> {
         };
         self.f0.get(ri).copied()
     }
-}
-
-/// `f(map[ctx])` for every context of `t`, made as `StageTable::build` makes the map (the
-/// backoff rows' period repeated, then the explicit rows written over it) instead of by a
-/// lookup per context: a default-layout tensor's decoder tables have some 120,000 entries
-/// per context, which took about 6% of an fp32 default-layout decode on a Zen 2.
-fn per_context<T: Copy>(t: &StageTable, f: impl Fn(u32) -> T) -> Vec<T> {
-    let n = t.map.len();
-    let mut period = vec![f(u32::MAX); t.space.n_backoff().min(n)];
-    let explicit = t.explicit.len();
-    for (i, (id, _)) in t.backoff.iter().enumerate() {
-        if let Some(p) = period.get_mut(*id as usize) {
-            *p = f((explicit + i) as u32);
-        }
-    }
-    let mut out = Vec::with_capacity(n);
-    out.extend_from_slice(&period);
-    while out.len() < n {
-        out.extend_from_within(..out.len().min(n - out.len()));
-    }
-    for (i, (id, _)) in t.explicit.iter().enumerate() {
-        out[*id as usize] = f(i as u32);
-    }
-    debug_assert!(out.len() == n);
-    out
 }
 
 /// Whether the decoder tables have the sizes every context the vector decoders compute can
@@ -322,7 +297,7 @@ mod tests {
                     let t = StageTable::select(&Hist::from_dense(space, &counts), prune);
                     let f = |ri: u32| ri.wrapping_mul(7) ^ 0x55;
                     let want: Vec<u32> = t.map.iter().map(|&ri| f(ri)).collect();
-                    assert_eq!(per_context(&t, f), want, "{stage:?} {fill} {prune}");
+                    assert_eq!(t.per_context(f), want, "{stage:?} {fill} {prune}");
                 }
             }
         }
