@@ -34,13 +34,17 @@ pub fn normalize_to(counts: &[u64], bits: u32) -> Vec<u32> {
 pub fn normalize_into(counts: &[u64], bits: u32, freqs: &mut Vec<u32>) {
     let n: u64 = counts.iter().sum();
     let total = 1u64 << bits;
-    normalize_by(counts, n, bits, freqs, |_, c| {
-        // c·total fits in u64 unless c is huge; the quotient is the same either way.
-        match c.checked_mul(total) {
-            Some(p) => p / n,
-            None => (c as u128 * total as u128 / n as u128) as u64,
-        }
-    });
+    normalize_by(counts, n, bits, freqs, |_, c| quotient(c, total, n));
+}
+
+/// `floor(c · total / n)` (`n > 0`): c·total fits in u64 unless c is huge; the quotient is
+/// the same either way.
+#[inline(always)]
+fn quotient(c: u64, total: u64, n: u64) -> u64 {
+    match c.checked_mul(total) {
+        Some(p) => p / n,
+        None => (c as u128 * total as u128 / n as u128) as u64,
+    }
 }
 
 /// `floor(c · PROB_TOTAL / N)` of every count `c` (N their sum) into `out`: what
@@ -48,15 +52,11 @@ pub fn normalize_into(counts: &[u64], bits: u32, freqs: &mut Vec<u32>) {
 pub fn full_quotients(counts: &[u64], out: &mut Vec<u64>) {
     let n: u64 = counts.iter().sum();
     out.clear();
-    out.extend(
-        counts
-            .iter()
-            .map(|&c| match c.checked_mul(PROB_TOTAL as u64) {
-                _ if n == 0 => 0,
-                Some(p) => p / n,
-                None => (c as u128 * PROB_TOTAL as u128 / n as u128) as u64,
-            }),
-    );
+    if n > 0 {
+        out.extend(counts.iter().map(|&c| quotient(c, PROB_TOTAL as u64, n)));
+    } else {
+        out.resize(counts.len(), 0);
+    }
 }
 
 /// [`normalize_into`] from the counts' [`full_quotients`]: a precision's quotient
