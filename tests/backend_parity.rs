@@ -47,6 +47,19 @@ impl Rng {
 /// A reference tensor of plausible weights and a target that mostly moved by a few ULPs with
 /// a sign and a magnitude that follow the column, plus some wild and special values.
 fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    pair_bytes_with(dtype, n, cols, seed, false)
+}
+
+/// [`pair_bytes`], with `m2_by_column` the reference's top two mantissa bits set by the column
+/// too (random m2 splits the Joint layout's neighbor-form contexts four ways for nothing,
+/// so on such data that form never pays).
+fn pair_bytes_with(
+    dtype: DType,
+    n: usize,
+    cols: usize,
+    seed: u64,
+    m2_by_column: bool,
+) -> (Vec<u8>, Vec<u8>) {
     let size = dtype.size();
     let w = size as u32 * 8;
     let fl = dtype.float_layout().unwrap();
@@ -57,7 +70,11 @@ fn pair_bytes(dtype: DType, n: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u
     for j in 0..n {
         let k = rng.next();
         let exp = (bias - 1 - (k % 6)) << fl.mantissa_bits;
-        let mant = rng.next() & ((1u64 << fl.mantissa_bits) - 1);
+        let mut mant = rng.next() & ((1u64 << fl.mantissa_bits) - 1);
+        if m2_by_column {
+            let m2 = (j % cols.max(1) % 4) as u64;
+            mant = mant & ((1u64 << (fl.mantissa_bits - 2)) - 1) | m2 << (fl.mantissa_bits - 2);
+        }
         let rv = ((k >> 63) << (w - 1)) | exp | mant;
         let kind = rng.next() % 100;
         let col = j % cols.max(1);
@@ -613,6 +630,130 @@ pub fn quiet_chunks(backend: &dyn Backend) {
         );
     }
 }
+
+/// The Joint layout's neighbor form (`LayoutChoice::FastNeighbor`), on the devices that code
+/// it: the same verified blobs as the reference (histograms, row choice and lanes all show in
+/// the bytes), each decoded by the other, on random tensors of every float dtype (rows of 48
+/// and 36, odd lengths, two chunks) and the real trajectory; the neighbor form is chosen
+/// somewhere (checked).
+pub fn fast_neighbor(backend: &dyn Backend, max_len: usize) {
+    let opts = EncodeOptions {
+        layout: LayoutChoice::FastNeighbor,
+        ..EncodeOptions::default()
+    };
+    let check = |pair: &TensorPair, what: &str| -> bool {
+        let (ours, report) = encode_tensor(pair, &opts, backend)
+            .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()));
+        let (theirs, _) = encode_tensor(pair, &opts, &ReferenceBackend).unwrap();
+        assert!(
+            ours == theirs,
+            "{what}: {} coded other bytes",
+            backend.name()
+        );
+        let back = decode_tensor(&theirs, pair.reference, backend).unwrap();
+        assert!(
+            back == pair.target,
+            "{what}: {} decoded other bytes",
+            backend.name()
+        );
+        report.j_neighbor
+    };
+    let mut seen = false;
+    let lens = [
+        0,
+        1,
+        LANES + 1,
+        48 * 40,
+        36 * 1001,
+        CHUNK_ELEMS + 1,
+        48 * (CHUNK_ELEMS / 48 + 1),
+    ];
+    for (i, dtype) in FLOATS.into_iter().enumerate() {
+        for (k, &n) in lens.iter().enumerate().filter(|&(_, &n)| n <= max_len) {
+            let shape = shape_for(n);
+            let cols = if shape.last() == Some(&36) { 36 } else { 48 };
+            let (r, x) = pair_bytes_with(dtype, n, cols, (i * 100 + k) as u64 + 11, true);
+            let pair = TensorPair {
+                dtype,
+                shape: &shape,
+                reference: &r,
+                target: &x,
+            };
+            seen |= check(&pair, &format!("{dtype} n={n}"));
+        }
+    }
+    assert!(
+        seen,
+        "the matrix never chose the joint stage's neighbor form"
+    );
+    for name in [
+        "gpt2_step000400_bf16.safetensors",
+        "gpt2_step000800_fp32.safetensors",
+    ] {
+        let prev = name.replace("400", "200").replace("800", "600");
+        let (Some(r), Some(t)) = (open(&prev), open(name)) else {
+            return;
+        };
+        let mut chosen = 0;
+        for (name, pair) in real_pairs(&r, &t, max_len) {
+            if pair.dtype.is_float() {
+                chosen += check(&pair, &name) as usize;
+            }
+        }
+        assert!(chosen > 0, "{name}: no tensor chose the neighbor form");
+    }
+}
+
+/// A device without the Joint layout's neighbor form refuses it with an error that says so.
+pub fn fast_neighbor_refused(backend: &dyn Backend) {
+    let (r, x) = pair_bytes_with(DType::BF16, 48 * 4000, 48, 5, true);
+    let shape = [4000, 48];
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &shape,
+        reference: &r,
+        target: &x,
+    };
+    let opts = EncodeOptions {
+        layout: LayoutChoice::FastNeighbor,
+        ..EncodeOptions::default()
+    };
+    let err = encode_tensor(&pair, &opts, backend)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("neighbor form"), "{}: {err}", backend.name());
+    let (blob, report) = encode_tensor(&pair, &opts, &ReferenceBackend).unwrap();
+    assert!(report.j_neighbor);
+    let err = decode_tensor(&blob, &r, backend).unwrap_err().to_string();
+    assert!(err.contains("neighbor form"), "{}: {err}", backend.name());
+}
+
+macro_rules! fast_neighbor_tests {
+    ($($name:ident: $check:expr),* $(,)?) => {
+        mod fast_neighbor {
+            use super::*;
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(d) = devices::device(stringify!($name)) {
+                        #[allow(clippy::redundant_closure_call)]
+                        ($check)(d.delta().unwrap());
+                    }
+                }
+            )*
+        }
+    };
+}
+
+fast_neighbor_tests!(
+    portable: |b| fast_neighbor(b, usize::MAX),
+    neon: |b| fast_neighbor(b, usize::MAX),
+    avx2: |b| fast_neighbor(b, usize::MAX),
+    avx512: |b| fast_neighbor(b, usize::MAX),
+    wgpu: fast_neighbor_refused,
+    cuda: fast_neighbor_refused,
+    cuda_emulated: fast_neighbor_refused,
+);
 
 macro_rules! parity_tests {
     ($name:ident, $max_len:expr, $batch_elems:expr) => {

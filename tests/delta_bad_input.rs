@@ -241,3 +241,85 @@ fn cli_reports_errors_with_a_nonzero_exit() {
         .unwrap();
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent.safetensors"));
 }
+
+/// A bf16 pair whose update sizes and signs follow the column (rows of `cols`): the data the
+/// Joint layout's neighbor form pays on.
+fn columned_pair(rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut rng = Rng(seed);
+    let (mut r, mut t) = (Vec::new(), Vec::new());
+    for j in 0..rows * cols {
+        let col = j % cols;
+        // The reference's top two mantissa bits by column too (random ones split every
+        // context four ways for nothing).
+        let v = half::bf16::from_f64(rng.gauss() * 0.02).to_bits() & !0x60 | (col % 4 << 5) as u16;
+        let v = half::bf16::from_bits(v);
+        let scale = [1.0, 8.0, 64.0, 512.0][col % 4];
+        let step = (rng.gauss().abs() * scale) as i32 * if col % 3 == 0 { 1 } else { -1 };
+        let moved = half::bf16::from_bits((v.to_bits() as i32 + step).clamp(0, 0xffff) as u16);
+        r.extend_from_slice(&v.to_bits().to_le_bytes());
+        t.extend_from_slice(&moved.to_bits().to_le_bytes());
+    }
+    (r, t)
+}
+
+/// The Joint layout's neighbor form behind a recomputed checksum: corrupt tables, maps and
+/// streams are errors (or, by chance, the right bytes), never a panic; its flag outside the
+/// joint layout, and B's or S's inside it, are refused.
+#[test]
+fn fast_neighbor_corruption_never_panics_and_flags_are_checked() {
+    let (r, t) = columned_pair(1024, 64, 5);
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &[1024, 64],
+        reference: &r,
+        target: &t,
+    };
+    let cpu = lockstep::backend::cpu::CpuBackend;
+    let opts = EncodeOptions {
+        layout: lockstep::delta::LayoutChoice::FastNeighbor,
+        ..EncodeOptions::default()
+    };
+    let (blob, report) = encode_tensor(&pair, &opts, &cpu).unwrap();
+    assert!(
+        report.j_neighbor,
+        "the sample did not choose the neighbor form"
+    );
+    let body = blob.len() - 4;
+    let with_crc = |mut b: Vec<u8>| {
+        let crc = crc32fast::hash(&b[..body]);
+        b[body..].copy_from_slice(&crc.to_le_bytes());
+        b
+    };
+    // The modeled payload starts with the layout and flag bytes: find them as the encoder
+    // wrote them (joint = 2, flags = conditioning | bit 3).
+    let at = (0..body - 1)
+        .find(|&i| blob[i] == 2 && blob[i + 1] == 0b1001)
+        .expect("layout and flags");
+    for (layout, flags, want) in [
+        (2u8, 0b1011u8, "stages B or S in the joint layout"),
+        (2, 0b1101, "stages B or S in the joint layout"),
+        (1, 0b1001, "outside the joint layout"),
+        (2, 0b11001, "unknown flags"),
+    ] {
+        let mut b = blob.clone();
+        (b[at], b[at + 1]) = (layout, flags);
+        let err = decode_tensor(&with_crc(b), &r, &cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{layout} {flags:#b}: {err}");
+    }
+    let mut rng = Rng(78);
+    for _ in 0..3000 {
+        let mut b = blob.clone();
+        for _ in 0..1 + rng.below(3) {
+            let i = rng.below(body as u64) as usize;
+            b[i] = rng.next() as u8;
+        }
+        let b = with_crc(b);
+        match std::panic::catch_unwind(|| decode_tensor(&b, &r, &cpu)) {
+            Ok(Ok(out)) => assert_eq!(out, t, "corrupt blob decoded to other bytes"),
+            Ok(Err(_)) => {}
+            Err(_) => panic!("decoder panicked on a corrupt blob"),
+        }
+    }
+}

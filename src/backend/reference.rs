@@ -49,48 +49,54 @@ fn reference_info(refs: &[u64], fl: FloatLayout, condition: bool) -> Vec<RefInfo
 }
 
 /// Histograms of the given stage spaces; chunk-local like the coder (the neighbor context
-/// never reaches into the previous chunk).
+/// never reaches into the previous chunk). A chunk's `(context, symbol)` pairs are sorted and
+/// counted: a dense count would not fit the Joint layout's neighbor form (up to 208,896
+/// contexts × 247 symbols).
 pub fn histograms(
     syms: &[Sym],
     info: &[RefInfo],
     spaces: &[Space],
     distance: Option<usize>,
 ) -> Vec<Hist> {
-    let fresh = || -> Vec<Vec<u64>> {
-        spaces
-            .iter()
-            .map(|sp| vec![0; sp.n_primary() * sp.alphabet()])
-            .collect()
-    };
-    let dense = chunk_ranges(syms.len())
+    let empty = || spaces.iter().map(|&sp| Hist::new(sp)).collect::<Vec<_>>();
+    chunk_ranges(syms.len())
         .into_par_iter()
         .map(|range| {
-            let mut hists = fresh();
             let (syms, info) = (&syms[range.clone()], &info[range]);
-            for (j, s) in syms.iter().enumerate() {
-                let nb = symbols::neighbor(syms, j, distance);
-                for (sp, h) in spaces.iter().zip(hists.iter_mut()) {
-                    if sp.present(s) {
-                        let a = sp.alphabet();
-                        h[sp.context(s, info[j], nb) * a + sp.symbol(s)] += 1;
+            spaces
+                .iter()
+                .map(|&sp| {
+                    let mut pairs: Vec<(u32, usize)> = (0..syms.len())
+                        .filter(|&j| sp.present(&syms[j]))
+                        .map(|j| {
+                            let nb = symbols::neighbor(syms, j, distance);
+                            (
+                                sp.context(&syms[j], info[j], nb) as u32,
+                                sp.symbol(&syms[j]),
+                            )
+                        })
+                        .collect();
+                    pairs.sort_unstable();
+                    let a = sp.alphabet();
+                    let (mut ctxs, mut rows) = (Vec::new(), Vec::new());
+                    for (ctx, sym) in pairs {
+                        if ctxs.last() != Some(&ctx) {
+                            ctxs.push(ctx);
+                            rows.resize(rows.len() + a, 0u64);
+                        }
+                        let at = rows.len() - a + sym;
+                        rows[at] += 1;
                     }
-                }
-            }
-            hists
+                    Hist::from_sorted(sp, ctxs, rows)
+                })
+                .collect()
         })
-        .reduce(fresh, |mut a, b| {
+        .reduce(empty, |mut a, b| {
             for (x, y) in a.iter_mut().zip(&b) {
-                for (x, y) in x.iter_mut().zip(y) {
-                    *x += y;
-                }
+                x.add(y);
             }
             a
-        });
-    spaces
-        .iter()
-        .zip(dense)
-        .map(|(&sp, counts)| Hist::from_dense(sp, &counts))
-        .collect()
+        })
 }
 
 struct RefResident {
@@ -132,7 +138,7 @@ impl Resident for RefResident {
             .map(|&HistRequest { layout, distance }| {
                 check_layout(layout, self.fl.width)?;
                 let syms = self.syms(layout);
-                let distance = distance.filter(|_| layout == Layout::Signed);
+                let distance = distance.filter(|_| layout != Layout::Paper);
                 let spaces = layout_spaces(layout, self.fl.width, distance);
                 Ok(histograms(&syms, &self.info, &spaces, distance))
             })

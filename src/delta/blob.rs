@@ -145,9 +145,15 @@ fn tail_bits(b_hist: &Hist) -> u64 {
         .sum()
 }
 
-/// The histogram request of one layout for a tensor of `shape`.
-fn request(layout: Layout, shape: &[u64]) -> HistRequest {
-    let distance = (layout == Layout::Signed).then(|| neighbor_distance(shape));
+/// The histogram request of one layout for a tensor of `shape`: Signed always with its
+/// neighbor forms counted, Joint with its neighbor form where asked (`joint_neighbor`).
+fn request(layout: Layout, shape: &[u64], joint_neighbor: bool) -> HistRequest {
+    let neighbor = match layout {
+        Layout::Signed => true,
+        Layout::Joint => joint_neighbor,
+        Layout::Paper => false,
+    };
+    let distance = neighbor.then(|| neighbor_distance(shape));
     HistRequest { layout, distance }
 }
 
@@ -327,13 +333,19 @@ fn encode_modeled(
     let layouts: &[Layout] = match opts.layout {
         LayoutChoice::Paper => &[Layout::Paper],
         LayoutChoice::Signed => &[Layout::Signed],
-        LayoutChoice::Fast if fl.width <= JOINT_MAX_WIDTH => &[Layout::Joint],
+        LayoutChoice::Fast | LayoutChoice::FastNeighbor if fl.width <= JOINT_MAX_WIDTH => {
+            &[Layout::Joint]
+        }
         // The Joint layout stops at 32-bit floats; wider ones take the Signed layout.
-        LayoutChoice::Fast => &[Layout::Signed],
+        LayoutChoice::Fast | LayoutChoice::FastNeighbor => &[Layout::Signed],
         // Whichever is estimated smaller; Signed wins ties.
         LayoutChoice::Auto => &[Layout::Signed, Layout::Paper],
     };
-    let requests: Vec<HistRequest> = layouts.iter().map(|&l| request(l, pair.shape)).collect();
+    let joint_neighbor = opts.layout == LayoutChoice::FastNeighbor;
+    let requests: Vec<HistRequest> = layouts
+        .iter()
+        .map(|&l| request(l, pair.shape, joint_neighbor))
+        .collect();
     let hists = resident.histograms_for(&requests)?;
     if hists.len() != requests.len() {
         return Err(Error::Invalid(format!(
@@ -368,12 +380,13 @@ fn encode_modeled(
     let uses = |stage: Stage| {
         tables
             .stages
-            .get(stage as usize)
-            .is_some_and(|t| t.space.neighbor)
+            .iter()
+            .any(|t| t.space.stage == stage && t.space.neighbor)
     };
     let flags = opts.condition_on_exponent as u8
         | (uses(Stage::S) as u8) << 1
-        | (uses(Stage::B) as u8) << 2;
+        | (uses(Stage::B) as u8) << 2
+        | (uses(Stage::J) as u8) << 3;
     out.u8(flags);
     if let Some(d) = chosen.distance {
         out.varint(d as u64);
@@ -418,6 +431,7 @@ fn encode_modeled(
     report.layout = Some(chosen.layout);
     report.neighbor = uses(Stage::S);
     report.b_neighbor = uses(Stage::B);
+    report.j_neighbor = uses(Stage::J);
     report.stream_bytes = stream;
     report.tail_bits = chunks.iter().map(|c| c.tail_bits).sum();
     for (i, d) in data_costs.iter().enumerate() {
@@ -547,12 +561,18 @@ fn decode_modeled(
         v => return Err(r.err(format!("unknown layout {v}"))),
     };
     let flags = r.u8()?;
-    if flags & !7 != 0 {
+    if flags & !15 != 0 {
         return Err(r.err(format!("unknown flags {flags:#x}")));
     }
     let condition = flags & 1 != 0;
-    let (s_neighbor, b_neighbor) = (flags & 2 != 0, flags & 4 != 0);
-    let distance = if s_neighbor || b_neighbor {
+    let (s_neighbor, b_neighbor, j_neighbor) = (flags & 2 != 0, flags & 4 != 0, flags & 8 != 0);
+    if layout == Layout::Joint && (s_neighbor || b_neighbor) {
+        return Err(r.err("neighbor contexts of stages B or S in the joint layout"));
+    }
+    if layout != Layout::Joint && j_neighbor {
+        return Err(r.err("the joint stage's neighbor context outside the joint layout"));
+    }
+    let distance = if s_neighbor || b_neighbor || j_neighbor {
         let d = r.varint_max(u32::MAX as u64, "neighbor distance")? as usize;
         if d < LANES {
             return Err(r.err(format!("neighbor distance {d} below the lane count")));
@@ -567,15 +587,13 @@ fn decode_modeled(
             "stream geometry chunk={chunk_elems} lanes={lanes} prob_bits={prob_bits}"
         )));
     }
-    if layout == Layout::Joint && flags & 6 != 0 {
-        return Err(r.err("neighbor contexts in the joint layout"));
-    }
     let stages = layout_stages(layout)
         .iter()
         .map(|&s| {
             let nb = match s {
                 Stage::B => b_neighbor,
                 Stage::S => s_neighbor,
+                Stage::J => j_neighbor,
                 _ => false,
             };
             StageTable::read(r, Space::new(s, fl.width, nb))

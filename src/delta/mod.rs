@@ -43,6 +43,10 @@ pub enum LayoutChoice {
     /// The Joint layout: one symbol per weight, decoding about 2.5x faster for a few percent
     /// more bytes (`--fast`). Floats wider than 32 bits use Signed.
     Fast,
+    /// The Joint layout with its neighbor context (the element one row up and the
+    /// reference's top mantissa bits) where it pays. Not yet on every device: the reference
+    /// and CPU devices code it; wgpu and CUDA refuse it with an error.
+    FastNeighbor,
 }
 
 /// Encoder settings. None of them is needed to decode: the blob records what was chosen.
@@ -85,6 +89,8 @@ pub struct Report {
     pub neighbor: bool,
     /// Whether the bit-length stage uses the neighbor/mantissa context.
     pub b_neighbor: bool,
+    /// Whether the Joint layout's stage uses its neighbor/mantissa context.
+    pub j_neighbor: bool,
     /// Ideal code length per stage (B, Q1, Q2, S) under the transmitted tables, in bits.
     pub stage_bits: [f64; 4],
     /// Raw tail bits.

@@ -11,12 +11,14 @@
 //! | Q2 | q2         | (er·W1 + b)·2 + q1                 | b·2 + q1 |
 //! | S  | neg        | ((er·W1 + b)·3 + up)·2 + rs        | up·2 + rs |
 //! | J (Joint layout) | (b, q1, q2, neg) joint | er·2 + rs          | rs |
+//! | J, neighbor form | J | ((m2·(W1+1) + nb)·3 + up)·512 + er·2 + rs | er·2 + rs |
 //!
 //! with W1 = w + 1, er the reference exponent class (0 when conditioning is off), rs the
 //! reference sign, m2 the reference's top two mantissa bits, and, of the already-decoded
 //! element one row up, nb its bit length (W1 if none) and up its update's sign state (0 none,
-//! 1 up, 2 down). Whether B and S use their neighbor forms is chosen per tensor (`neighbor`);
-//! without it S sees up = 0.
+//! 1 up, 2 down). Whether B and S (Signed) or J (Joint) use their neighbor forms is chosen
+//! per tensor (`neighbor`); without it S sees up = 0. J's neighbor form backs off to the
+//! plain J context, so the plain Joint layout's rows are its backoff rows.
 //!
 //! Paper mode transmits a row for every occupied primary context. The default *prunes*: a
 //! primary context gets its own row only when that saves more bits than the row costs; the rest
@@ -54,7 +56,8 @@ pub struct Space {
     /// b alphabet size, w + 1.
     pub w1: usize,
     /// Whether the stage's context includes the neighbor one row up (B: its bit length and
-    /// the reference mantissa; S: its update sign). Always false for Q1 and Q2.
+    /// the reference mantissa; S: its update sign; J: all three). Always false for Q1 and
+    /// Q2.
     pub neighbor: bool,
 }
 
@@ -63,7 +66,7 @@ impl Space {
         Space {
             stage,
             w1: width as usize + 1,
-            neighbor: neighbor && matches!(stage, Stage::B | Stage::S),
+            neighbor: neighbor && matches!(stage, Stage::B | Stage::S | Stage::J),
         }
     }
     /// Neighbor bit-length classes: 0 ..= w, and w + 1 for "no neighbor".
@@ -86,6 +89,7 @@ impl Space {
             Stage::Q1 => e * self.w1,
             Stage::Q2 => e * self.w1 * 2,
             Stage::S => e * self.w1 * 6,
+            Stage::J if self.neighbor => 4 * self.nb_classes() * 3 * e * 2,
             Stage::J => e * 2,
         }
     }
@@ -96,6 +100,7 @@ impl Space {
             Stage::Q1 => self.w1,
             Stage::Q2 => self.w1 * 2,
             Stage::S => 6,
+            Stage::J if self.neighbor => EXP_CLASSES * 2,
             Stage::J => 2,
         }
     }
@@ -135,6 +140,11 @@ impl Space {
             Stage::S => {
                 let up = if self.neighbor { nb.sign as usize } else { 0 };
                 ((er * self.w1 + s.b as usize) * 3 + up) * 2 + r.rs as usize
+            }
+            Stage::J if self.neighbor => {
+                let nb_class = (nb.b as usize).min(self.w1);
+                let near = (r.m2 as usize * self.nb_classes() + nb_class) * 3 + nb.sign as usize;
+                (near * EXP_CLASSES + er) * 2 + r.rs as usize
             }
             Stage::J => er * 2 + r.rs as usize,
         }
@@ -268,6 +278,8 @@ impl Hist {
                 Stage::B if sp.neighbor => ctx % EXP_CLASSES as u32,
                 // (.., up, rs) -> (.., 0, rs)
                 Stage::S if sp.neighbor => ctx / 6 * 6 + ctx % 2,
+                // (m2, nb, up, er, rs) -> (er, rs)
+                Stage::J if sp.neighbor => ctx % (2 * EXP_CLASSES as u32),
                 _ => ctx,
             })
             .collect();

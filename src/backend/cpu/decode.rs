@@ -170,6 +170,9 @@ pub fn chunk<T: Word>(
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
     crc: Option<&mut crc32fast::Hasher>,
 ) -> Result<()> {
+    if let (Some(table), Some(d)) = (joint.filter(|t| t.neighbor), distance) {
+        return joint_near_chunk::<T>(c, reference, out, isa, info_fn, table, d, w1, scratch, crc);
+    }
     #[cfg(target_arch = "x86_64")]
     if let (Some(table), Isa::Avx2, 16 | 32) = (joint, isa, T::BITS) {
         return joint_blocked::<T>(c, reference, out, isa, info_fn, signed, table, scratch, crc);
@@ -209,6 +212,42 @@ pub fn chunk<T: Word>(
         check_end(&st, &states)?;
     }
     finish::<T>(c, codes, j_codes, reference, out, isa, signed, crc)
+}
+
+/// A chunk of the Joint layout's neighbor form (`joint_near`): its portable lanes into
+/// per-element codes, then the tail pass every layout shares.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn joint_near_chunk<T: Word>(
+    c: &DecodeChunk,
+    reference: &[u8],
+    out: &mut [MaybeUninit<u8>],
+    isa: Isa,
+    info_fn: InfoFn,
+    table: &JointDec,
+    distance: usize,
+    w1: usize,
+    scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
+    crc: Option<&mut crc32fast::Hasher>,
+) -> Result<()> {
+    let n = reference.len() / T::SIZE;
+    let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
+    codes.truncate(n);
+    codes.resize(n, 0);
+    info_fn.fill::<T>(reference, info);
+    let mut states = c.states;
+    padded.clear();
+    padded.extend_from_slice(&c.words);
+    padded.resize(c.words.len() + LANES, 0);
+    let mut st = Stream {
+        words: padded,
+        len: c.words.len(),
+        pos: 0,
+    };
+    super::joint_near::decode_lanes(table, info, codes, &mut states, &mut st, distance, w1)?;
+    check_end(&st, &states)?;
+    // Plain codes in the shared tail pass, whatever the level's Joint lanes store.
+    finish::<T>(c, codes, false, reference, out, isa, true, crc)
 }
 
 /// Every lane back in its initial state and every word read: what the encoder started from.

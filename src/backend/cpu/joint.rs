@@ -510,6 +510,8 @@ pub fn encode_chunk<T: Word>(
 pub struct JointDec<'a> {
     /// Context -> row, [`JointDec::NONE`] where no row covers it.
     pub map: &'a [u32],
+    /// The table is of the neighbor form (`joint_near`): none of the vector paths apply.
+    pub neighbor: bool,
     /// `J | (freq - 1) << 8 | (slot - start) << 20` per row and slot.
     pub slots: Vec<u32>,
     /// Whether every context the vector decoders compute (`er·2 + rs < 512`) indexes `map`,
@@ -576,6 +578,7 @@ impl<'a> JointDec<'a> {
         };
         JointDec {
             map: &t.map,
+            neighbor: t.space.neighbor,
             slots,
             vector_ok,
             window,

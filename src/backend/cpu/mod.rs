@@ -9,6 +9,7 @@ mod decode;
 mod encode;
 mod hist;
 mod joint;
+mod joint_near;
 pub mod lm;
 mod neon;
 mod tables;
@@ -360,6 +361,11 @@ impl<'a, T: Word> CpuResident<'a, T> {
         and_paper: bool,
     ) -> Result<(Vec<Hist>, Option<Vec<Hist>>)> {
         check_layout(layout, self.fl.width)?;
+        if let (Layout::Joint, Some(d)) = (layout, distance) {
+            let (d_res, info) = self.res();
+            let h = joint_near::histogram(self.isa, d_res, info, self.er_range(), self.fl.width, d);
+            return Ok((vec![h], None));
+        }
         if layout == Layout::Joint {
             return Ok((vec![self.joint_histogram()], None));
         }
@@ -453,6 +459,25 @@ impl<T: Word> Resident for CpuResident<'_, T> {
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
         let (all_d, all_info) = self.res();
+        if layout == Layout::Joint && stages[0].neighbor {
+            let d = distance.ok_or_else(|| {
+                Error::Invalid("the joint stage's neighbor form without a distance".into())
+            })?;
+            let w1 = self.w1();
+            return Ok(chunk_ranges(all_d.len())
+                .into_par_iter()
+                .map(|r| {
+                    encode::with_scratch(|scratch| {
+                        let (dr, info) = (&all_d[r.clone()], &all_info[r]);
+                        fast(
+                            self.isa,
+                            #[inline(always)]
+                            || joint_near::encode_chunk(dr, info, &stages[0], d, w1, scratch),
+                        )
+                    })
+                })
+                .collect());
+        }
         if layout == Layout::Joint {
             // The flat table serves every vector encoder (small tensors: the portable lanes).
             #[cfg(target_arch = "x86_64")]
@@ -577,11 +602,18 @@ fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> 
             format!("{} chunks for {n} elements", job.chunks.len()),
         ));
     }
+    let joint_near = job.layout == Layout::Joint && job.tables.stages[0].space.neighbor;
+    if joint_near && job.distance.is_none() {
+        return Err(Error::format(
+            "tensor blob",
+            "the joint stage's neighbor form without a distance",
+        ));
+    }
     let joint = (job.layout == Layout::Joint).then(|| {
         let t = joint::JointDec::new(&job.tables.stages[0]);
         // The AVX2 lanes' context-ordered slots (see `JointDec::window_slots`): 1 MiB
         // written per tensor, so for tensors of a million elements or more.
-        if isa == Isa::Avx2 && n >= 1 << 20 {
+        if isa == Isa::Avx2 && n >= 1 << 20 && !joint_near {
             t.with_window_slots(&job.tables.stages[0], T::BITS == 16)
         } else {
             t

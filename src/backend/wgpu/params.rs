@@ -79,6 +79,13 @@ impl Params {
         // The decoder's slot tables hold one byte per symbol; the format stops the Joint
         // layout at 32-bit floats for the same reason.
         check_layout(layout, self.fl_width)?;
+        if layout == Layout::Joint && distance.is_some() {
+            return Err(Error::Unsupported(
+                "the joint layout's neighbor form on the GPUs (not built yet: the cpu and \
+                 reference backends code it)"
+                    .into(),
+            ));
+        }
         self.layout_id = layout as u32;
         self.n_stages = layout_stages(layout).len() as u32;
         // Only the Signed layout has neighbor contexts.
@@ -230,7 +237,7 @@ pub struct HistLayout {
 /// The histogram layout of one request (B and S in their neighbor forms with a `distance`,
 /// Signed only) over the tensor of `base`.
 pub fn hist_layout(base: Params, layout: Layout, distance: Option<usize>) -> Result<HistLayout> {
-    let distance = distance.filter(|_| layout == Layout::Signed);
+    let distance = distance.filter(|_| layout != Layout::Paper);
     let spaces = crate::format::layout_spaces(layout, base.fl_width, distance);
     let mut p = base.layout(layout, distance)?.forms(spaces.iter().copied());
     let mut total = 0usize;

@@ -184,6 +184,7 @@ pub fn run(o: &Opts) -> Result<(), String> {
                 .sum()
         };
         let (fast, default) = (blobs(LayoutChoice::Fast)?, blobs(LayoutChoice::Auto)?);
+        let fast_neighbor = blobs(LayoutChoice::FastNeighbor)?;
         let mut est = vec![0u64; MODELS.len()];
         // Rows: in all, and the most any one tensor has (decoders build a slot table per row).
         let mut rows = vec![(0usize, 0usize); MODELS.len()];
@@ -209,6 +210,7 @@ pub fn run(o: &Opts) -> Result<(), String> {
         };
         line("blobs, default layout (real)", default as u64, None);
         line("blobs, --fast (real)", fast as u64, None);
+        line("blobs, fast-neighbor (real)", fast_neighbor as u64, None);
         for ((m, e), r) in MODELS.iter().zip(est).zip(rows) {
             line(&format!("estimate, {}", m.name), e, Some(r));
         }

@@ -102,7 +102,12 @@ impl Opts {
                     o.layout = Some(match value()?.as_str() {
                         "fast" => LayoutChoice::Fast,
                         "default" => LayoutChoice::Auto,
-                        v => return Err(format!("unknown layout {v} (fast, default)")),
+                        "fast-neighbor" => LayoutChoice::FastNeighbor,
+                        v => {
+                            return Err(format!(
+                                "unknown layout {v} (fast, default, fast-neighbor)"
+                            ))
+                        }
                     })
                 }
                 "--threads" => o.threads = number(&value()?)?,

@@ -1,0 +1,172 @@
+//! The Joint layout's neighbor form on the CPU: the one symbol per weight of `--fast`
+//! (`joint.rs`), under a context that adds what the default layout's B and S stages see of
+//! the element one row up (its bit length and update sign) and the reference's top two
+//! mantissa bits: `near·512 + er·2 + rs` with `near = (m2·(W1+1) + nb)·3 + up`
+//! (docs/FORMAT.md, flag bit 3). The neighbor is `d >= LANES` elements back, so it is
+//! always decoded in an earlier step and the lanes stay independent within one.
+//!
+//! Portable code, run at every level (compiled with AVX2 enabled where the CPU has it);
+//! same per-element codes and raw tails as the other layouts.
+
+use rayon::prelude::*;
+
+use super::decode::{no_row, Stream};
+use super::encode::{codes, Scratch};
+use super::joint::{code_of_joint, context, joint_of_code, JointDec};
+use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
+use super::word::{sign_state, Word};
+use super::Isa;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::entropy::rans::RANS_L;
+use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
+use crate::format::symbols::EXP_CLASSES;
+use crate::format::tables::{Hist, Space, Stage};
+use crate::Result;
+
+/// The neighbor part of element `j`'s context: `(m2·(W1+1) + nb)·3 + up`, of its facts and
+/// the code of the element `d` before it (nb = W1 and up = 0 where there is none).
+#[inline(always)]
+fn near(info: u16, codes: &[u32], j: usize, d: usize, w1: usize) -> usize {
+    let m2 = ((info >> 9) & 3) as usize;
+    let (nb, up) = if j >= d {
+        let c = codes[j - d];
+        ((c & 127) as usize, sign_state(c) as usize)
+    } else {
+        (w1, 0)
+    };
+    (m2 * (w1 + 1) + nb) * 3 + up
+}
+
+/// Element `j`'s primary context id in the neighbor form.
+#[inline(always)]
+pub fn near_context(info: &[u16], codes: &[u32], j: usize, d: usize, w1: usize) -> usize {
+    near(info[j], codes, j, d, w1) * (2 * EXP_CLASSES) + context(info[j])
+}
+
+/// Histogram of the J stage in its neighbor form. The context space (up to 208,896
+/// contexts of 247 symbols) is far too large to count densely; a chunk's elements fall in a
+/// few thousand contexts at most: each chunk gives an occupied context a row when it first
+/// sees it, through a map over the tensor's exponent classes (`lo..=hi`) only.
+#[inline(always)]
+pub fn histogram<T: Word>(
+    isa: Isa,
+    d: &[T],
+    info: &[u16],
+    (lo, hi): (usize, usize),
+    width: u32,
+    distance: usize,
+) -> Hist {
+    debug_assert!(T::BITS <= 32);
+    let space = Space::new(Stage::J, width, true);
+    let (w1, a) = (width as usize + 1, space.alphabet());
+    let n_near = 4 * (w1 + 1) * 3;
+    let per_near = (hi - lo + 1) * 2;
+    let parts: Vec<(Vec<u32>, Vec<u64>)> = chunk_ranges(d.len())
+        .into_par_iter()
+        .map(|r| {
+            let (d, info) = (&d[r.clone()], &info[r]);
+            let mut slot = vec![u32::MAX; n_near * per_near];
+            let (mut ctxs, mut rows) = (Vec::new(), Vec::<u32>::new());
+            let mut c = Vec::new();
+            super::hist::simd(
+                isa,
+                #[inline(always)]
+                || {
+                    codes(d, true, &mut c, None);
+                    let lut = joint_of_code();
+                    for j in 0..d.len() {
+                        let i = info[j];
+                        let nr = near(i, &c, j, distance, w1);
+                        let k = nr * per_near + context(i) - 2 * lo;
+                        if slot[k] == u32::MAX {
+                            slot[k] = ctxs.len() as u32;
+                            ctxs.push((nr * 2 * EXP_CLASSES + context(i)) as u32);
+                            rows.resize(rows.len() + a, 0);
+                        }
+                        rows[slot[k] as usize * a + lut[c[j] as usize] as usize] += 1;
+                    }
+                },
+            );
+            (ctxs, rows.into_iter().map(u64::from).collect())
+        })
+        .collect();
+    let ctxs: Vec<u32> = parts.iter().flat_map(|p| p.0.iter().copied()).collect();
+    let rows: Vec<u64> = parts.iter().flat_map(|p| p.1.iter().copied()).collect();
+    Hist::from_rows(space, &ctxs, &rows)
+}
+
+/// Code one chunk: per-element codes and raw tails as in the other layouts, then one joint
+/// symbol per element through the lanes under its neighbor-form context (the mirror of
+/// `format::chunk`'s decoding order, as `joint::encode_chunk`).
+#[inline(always)]
+pub fn encode_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    s.tail.clear();
+    codes(d, true, &mut s.codes, Some(&mut s.tail));
+    let lut = joint_of_code();
+    let n = d.len();
+    let mut states = [RANS_L as u64; LANES];
+    if s.words.len() < n + 1 {
+        s.words.resize(n + 1, 0);
+    }
+    let mut pos = 0usize;
+    let mut e: [&EncSym; LANES] = [&IDENTITY; LANES];
+    for step in (0..n.div_ceil(LANES)).rev() {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        for lane in 0..lanes {
+            let j = base + lane;
+            let ctx = near_context(info, &s.codes, j, distance, w1);
+            e[lane] = table.get(true, ctx, lut[s.codes[j] as usize] as usize);
+        }
+        put_lanes(&mut states[..lanes], &e[..lanes], &mut s.words, &mut pos);
+    }
+    EncodedChunk {
+        words: s.words[..pos].iter().rev().copied().collect(),
+        states: states.map(|x| x as u32),
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
+}
+
+/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements, `info`
+/// their facts): each element's context from the codes of the step `distance` back.
+#[inline(always)]
+pub fn decode_lanes(
+    table: &JointDec,
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    distance: usize,
+    w1: usize,
+) -> Result<()> {
+    let lut = code_of_joint();
+    let n = codes.len();
+    for step in 0..n.div_ceil(LANES) {
+        let base = step * LANES;
+        let lanes = LANES.min(n - base);
+        let xs = &mut states[..lanes];
+        for lane in 0..lanes {
+            let j = base + lane;
+            let ctx = near_context(info, codes, j, distance, w1);
+            let ri = table.map.get(ctx).copied().unwrap_or(JointDec::NONE);
+            if ri == JointDec::NONE {
+                return Err(no_row());
+            }
+            let x = &mut xs[lane];
+            let slot = *x & (PROB_TOTAL - 1);
+            let e = table.slots[ri as usize * PROB_TOTAL as usize + slot as usize];
+            *x = (((e >> 8) & 0xFFF) + 1) * (*x >> PROB_BITS) + (e >> 20);
+            codes[j] = lut[(e & 255) as usize];
+        }
+        st.refill(xs)?;
+    }
+    Ok(())
+}
