@@ -251,10 +251,11 @@ fn columned_pair(rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
         let col = j % cols;
         // The reference's top two mantissa bits by column too (random ones split every
         // context four ways for nothing).
-        let v = half::bf16::from_f64(rng.gauss() * 0.02).to_bits() & !0x60 | (col % 4 << 5) as u16;
+        let v =
+            half::bf16::from_f64(rng.gauss() * 0.02).to_bits() & !0x60 | ((col % 4) << 5) as u16;
         let v = half::bf16::from_bits(v);
         let scale = [1.0, 8.0, 64.0, 512.0][col % 4];
-        let step = (rng.gauss().abs() * scale) as i32 * if col % 3 == 0 { 1 } else { -1 };
+        let step = (rng.gauss().abs() * scale) as i32 * if col.is_multiple_of(3) { 1 } else { -1 };
         let moved = half::bf16::from_bits((v.to_bits() as i32 + step).clamp(0, 0xffff) as u16);
         r.extend_from_slice(&v.to_bits().to_le_bytes());
         t.extend_from_slice(&moved.to_bits().to_le_bytes());
