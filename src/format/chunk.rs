@@ -83,7 +83,7 @@ pub fn encode_chunk(
                     continue;
                 }
                 let ctx = space.context(s, info[j], neighbor(syms, j, distance));
-                let row = table.row(table.map[ctx]);
+                let row = table.row(table.row_of(ctx));
                 let sym = space.symbol(s);
                 enc_put(&mut states[lane], &mut words, row.start[sym], row.freq[sym]);
             }
@@ -129,7 +129,7 @@ pub fn decode_chunk(
                     continue;
                 }
                 let ctx = space.context(&syms[j], info[j], neighbor(&syms, j, distance));
-                let ri = table.map[ctx];
+                let ri = table.row_of(ctx);
                 if ri == u32::MAX {
                     return Err(bad("a symbol's context has no frequency row"));
                 }

@@ -331,19 +331,78 @@ pub struct StageTable {
     pub explicit: Vec<(u32, Row)>,
     /// `(backoff id, row)` in ascending id order.
     pub backoff: Vec<(u32, Row)>,
-    /// Primary context id → index into `rows()`; `u32::MAX` when no row covers it.
+    /// Context → index into `rows()`; `u32::MAX` when no row covers it. Indexed by the
+    /// primary context id, except in J's neighbor form: there by [`Window::index`] (a
+    /// dense map over its 110,592 to 208,896 contexts per tensor cost more to build than
+    /// the lanes it served).
     pub map: Vec<u32>,
+    /// The exponent classes J's neighbor-form map covers (empty for every other stage).
+    pub window: Window,
+}
+
+/// The exponent classes `lo..lo + n` of a J neighbor-form map: every row's context lies in
+/// them, so a context outside has no row. Map index `near·2n + (er - lo)·2 + rs` for the
+/// context `near·512 + er·2 + rs`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub lo: u32,
+    pub n: u32,
+}
+
+impl Window {
+    /// Neighbor parts of a J neighbor-form context (`ctx / 512`).
+    pub fn nears(space: Space) -> usize {
+        space.n_primary() / (2 * EXP_CLASSES)
+    }
+    /// The exponent classes of these rows' contexts.
+    fn of(explicit: &[(u32, Row)], backoff: &[(u32, Row)]) -> Window {
+        let ers = explicit
+            .iter()
+            .chain(backoff)
+            .map(|(id, _)| id % (2 * EXP_CLASSES as u32) / 2);
+        match ers.clone().min().zip(ers.max()) {
+            Some((lo, hi)) => Window { lo, n: hi - lo + 1 },
+            None => Window::default(),
+        }
+    }
+    /// The map index of primary context `ctx`, if its exponent class is in the window.
+    #[inline]
+    pub fn index(&self, ctx: usize) -> Option<usize> {
+        let (near, e2) = (ctx / (2 * EXP_CLASSES), ctx % (2 * EXP_CLASSES));
+        let k = (e2 / 2).checked_sub(self.lo as usize)?;
+        (k < self.n as usize).then(|| near * 2 * self.n as usize + 2 * k + e2 % 2)
+    }
 }
 
 impl StageTable {
     fn build(space: Space, explicit: Vec<(u32, Row)>, backoff: Vec<(u32, Row)>) -> StageTable {
-        let map = rows_per_context(space, &explicit, &backoff, |ri| ri);
+        let (map, window) = if space.stage == Stage::J && space.neighbor {
+            let window = Window::of(&explicit, &backoff);
+            (windowed_map(space, window, &explicit, &backoff), window)
+        } else {
+            let map = rows_per_context(space, &explicit, &backoff, |ri| ri);
+            (map, Window::default())
+        };
         StageTable {
             space,
             explicit,
             backoff,
             map,
+            window,
         }
+    }
+
+    /// The row of primary context `ctx` (an index into `rows()`), `u32::MAX` where none.
+    #[inline]
+    pub fn row_of(&self, ctx: usize) -> u32 {
+        let at = if self.window.n > 0 {
+            self.window.index(ctx)
+        } else {
+            Some(ctx)
+        };
+        at.and_then(|i| self.map.get(i))
+            .copied()
+            .unwrap_or(u32::MAX)
     }
 
     /// `f(map[ctx])` for every primary context, made as the map is ([`rows_per_context`]):
@@ -557,6 +616,33 @@ fn rows_per_context<T: Copy>(
         out[*id as usize] = f(i as u32);
     }
     out
+}
+
+/// J's neighbor-form map over `window` ([`Window::index`]): each neighbor part's span of
+/// backoff rows (the plain J contexts er·2 + rs), the explicit rows written over them.
+fn windowed_map(
+    space: Space,
+    window: Window,
+    explicit: &[(u32, Row)],
+    backoff: &[(u32, Row)],
+) -> Vec<u32> {
+    let span = 2 * window.n as usize;
+    let mut period = vec![u32::MAX; span];
+    for (i, (id, _)) in backoff.iter().enumerate() {
+        if let Some(k) = window.index(*id as usize) {
+            period[k] = (explicit.len() + i) as u32;
+        }
+    }
+    let mut map = Vec::with_capacity(span * Window::nears(space));
+    for _ in 0..Window::nears(space) {
+        map.extend_from_slice(&period);
+    }
+    for (i, (id, _)) in explicit.iter().enumerate() {
+        if let Some(k) = window.index(*id as usize) {
+            map[k] = i as u32;
+        }
+    }
+    map
 }
 
 /// Bytes of a table's two row lists in the table format.

@@ -170,7 +170,7 @@ pub fn chunk<T: Word>(
     scratch: &mut (Vec<u16>, Vec<u32>, Vec<u16>),
     crc: Option<&mut crc32fast::Hasher>,
 ) -> Result<()> {
-    if let (Some(table), Some(d)) = (joint.filter(|t| t.neighbor), distance) {
+    if let (Some(table), Some(d)) = (joint.filter(|t| t.near.is_some()), distance) {
         return joint_near_chunk::<T>(c, reference, out, isa, info_fn, table, d, w1, scratch, crc);
     }
     #[cfg(target_arch = "x86_64")]
@@ -244,7 +244,54 @@ fn joint_near_chunk<T: Word>(
         len: c.words.len(),
         pos: 0,
     };
-    super::joint_near::decode_lanes(table, info, codes, &mut states, &mut st, distance, w1)?;
+    let window = table.near.unwrap_or_default();
+    let steps = n.div_ceil(LANES);
+    // The steps before the first whole step with neighbors, portable; then the vector
+    // lanes where the level has them; the portable lanes finish what they leave.
+    let first = distance.div_ceil(LANES).min(steps);
+    let near = super::joint_near::decode_steps;
+    near(
+        table,
+        window,
+        info,
+        codes,
+        &mut states,
+        &mut st,
+        distance,
+        w1,
+        0..first,
+    )?;
+    #[cfg(target_arch = "x86_64")]
+    let first = if isa >= Isa::Avx2 {
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU, and
+        // AVX-512 implies AVX2; `padded` holds `LANES` words past the stream.
+        unsafe {
+            super::avx2::joint_near::decode_steps(
+                table,
+                window,
+                info,
+                codes,
+                &mut states,
+                &mut st,
+                distance,
+                w1,
+                first,
+            )?
+        }
+    } else {
+        first
+    };
+    near(
+        table,
+        window,
+        info,
+        codes,
+        &mut states,
+        &mut st,
+        distance,
+        w1,
+        first..steps,
+    )?;
     check_end(&st, &states)?;
     // Plain codes in the shared tail pass, whatever the level's Joint lanes store.
     finish::<T>(c, codes, false, reference, out, isa, true, crc)

@@ -18,7 +18,7 @@ use crate::entropy::rans::RANS_L;
 use crate::format::chunk::CHUNK_ELEMS;
 use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::format::symbols::{joint_parts, joint_symbol, Sym};
-use crate::format::tables::{Hist, Space, Stage, StageTable};
+use crate::format::tables::{Hist, Space, Stage, StageTable, Window};
 use crate::Result;
 
 /// Joint symbol of every per-element code (`b | q1 << 7 | q2 << 8 | neg << 9`, b <= 32).
@@ -510,8 +510,10 @@ pub fn encode_chunk<T: Word>(
 pub struct JointDec<'a> {
     /// Context -> row, [`JointDec::NONE`] where no row covers it.
     pub map: &'a [u32],
-    /// The table is of the neighbor form (`joint_near`): none of the vector paths apply.
-    pub neighbor: bool,
+    /// The window of the neighbor form's map (`joint_near`), where the table is of that
+    /// form: `map` is indexed by `Window::index`, and none of the `--fast` vector paths
+    /// apply.
+    pub near: Option<Window>,
     /// `J | (freq - 1) << 8 | (slot - start) << 20` per row and slot.
     pub slots: Vec<u32>,
     /// Whether every context the vector decoders compute (`er·2 + rs < 512`) indexes `map`,
@@ -567,7 +569,8 @@ impl<'a> JointDec<'a> {
             });
         // SAFETY: every row's task wrote all `total` of its slots above.
         unsafe { slots.set_len(n_rows * total) };
-        let vector_ok = t.map.len() >= 2 * 256
+        let vector_ok = !t.space.neighbor
+            && t.map.len() >= 2 * 256
             && n_rows < (1 << 18)
             && t.map
                 .iter()
@@ -578,7 +581,7 @@ impl<'a> JointDec<'a> {
         };
         JointDec {
             map: &t.map,
-            neighbor: t.space.neighbor,
+            near: t.space.neighbor.then_some(t.window),
             slots,
             vector_ok,
             window,

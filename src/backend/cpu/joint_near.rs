@@ -14,13 +14,13 @@ use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
 use super::joint::{code_of_joint, context, joint_of_code, JointDec};
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
-use super::word::{sign_state, Word};
+use super::word::{rs, sign_state, Word};
 use super::Isa;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::format::symbols::EXP_CLASSES;
-use crate::format::tables::{Hist, Space, Stage};
+use crate::format::tables::{Hist, Space, Stage, Window};
 use crate::Result;
 
 /// The neighbor part of element `j`'s context: `(m2·(W1+1) + nb)·3 + up`, of its facts and
@@ -37,10 +37,21 @@ fn near(info: u16, codes: &[u32], j: usize, d: usize, w1: usize) -> usize {
     (m2 * (w1 + 1) + nb) * 3 + up
 }
 
-/// Element `j`'s primary context id in the neighbor form.
+/// Element `j`'s index in a neighbor-form map over `window` ([`Window::index`] of its
+/// context), or `None` where its exponent class is outside.
 #[inline(always)]
-pub fn near_context(info: &[u16], codes: &[u32], j: usize, d: usize, w1: usize) -> usize {
-    near(info[j], codes, j, d, w1) * (2 * EXP_CLASSES) + context(info[j])
+fn map_index(
+    info: &[u16],
+    codes: &[u32],
+    j: usize,
+    d: usize,
+    w1: usize,
+    window: Window,
+) -> Option<usize> {
+    let i = info[j];
+    let k = ((i & 255) as usize).wrapping_sub(window.lo as usize);
+    (k < window.n as usize)
+        .then(|| near(i, codes, j, d, w1) * 2 * window.n as usize + 2 * k + rs(i))
 }
 
 /// Histogram of the J stage in its neighbor form. The context space (up to 208,896
@@ -122,8 +133,16 @@ pub fn encode_chunk<T: Word>(
         let lanes = LANES.min(n - base);
         for lane in 0..lanes {
             let j = base + lane;
-            let ctx = near_context(info, &s.codes, j, distance, w1);
-            e[lane] = table.get(true, ctx, lut[s.codes[j] as usize] as usize);
+            // Every element's context has a row (the tables were built from these counts);
+            // a missing one would code the identity, which the encoder's verify catches.
+            let ri = map_index(info, &s.codes, j, distance, w1, table.window)
+                .and_then(|k| table.map.get(k))
+                .map_or(usize::MAX / 512, |&ri| ri as usize);
+            let sym = lut[s.codes[j] as usize] as usize;
+            e[lane] = table
+                .syms
+                .get(ri * table.alphabet + sym)
+                .unwrap_or(&IDENTITY);
         }
         put_lanes(&mut states[..lanes], &e[..lanes], &mut s.words, &mut pos);
     }
@@ -135,34 +154,44 @@ pub fn encode_chunk<T: Word>(
     }
 }
 
-/// Decode the lanes of one chunk into per-element codes (`codes.len()` elements, `info`
-/// their facts): each element's context from the codes of the step `distance` back.
+/// Decode steps `steps` of one chunk's lanes into per-element codes (`info`: the chunk's
+/// facts, `codes`: its codes, those of earlier steps already decoded): each element's
+/// context from the code `distance` back. `table` is the neighbor form's (`JointDec::near`
+/// its map's window): the same slot entries as the `--fast` decoder's. (A byte per slot
+/// and a per-row symbol array, or 32-slot buckets walked to the slot's symbol, a small
+/// fraction of the cache footprint of 400 such rows, decoded no faster here: these
+/// portable lanes are bound by their instructions.)
 #[inline(always)]
-pub fn decode_lanes(
+#[allow(clippy::too_many_arguments)]
+pub fn decode_steps(
     table: &JointDec,
+    window: Window,
     info: &[u16],
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
     distance: usize,
     w1: usize,
+    steps: std::ops::Range<usize>,
 ) -> Result<()> {
     let lut = code_of_joint();
     let n = codes.len();
-    for step in 0..n.div_ceil(LANES) {
+    let total = PROB_TOTAL as usize;
+    for step in steps {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         let xs = &mut states[..lanes];
         for lane in 0..lanes {
             let j = base + lane;
-            let ctx = near_context(info, codes, j, distance, w1);
-            let ri = table.map.get(ctx).copied().unwrap_or(JointDec::NONE);
-            if ri == JointDec::NONE {
-                return Err(no_row());
-            }
+            let ri = map_index(info, codes, j, distance, w1, window)
+                .and_then(|k| table.map.get(k))
+                .copied()
+                .unwrap_or(JointDec::NONE) as usize;
             let x = &mut xs[lane];
-            let slot = *x & (PROB_TOTAL - 1);
-            let e = table.slots[ri as usize * PROB_TOTAL as usize + slot as usize];
+            let slot = (*x & (PROB_TOTAL - 1)) as usize;
+            let Some(&e) = table.slots.get(ri * total + slot) else {
+                return Err(no_row());
+            };
             *x = (((e >> 8) & 0xFFF) + 1) * (*x >> PROB_BITS) + (e >> 20);
             codes[j] = lut[(e & 255) as usize];
         }

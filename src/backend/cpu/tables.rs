@@ -2,7 +2,7 @@
 //! encoder's division replaced by an exact multiply, and the decoder's slot lookup as a table.
 
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
-use crate::format::tables::StageTable;
+use crate::format::tables::{StageTable, Window};
 
 /// One symbol of one row, ready to encode (after ryg_rans' `RansEncSymbol`).
 #[derive(Clone, Copy, Default)]
@@ -78,6 +78,8 @@ pub const PACKED_IDENTITY: u32 = PROB_TOTAL;
 /// One stage's table for the encoder: context -> row, row -> symbols.
 pub struct EncStage<'a> {
     pub map: &'a [u32],
+    /// The exponent classes `map` covers in J's neighbor form (`StageTable::window`).
+    pub window: Window,
     /// The stage uses its neighbor context form (B, S).
     pub neighbor: bool,
     pub alphabet: usize,
@@ -108,6 +110,7 @@ impl<'a> EncStage<'a> {
         packed.extend((0..a).map(|_| PACKED_IDENTITY));
         EncStage {
             map: &t.map,
+            window: t.window,
             neighbor: t.space.neighbor,
             alphabet: a,
             syms,

@@ -28,7 +28,7 @@ const NV: usize = LANES / 8;
 /// Per-element codes of 8 joint symbols (as the AVX-512 `code_of`): by shifts of
 /// `J + 17` above J = 6, from `small` (`small_codes()[..8]`) below 8.
 #[inline(always)]
-unsafe fn code_of(j: __m256i, small: __m256i) -> __m256i {
+pub(super) unsafe fn code_of(j: __m256i, small: __m256i) -> __m256i {
     let u = _mm256_add_epi32(j, _mm256_set1_epi32(17));
     let c = _mm256_or_si256(
         _mm256_or_si256(
@@ -58,7 +58,12 @@ unsafe fn any_poison(m: __m256i) -> bool {
 /// # Safety
 /// AVX2; 8 words readable at `words + pos` (`LANES` left, or padding).
 #[inline(always)]
-unsafe fn step_state(x: __m256i, e: __m256i, words: *const u16, pos: &mut usize) -> __m256i {
+pub(super) unsafe fn step_state(
+    x: __m256i,
+    e: __m256i,
+    words: *const u16,
+    pos: &mut usize,
+) -> __m256i {
     let f = _mm256_add_epi32(
         _mm256_and_si256(_mm256_srli_epi32::<8>(e), _mm256_set1_epi32(0xFFF)),
         _mm256_set1_epi32(1),

@@ -10,3 +10,4 @@ pub mod encode;
 mod gather;
 pub mod hist;
 pub mod joint;
+pub mod joint_near;

@@ -1,0 +1,126 @@
+//! AVX2 lanes of the Joint layout's neighbor form (`super::super::joint_near`): four 8-lane
+//! state vectors per step, as the `--fast` lanes (`joint`), with each lane's context made
+//! from its facts and the code of the element `d` back (an earlier step's, stored).
+
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+
+use super::super::decode::{no_row, Stream};
+use super::super::joint::{small_codes, JointDec};
+use super::decode::overrun;
+use super::gather::gather8;
+use super::joint::{code_of, step_state};
+use crate::entropy::freq::PROB_TOTAL;
+use crate::format::chunk::LANES;
+use crate::format::tables::Window;
+use crate::Result;
+
+/// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
+/// d`) while the stream holds a step's worth of words; returns the step it stopped at, for
+/// the portable lanes to finish. `st` must be padded with `LANES` words past its length.
+///
+/// # Safety
+/// AVX2 (`Isa::Avx2` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn decode_steps(
+    table: &JointDec,
+    window: Window,
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    d: usize,
+    w1: usize,
+    from: usize,
+) -> Result<usize> {
+    let n = codes.len().min(info.len());
+    let total = PROB_TOTAL as usize;
+    let n_rows = table.slots.len() / total;
+    let span = 2 * window.n as usize;
+    let n_near = 4 * (w1 + 1) * 3;
+    // Every index below stays in its table: map indices below `n_near·span` (nb <= w, m2 <= 3,
+    // up <= 2 for codes this decoder wrote, the exponent class checked against the window),
+    // rows below `n_rows` (checked per step), slots below `PROB_TOTAL`.
+    if table.map.len() != n_near * span || n_rows >= 1 << 19 || span == 0 || d < LANES {
+        return Ok(from);
+    }
+    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    let words = st.words.as_ptr();
+    let mut pos = st.pos;
+    let mut x = [_mm256_setzero_si256(); 4];
+    for (v, xv) in x.iter_mut().enumerate() {
+        *xv = _mm256_loadu_si256(states.as_ptr().add(8 * v).cast());
+    }
+    let small = _mm256_loadu_si256(small_codes().as_ptr().cast());
+    let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
+    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    let lo = _mm256_set1_epi32(window.lo as i32);
+    let last_class = _mm256_set1_epi32(window.n as i32 - 1);
+    let (m2_mul, span_v) = (
+        _mm256_set1_epi32(w1 as i32 + 1),
+        _mm256_set1_epi32(span as i32),
+    );
+    let none = _mm256_set1_epi32(JointDec::NONE as i32);
+    let mut step = from;
+    while (step + 1) * LANES <= n {
+        let base = step * LANES;
+        debug_assert!(base >= d);
+        // Rows first: they depend on the facts and earlier steps' codes, not on the states.
+        let mut rows = [_mm256_setzero_si256(); 4];
+        let mut bad = _mm256_setzero_si256();
+        for (v, row) in rows.iter_mut().enumerate() {
+            let j = base + 8 * v;
+            let i = _mm256_cvtepu16_epi32(_mm_loadu_si128(ip.add(j).cast()));
+            let c = _mm256_loadu_si256(cp.add(j - d).cast());
+            let nb = _mm256_and_si256(c, _mm256_set1_epi32(127));
+            // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
+            let up = _mm256_add_epi32(
+                _mm256_min_epu32(nb, _mm256_set1_epi32(1)),
+                _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
+            );
+            let m2 = _mm256_and_si256(_mm256_srli_epi32::<9>(i), _mm256_set1_epi32(3));
+            let near = _mm256_add_epi32(_mm256_mullo_epi32(m2, m2_mul), nb);
+            let near = _mm256_add_epi32(_mm256_add_epi32(near, _mm256_add_epi32(near, near)), up);
+            let k = _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(255)), lo);
+            // Outside the window (k above the last class, unsigned): no row covers it.
+            let outside = _mm256_xor_si256(
+                _mm256_cmpeq_epi32(_mm256_max_epu32(k, last_class), last_class),
+                _mm256_set1_epi32(-1),
+            );
+            let rs = _mm256_and_si256(_mm256_srli_epi32::<8>(i), _mm256_set1_epi32(1));
+            let idx = _mm256_add_epi32(
+                _mm256_mullo_epi32(near, span_v),
+                _mm256_add_epi32(_mm256_add_epi32(k, k), rs),
+            );
+            // An outside lane reads entry 0 instead (its row is refused below).
+            let idx = _mm256_andnot_si256(outside, idx);
+            let r = gather8(map, idx);
+            bad = _mm256_or_si256(bad, _mm256_or_si256(outside, _mm256_cmpeq_epi32(r, none)));
+            *row = r;
+        }
+        if _mm256_testz_si256(bad, bad) == 0 {
+            return Err(no_row());
+        }
+        for v in 0..4 {
+            let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
+            let e = gather8(
+                slots,
+                _mm256_or_si256(_mm256_slli_epi32::<12>(rows[v]), slot),
+            );
+            x[v] = step_state(x[v], e, words, &mut pos);
+            let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
+            _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j, small));
+        }
+        if pos > st.len {
+            return Err(overrun());
+        }
+        step += 1;
+    }
+    for (v, xv) in x.iter().enumerate() {
+        _mm256_storeu_si256(states.as_mut_ptr().add(8 * v).cast(), *xv);
+    }
+    st.pos = pos;
+    Ok(step)
+}
