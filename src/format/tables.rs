@@ -935,6 +935,35 @@ mod tests {
         }
     }
 
+    /// J's neighbor-form map, over its exponent window only, reads as the definition at
+    /// every primary context: explicit row, else the backoff row of `ctx % 512`, else none.
+    #[test]
+    fn the_windowed_map_is_explicit_rows_over_backoff_rows() {
+        let space = Space::new(Stage::J, 16, true);
+        let row = || Row::from_freqs(vec![4096]);
+        let ctx = |near: u32, er: u32, rs: u32| near * 512 + er * 2 + rs;
+        let explicit = vec![
+            (ctx(0, 101, 1), row()),
+            (ctx(7, 103, 0), row()),
+            (ctx(215, 110, 1), row()),
+        ];
+        let backoff = vec![(ctx(0, 102, 0), row()), (ctx(0, 104, 1), row())];
+        let t = StageTable::build(space, explicit, backoff);
+        assert_eq!(t.window, Window { lo: 101, n: 10 });
+        assert_eq!(t.map.len(), 216 * 20);
+        for c in 0..space.n_primary() as u32 {
+            let want = match c {
+                _ if c == ctx(0, 101, 1) => 0,
+                _ if c == ctx(7, 103, 0) => 1,
+                _ if c == ctx(215, 110, 1) => 2,
+                _ if c % 512 == ctx(0, 102, 0) => 3,
+                _ if c % 512 == ctx(0, 104, 1) => 4,
+                _ => u32::MAX,
+            };
+            assert_eq!(t.row_of(c as usize), want, "context {c}");
+        }
+    }
+
     #[test]
     fn a_selections_data_cost_is_every_context_priced_under_its_rows() {
         let mut lcg = crate::test_lcg(0x5EED_0F5E_1EC7_10A5);
