@@ -244,7 +244,9 @@ fn joint_near_chunk<T: Word>(
         len: c.words.len(),
         pos: 0,
     };
-    let window = table.near.unwrap_or_default();
+    let Some(near_slots) = table.near.as_ref() else {
+        return Err(no_row());
+    };
     let steps = n.div_ceil(LANES);
     // The steps before the first whole step with neighbors, portable; then the vector
     // lanes where the level has them; the portable lanes finish what they leave.
@@ -252,7 +254,7 @@ fn joint_near_chunk<T: Word>(
     let near = super::joint_near::decode_steps;
     near(
         table,
-        window,
+        near_slots,
         info,
         codes,
         &mut states,
@@ -268,7 +270,7 @@ fn joint_near_chunk<T: Word>(
         unsafe {
             super::avx2::joint_near::decode_steps(
                 table,
-                window,
+                near_slots,
                 info,
                 codes,
                 &mut states,
@@ -283,7 +285,7 @@ fn joint_near_chunk<T: Word>(
     };
     near(
         table,
-        window,
+        near_slots,
         info,
         codes,
         &mut states,

@@ -18,7 +18,7 @@ use crate::entropy::rans::RANS_L;
 use crate::format::chunk::CHUNK_ELEMS;
 use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::format::symbols::{joint_parts, joint_symbol, Sym};
-use crate::format::tables::{Hist, Space, Stage, StageTable, Window};
+use crate::format::tables::{Hist, Space, Stage, StageTable};
 use crate::Result;
 
 /// Joint symbol of every per-element code (`b | q1 << 7 | q2 << 8 | neg << 9`, b <= 32).
@@ -510,10 +510,10 @@ pub fn encode_chunk<T: Word>(
 pub struct JointDec<'a> {
     /// Context -> row, [`JointDec::NONE`] where no row covers it.
     pub map: &'a [u32],
-    /// The window of the neighbor form's map (`joint_near`), where the table is of that
-    /// form: `map` is indexed by `Window::index`, and none of the `--fast` vector paths
-    /// apply.
-    pub near: Option<Window>,
+    /// The neighbor form's own slot tables (`joint_near`), where the table is of that form:
+    /// then `map` is indexed by its window (`Window::index`), nothing else here is filled,
+    /// and none of the `--fast` vector paths apply.
+    pub near: Option<super::joint_near::NearSlots>,
     /// `J | (freq - 1) << 8 | (slot - start) << 20` per row and slot.
     pub slots: Vec<u32>,
     /// Whether every context the vector decoders compute (`er·2 + rs < 512`) indexes `map`,
@@ -540,6 +540,16 @@ impl<'a> JointDec<'a> {
     pub const NONE: u32 = u32::MAX;
 
     pub fn new(t: &'a StageTable) -> Self {
+        if t.space.neighbor {
+            return JointDec {
+                map: &t.map,
+                near: Some(super::joint_near::NearSlots::new(t)),
+                slots: Vec::new(),
+                vector_ok: false,
+                window: 0,
+                window_slots: Vec::new(),
+            };
+        }
         let n_rows = t.explicit.len() + t.backoff.len();
         // Written in slot order, without zeroing first (a row's symbols cover its slots in
         // order: starts are the running sums of the frequencies); rows on the pool, as
@@ -569,8 +579,7 @@ impl<'a> JointDec<'a> {
             });
         // SAFETY: every row's task wrote all `total` of its slots above.
         unsafe { slots.set_len(n_rows * total) };
-        let vector_ok = !t.space.neighbor
-            && t.map.len() >= 2 * 256
+        let vector_ok = t.map.len() >= 2 * 256
             && n_rows < (1 << 18)
             && t.map
                 .iter()
@@ -581,7 +590,7 @@ impl<'a> JointDec<'a> {
         };
         JointDec {
             map: &t.map,
-            near: t.space.neighbor.then_some(t.window),
+            near: None,
             slots,
             vector_ok,
             window,

@@ -20,7 +20,7 @@ use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::format::symbols::EXP_CLASSES;
-use crate::format::tables::{Hist, Space, Stage, Window};
+use crate::format::tables::{Hist, Space, Stage, StageTable, Window};
 use crate::Result;
 
 /// The neighbor part of element `j`'s context: `(m2·(W1+1) + nb)·3 + up`, of its facts and
@@ -208,18 +208,60 @@ pub fn encode_chunk<T: Word>(
     }
 }
 
+/// The neighbor form's decoder slots. A tensor has a few hundred rows (407 in the GPT-2
+/// trajectory's embedding), each read by many elements: the `--fast` decoder's 16 KiB slot
+/// table per row (6.5 MiB there) missed cache on most of the AVX2 lanes' lookups. Here a
+/// slot holds only its symbol (4 KiB a row), and the symbol's frequency and start sit in a
+/// per-row array beside it, whose few hot entries stay in cache.
+pub struct NearSlots {
+    pub window: Window,
+    /// The symbol of every slot, `PROB_TOTAL` per row (then 3 bytes of padding: the AVX2
+    /// lanes load 4 bytes at a time).
+    pub syms: Vec<u8>,
+    /// `freq | start << 16` per row and symbol, 256 per row.
+    pub fs: Vec<u32>,
+}
+
+impl NearSlots {
+    pub fn new(t: &StageTable) -> Self {
+        let n_rows = t.explicit.len() + t.backoff.len();
+        let total = PROB_TOTAL as usize;
+        let mut syms = vec![0u8; n_rows * total + 3];
+        let mut fs = vec![0u32; n_rows * 256];
+        syms[..n_rows * total]
+            .par_chunks_mut(total)
+            .zip(fs.par_chunks_mut(256))
+            .with_min_len(4)
+            .enumerate()
+            .for_each(|(ri, (out, fs))| {
+                let row = t.row(ri as u32);
+                let mut at = 0;
+                for (j, (&f, &start)) in row.freq.iter().zip(&row.start).enumerate().take(256) {
+                    // A row's frequencies sum to its slots (`StageTable` checks them); the
+                    // bound keeps a bad row inside its own slots regardless.
+                    fs[j] = f | start.min(PROB_TOTAL) << 16;
+                    let end = (at + f as usize).min(total);
+                    out[at..end].fill(j as u8);
+                    at = end;
+                }
+            });
+        NearSlots {
+            window: t.window,
+            syms,
+            fs,
+        }
+    }
+}
+
 /// Decode steps `steps` of one chunk's lanes into per-element codes (`info`: the chunk's
 /// facts, `codes`: its codes, those of earlier steps already decoded): each element's
-/// context from the code `distance` back. `table` is the neighbor form's (`JointDec::near`
-/// its map's window): the same slot entries as the `--fast` decoder's. (A byte per slot
-/// and a per-row symbol array, or 32-slot buckets walked to the slot's symbol, a small
-/// fraction of the cache footprint of 400 such rows, decoded no faster here: these
-/// portable lanes are bound by their instructions.)
+/// context from the code `distance` back, its row from `table.map`, its symbol from `near`
+/// (`table.near`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_steps(
     table: &JointDec,
-    window: Window,
+    near: &NearSlots,
     info: &[u16],
     codes: &mut [u32],
     states: &mut [u32; LANES],
@@ -237,17 +279,19 @@ pub fn decode_steps(
         let xs = &mut states[..lanes];
         for lane in 0..lanes {
             let j = base + lane;
-            let ri = map_index(info, codes, j, distance, w1, window)
+            let ri = map_index(info, codes, j, distance, w1, near.window)
                 .and_then(|k| table.map.get(k))
                 .copied()
                 .unwrap_or(JointDec::NONE) as usize;
             let x = &mut xs[lane];
             let slot = (*x & (PROB_TOTAL - 1)) as usize;
-            let Some(&e) = table.slots.get(ri * total + slot) else {
+            let Some(&sym) = near.syms[..near.syms.len() - 3].get(ri * total + slot) else {
                 return Err(no_row());
             };
-            *x = (((e >> 8) & 0xFFF) + 1) * (*x >> PROB_BITS) + (e >> 20);
-            codes[j] = lut[(e & 255) as usize];
+            // A slot's symbol has a frequency of at least one and a start at most the slot.
+            let e = near.fs[ri * 256 + sym as usize];
+            *x = (e & 0xFFFF) * (*x >> PROB_BITS) + slot as u32 - (e >> 16);
+            codes[j] = lut[sym as usize];
         }
         st.refill(xs)?;
     }

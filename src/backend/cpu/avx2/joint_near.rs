@@ -8,12 +8,12 @@ use core::arch::x86_64::*;
 
 use super::super::decode::{no_row, Stream};
 use super::super::joint::{small_codes, JointDec};
-use super::decode::overrun;
+use super::super::joint_near::NearSlots;
+use super::decode::{overrun, refill};
 use super::gather::gather8;
-use super::joint::{code_of, step_state};
-use crate::entropy::freq::PROB_TOTAL;
+use super::joint::code_of;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::LANES;
-use crate::format::tables::Window;
 use crate::Result;
 
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
@@ -26,7 +26,7 @@ use crate::Result;
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn decode_steps(
     table: &JointDec,
-    window: Window,
+    near: &NearSlots,
     info: &[u16],
     codes: &mut [u32],
     states: &mut [u32; LANES],
@@ -36,14 +36,20 @@ pub unsafe fn decode_steps(
     from: usize,
 ) -> Result<usize> {
     let n = codes.len().min(info.len());
+    let window = near.window;
     let total = PROB_TOTAL as usize;
-    let n_rows = table.slots.len() / total;
+    let n_rows = near.fs.len() / 256;
     let span = 2 * window.n as usize;
     let n_near = 4 * (w1 + 1) * 3;
     // Every index below stays in its table: map indices below `n_near·span` (nb <= w, m2 <= 3,
     // up <= 2 for codes this decoder wrote, the exponent class checked against the window),
     // rows below `n_rows` (checked per step), slots below `PROB_TOTAL`.
-    if table.map.len() != n_near * span || n_rows >= 1 << 19 || span == 0 || d < LANES {
+    if table.map.len() != n_near * span
+        || near.syms.len() != n_rows * total + 3
+        || n_rows >= 1 << 19
+        || span == 0
+        || d < LANES
+    {
         return Ok(from);
     }
     assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
@@ -54,7 +60,7 @@ pub unsafe fn decode_steps(
         *xv = _mm256_loadu_si256(states.as_ptr().add(8 * v).cast());
     }
     let small = _mm256_loadu_si256(small_codes().as_ptr().cast());
-    let (map, slots) = (table.map.as_ptr(), table.slots.as_ptr());
+    let (map, syms, fs) = (table.map.as_ptr(), near.syms.as_ptr(), near.fs.as_ptr());
     let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
     let lo = _mm256_set1_epi32(window.lo as i32);
     let last_class = _mm256_set1_epi32(window.n as i32 - 1);
@@ -105,12 +111,19 @@ pub unsafe fn decode_steps(
         }
         for v in 0..4 {
             let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
-            let e = gather8(
-                slots,
+            // The slot's symbol (a 4-byte load of its byte: `syms` is padded), then its
+            // frequency and start from the row's array.
+            let j = gather8_bytes(
+                syms,
                 _mm256_or_si256(_mm256_slli_epi32::<12>(rows[v]), slot),
             );
-            x[v] = step_state(x[v], e, words, &mut pos);
-            let j = _mm256_and_si256(e, _mm256_set1_epi32(255));
+            let e = gather8(fs, _mm256_or_si256(_mm256_slli_epi32::<8>(rows[v]), j));
+            let hi = _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v]);
+            let xs = _mm256_add_epi32(
+                _mm256_mullo_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0xFFFF)), hi),
+                _mm256_sub_epi32(slot, _mm256_srli_epi32::<16>(e)),
+            );
+            x[v] = refill(xs, words, &mut pos);
             _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j, small));
         }
         if pos > st.len {
@@ -123,4 +136,34 @@ pub unsafe fn decode_steps(
     }
     st.pos = pos;
     Ok(step)
+}
+
+/// The bytes at 8 indices of `table`, as dwords (a 4-byte load each, its low byte kept).
+///
+/// # Safety
+/// AVX2; every index `i` of `idx` with `i + 4` bytes readable at `table`.
+#[inline(always)]
+unsafe fn gather8_bytes(table: *const u8, idx: __m256i) -> __m256i {
+    let (lo, hi) = (
+        _mm256_castsi256_si128(idx),
+        _mm256_extracti128_si256::<1>(idx),
+    );
+    let pairs = [
+        _mm_cvtsi128_si64(lo),
+        _mm_extract_epi64::<1>(lo),
+        _mm_cvtsi128_si64(hi),
+        _mm_extract_epi64::<1>(hi),
+    ];
+    let load = |i: u64| (table.add(i as u32 as usize) as *const u32).read_unaligned() as i32;
+    let half = |a: i64, b: i64| {
+        let v = _mm_cvtsi32_si128(load(a as u64));
+        let v = _mm_insert_epi32::<1>(v, load(a as u64 >> 32));
+        let v = _mm_insert_epi32::<2>(v, load(b as u64));
+        _mm_insert_epi32::<3>(v, load(b as u64 >> 32))
+    };
+    let v = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(half(pairs[0], pairs[1])),
+        half(pairs[2], pairs[3]),
+    );
+    _mm256_and_si256(v, _mm256_set1_epi32(255))
 }
