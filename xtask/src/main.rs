@@ -56,7 +56,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask ci | cross | gpu-check [--prebuilt BINDIR] [DIR] | gpu-pack [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default] [--isa L] [--scaling] | bench text [--quick]"
+                "usage: cargo xtask ci | cross | gpu-check [--prebuilt BINDIR] [DIR] | gpu-pack [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default|fast-neighbor] [--isa L] [--scaling] | bench text [--quick]"
             );
             return ExitCode::from(2);
         }
@@ -363,8 +363,8 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
     };
     let layout = match args.iter().position(|a| a == "--layout") {
         Some(i) => match args.get(i + 1).map(String::as_str) {
-            Some(l @ ("default" | "fast")) => l,
-            _ => return Err("--layout needs `default` or `fast`".into()),
+            Some(l @ ("default" | "fast" | "fast-neighbor")) => l,
+            _ => return Err("--layout needs `default`, `fast` or `fast-neighbor`".into()),
         },
         None => "fast",
     };
@@ -488,7 +488,10 @@ fn paired_rounds(
     }
     println!(
         "\nPaired rounds: lockstep, {} layout ({} CPU level, 1 thread), then ZipNN (1 thread), MB/s:",
-        if layout == "fast" { "--fast" } else { "default" },
+        match layout {
+            "fast" => "--fast",
+            l => l,
+        },
         if isa.is_empty() { "best" } else { isa }
     );
     println!(

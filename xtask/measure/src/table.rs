@@ -110,6 +110,7 @@ pub fn run(o: &Opts) -> Result<(), String> {
         if paired {
             let name = match paired_layout {
                 LayoutChoice::Fast => "--fast",
+                LayoutChoice::FastNeighbor => "fast-neighbor",
                 _ => "default",
             };
             let cpu = o.cpu()?;
