@@ -160,9 +160,8 @@ impl Counts {
     }
 }
 
-/// Code one chunk: per-element codes and raw tails as in the other layouts, then one joint
-/// symbol per element through the lanes under its neighbor-form context (the mirror of
-/// `format::chunk`'s decoding order, as `joint::encode_chunk`).
+/// Code one chunk: per-element codes and raw tails as in the other layouts, then
+/// [`lanes`].
 #[inline(always)]
 pub fn encode_chunk<T: Word>(
     d: &[T],
@@ -174,8 +173,22 @@ pub fn encode_chunk<T: Word>(
 ) -> EncodedChunk {
     s.tail.clear();
     codes(d, true, &mut s.codes, Some(&mut s.tail));
+    lanes(info, table, distance, w1, s)
+}
+
+/// The lanes of a chunk whose codes and tails are in `s`: one joint symbol per element
+/// under its neighbor-form context (the mirror of `format::chunk`'s decoding order, as
+/// `joint::encode_chunk`).
+#[inline(always)]
+pub fn lanes(
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    s: &mut Scratch,
+) -> EncodedChunk {
     let lut = joint_of_code();
-    let n = d.len();
+    let n = s.codes.len();
     let mut states = [RANS_L as u64; LANES];
     if s.words.len() < n + 1 {
         s.words.resize(n + 1, 0);

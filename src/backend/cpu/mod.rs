@@ -469,6 +469,17 @@ impl<T: Word> Resident for CpuResident<'_, T> {
                 .map(|r| {
                     encode::with_scratch(|scratch| {
                         let (dr, info) = (&all_d[r.clone()], &all_info[r]);
+                        #[cfg(target_arch = "x86_64")]
+                        if self.isa >= Isa::Avx2 {
+                            // SAFETY: `isa` is only ever a level `Isa::available` confirmed
+                            // on this CPU; AVX-512 implies AVX2.
+                            unsafe { avx2::encode::codes_and_tails(dr, true, scratch) };
+                            return fast(
+                                self.isa,
+                                #[inline(always)]
+                                || joint_near::lanes(info, &stages[0], d, w1, scratch),
+                            );
+                        }
                         fast(
                             self.isa,
                             #[inline(always)]
