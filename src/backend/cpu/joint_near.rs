@@ -96,12 +96,27 @@ pub fn histogram<T: Word>(
                 || {
                     codes(d, true, &mut acc.codes, None);
                     let lut = joint_of_code();
-                    for j in 0..d.len() {
-                        let i = info[j];
-                        let nr = near(i, &acc.codes, j, distance, w1);
-                        let k = nr * per_near + context(i) - 2 * lo;
-                        let row = acc.row(k, a, || nr * 2 * EXP_CLASSES + context(i));
-                        acc.rows[row + lut[acc.codes[j] as usize] as usize] += 1;
+                    // Each block's counter addresses first, then their increments with the
+                    // address a few elements ahead prefetched: the rows (some 2 MiB for
+                    // the GPT-2 embedding) miss cache, and the increments waited on them.
+                    const BLOCK: usize = 1024;
+                    const AHEAD: usize = 16;
+                    let mut at = [0u32; BLOCK];
+                    for b in (0..d.len()).step_by(BLOCK) {
+                        let m = BLOCK.min(d.len() - b);
+                        for (o, j) in at[..m].iter_mut().zip(b..) {
+                            let i = info[j];
+                            let nr = near(i, &acc.codes, j, distance, w1);
+                            let k = nr * per_near + context(i) - 2 * lo;
+                            let row = acc.row(k, a, || nr * 2 * EXP_CLASSES + context(i));
+                            *o = (row + lut[acc.codes[j] as usize] as usize) as u32;
+                        }
+                        for (q, &o) in at[..m].iter().enumerate() {
+                            if let Some(&next) = at[..m].get(q + AHEAD) {
+                                prefetch(acc.rows.as_ptr().wrapping_add(next as usize));
+                            }
+                            acc.rows[o as usize] += 1;
+                        }
                     }
                 },
             );
@@ -309,4 +324,16 @@ pub fn decode_steps(
         st.refill(xs)?;
     }
     Ok(())
+}
+
+/// A hint to bring `p`'s line into cache (nothing where the target has no such hint).
+#[inline(always)]
+fn prefetch(p: *const u32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
