@@ -281,6 +281,30 @@ impl NearSlots {
     }
 }
 
+/// Each element's code in `codes` replaced by its entry in `table.packed`: its row's (by its
+/// context, from the code `distance` back) times the alphabet, plus its symbol. From the
+/// last element down, so that every element still reads its neighbor's code. An element
+/// whose context has no row (never, for tables built from these counts) gets an index past
+/// the table, which the lanes clamp: the encoder's verify catches what that codes.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub fn packed_indices(
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    codes: &mut [u32],
+) {
+    let lut = joint_of_code();
+    for j in (0..codes.len()).rev() {
+        let ri = map_index(info, codes, j, distance, w1, table.window)
+            .and_then(|k| table.map.get(k))
+            .map_or(u32::MAX as usize, |&ri| ri as usize);
+        let at = ri * table.alphabet + lut[codes[j] as usize & 1023] as usize;
+        codes[j] = at.min(u32::MAX as usize) as u32;
+    }
+}
+
 /// Decode steps `steps` of one chunk's lanes into per-element codes (`info`: the chunk's
 /// facts, `codes`: its codes, those of earlier steps already decoded): each element's
 /// context from the code `distance` back, its row from `table.map`, its symbol from `near`

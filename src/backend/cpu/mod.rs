@@ -473,12 +473,9 @@ impl<T: Word> Resident for CpuResident<'_, T> {
                         if self.isa >= Isa::Avx2 {
                             // SAFETY: `isa` is only ever a level `Isa::available` confirmed
                             // on this CPU; AVX-512 implies AVX2.
-                            unsafe { avx2::encode::codes_and_tails(dr, true, scratch) };
-                            return fast(
-                                self.isa,
-                                #[inline(always)]
-                                || joint_near::lanes(info, &stages[0], d, w1, scratch),
-                            );
+                            return unsafe {
+                                avx2::joint_near::encode_chunk(dr, info, &stages[0], d, w1, scratch)
+                            };
                         }
                         fast(
                             self.isa,

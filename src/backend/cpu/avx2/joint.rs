@@ -377,7 +377,7 @@ pub unsafe fn encode_chunk<T: Word>(
 ) -> EncodedChunk {
     // SAFETY (both): the caller guarantees the features.
     unsafe { slots_and_tails(d, info, flat, s) };
-    let (states, at) = unsafe { lanes(&s.codes, flat, &mut s.words) };
+    let (states, at) = unsafe { lanes(&s.codes, &flat.packed, &mut s.words) };
     EncodedChunk {
         words: s.words[at..SLACK + s.codes.len()].to_vec(),
         states,
@@ -420,13 +420,18 @@ pub(in crate::backend::cpu) unsafe fn slots_and_tails<T: Word>(
     }
 }
 
-/// The interleaved lanes of one chunk of slots in `flat`; the words are left in
-/// `words[at..SLACK + slots.len()]` in stream order, `at` returned with the final states.
+/// The interleaved lanes of one chunk of indices into `packed` (a flat table's, or the
+/// Joint neighbor form's rows); the words are left in `words[at..SLACK + slots.len()]` in
+/// stream order, `at` returned with the final states.
 ///
 /// # Safety
 /// The CPU must support AVX2 and POPCNT.
 #[target_feature(enable = "avx2,popcnt")]
-unsafe fn lanes(slots: &[u32], flat: &JointFlat, words: &mut Vec<u16>) -> ([u32; LANES], usize) {
+pub(super) unsafe fn lanes(
+    slots: &[u32],
+    packed: &[u32],
+    words: &mut Vec<u16>,
+) -> ([u32; LANES], usize) {
     let n = slots.len();
     // At most one word per symbol, and the slack below. Grown, never cleared: every slot
     // from the final cursor up is written.
@@ -456,10 +461,10 @@ unsafe fn lanes(slots: &[u32], flat: &JointFlat, words: &mut Vec<u16>) -> ([u32;
                 // SAFETY: features as this function's; indices clamped to the table.
                 *p = unsafe {
                     if cnt == 8 {
-                        let last = _mm256_set1_epi32(flat.packed.len() as i32 - 1);
-                        gather8(flat.packed.as_ptr(), _mm256_min_epu32(idx, last))
+                        let last = _mm256_set1_epi32(packed.len() as i32 - 1);
+                        gather8(packed.as_ptr(), _mm256_min_epu32(idx, last))
                     } else {
-                        gather_flat(&flat.packed, first(cnt), idx)
+                        gather_flat(packed, first(cnt), idx)
                     }
                 };
             }

@@ -7,12 +7,19 @@
 use core::arch::x86_64::*;
 
 use super::super::decode::{no_row, Stream};
+use super::super::encode::Scratch;
 use super::super::joint::{small_codes, JointDec};
+use super::super::joint_near::packed_indices;
 use super::super::joint_near::NearSlots;
+use super::super::tables::EncStage;
+use super::super::word::Word;
 use super::decode::{overrun, refill};
+use super::encode::{codes_and_tails, SLACK};
 use super::gather::gather8;
 use super::joint::code_of;
+use super::joint::lanes;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::format::chunk::EncodedChunk;
 use crate::format::chunk::LANES;
 use crate::Result;
 
@@ -166,4 +173,31 @@ unsafe fn gather8_bytes(table: *const u8, idx: __m256i) -> __m256i {
         half(pairs[2], pairs[3]),
     );
     _mm256_and_si256(v, _mm256_set1_epi32(255))
+}
+
+/// Code one chunk of the neighbor form: codes and tails by the AVX2 pass, each element's
+/// entry in `table.packed` (its row's, from its context, and its symbol), then the `--fast`
+/// AVX2 lanes over those entries.
+///
+/// # Safety
+/// AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx2` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+pub unsafe fn encode_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    // SAFETY (both): the caller guarantees the features.
+    unsafe { codes_and_tails(d, true, s) };
+    packed_indices(info, table, distance, w1, &mut s.codes);
+    let (states, at) = unsafe { lanes(&s.codes, &table.packed, &mut s.words) };
+    EncodedChunk {
+        words: s.words[at..SLACK + s.codes.len()].to_vec(),
+        states,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
 }
