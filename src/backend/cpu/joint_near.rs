@@ -104,11 +104,30 @@ pub fn histogram<T: Word>(
                     let mut at = [0u32; BLOCK];
                     for b in (0..d.len()).step_by(BLOCK) {
                         let m = BLOCK.min(d.len() - b);
+                        let base = (2 * lo) as u32;
+                        // Map indices: a branch-free loop (it vectorizes) where every element
+                        // of the block has its neighbor.
+                        if b >= distance {
+                            let (info, nbs) = (&info[b..b + m], &acc.codes[b - distance..]);
+                            for ((o, &i), &c) in at[..m].iter_mut().zip(info).zip(nbs) {
+                                let i = i as u32;
+                                let (nb, m2) = (c & 127, (i >> 9) & 3);
+                                let up = nb.min(1) + ((c >> 9) & 1);
+                                let nr = (m2 * (w1 as u32 + 1) + nb) * 3 + up;
+                                let ctx = (i & 255) * 2 + ((i >> 8) & 1);
+                                *o = nr * per_near as u32 + ctx - base;
+                            }
+                        } else {
+                            for (o, j) in at[..m].iter_mut().zip(b..) {
+                                let (i, c) = (info[j], &acc.codes);
+                                let nr = near(i, c, j, distance, w1);
+                                *o = (nr * per_near + context(i)) as u32 - base;
+                            }
+                        }
                         for (o, j) in at[..m].iter_mut().zip(b..) {
-                            let i = info[j];
-                            let nr = near(i, &acc.codes, j, distance, w1);
-                            let k = nr * per_near + context(i) - 2 * lo;
-                            let row = acc.row(k, a, || nr * 2 * EXP_CLASSES + context(i));
+                            let k = *o as usize;
+                            let ctx = || k / per_near * 2 * EXP_CLASSES + k % per_near + 2 * lo;
+                            let row = acc.row(k, a, ctx);
                             *o = (row + lut[acc.codes[j] as usize] as usize) as u32;
                         }
                         for (q, &o) in at[..m].iter().enumerate() {
