@@ -113,6 +113,9 @@ pub struct Scratch {
     pub codes: Vec<u32>,
     pub(super) words: Vec<u16>,
     pub(super) tail: BitWriter,
+    /// Per-element map indices (the Joint layout's neighbor form, AVX2 encoder).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) idx: Vec<u32>,
 }
 
 thread_local! {

@@ -301,10 +301,11 @@ impl NearSlots {
 }
 
 /// Each element's code in `codes` replaced by its entry in `table.packed`: its row's (by its
-/// context, from the code `distance` back) times the alphabet, plus its symbol. From the
-/// last element down, so that every element still reads its neighbor's code. An element
-/// whose context has no row (never, for tables built from these counts) gets an index past
-/// the table, which the lanes clamp: the encoder's verify catches what that codes.
+/// context, from the code `distance` back) times the alphabet, plus its symbol. The map
+/// indices first, into `idx` (where an element has its neighbor, by arithmetic only: that
+/// loop vectorizes), then the rows. An element whose context has no row (never, for tables
+/// built from these counts) gets an index past the table, which the lanes clamp: the
+/// encoder's verify catches what that codes.
 #[inline(always)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn packed_indices(
@@ -313,14 +314,34 @@ pub fn packed_indices(
     distance: usize,
     w1: usize,
     codes: &mut [u32],
+    idx: &mut Vec<u32>,
 ) {
+    let n = codes.len().min(info.len());
+    let w = table.window;
+    let (span, lo) = (2 * w.n, 2 * w.lo);
+    idx.clear();
+    idx.resize(n, 0);
+    let head = distance.min(n);
+    for (j, o) in idx[..head].iter_mut().enumerate() {
+        *o = map_index(info, codes, j, distance, w1, w).map_or(u32::MAX, |k| k as u32);
+    }
+    for ((o, &i), &c) in idx[head..].iter_mut().zip(&info[head..n]).zip(&codes[..]) {
+        let i = i as u32;
+        let (nb, m2) = (c & 127, (i >> 9) & 3);
+        let up = nb.min(1) + ((c >> 9) & 1);
+        let nr = (m2 * (w1 as u32 + 1) + nb) * 3 + up;
+        // Outside the window: a wrapped, huge class index, which the map refuses.
+        let k = ((i & 255) * 2 + ((i >> 8) & 1)).wrapping_sub(lo);
+        *o = if k < span { nr * span + k } else { u32::MAX };
+    }
     let lut = joint_of_code();
-    for j in (0..codes.len()).rev() {
-        let ri = map_index(info, codes, j, distance, w1, table.window)
-            .and_then(|k| table.map.get(k))
-            .map_or(u32::MAX as usize, |&ri| ri as usize);
-        let at = ri * table.alphabet + lut[codes[j] as usize & 1023] as usize;
-        codes[j] = at.min(u32::MAX as usize) as u32;
+    for (c, &k) in codes[..n].iter_mut().zip(idx.iter()) {
+        let ri = table
+            .map
+            .get(k as usize)
+            .map_or(u32::MAX as usize, |&r| r as usize);
+        let at = ri * table.alphabet + lut[*c as usize & 1023] as usize;
+        *c = at.min(u32::MAX as usize) as u32;
     }
 }
 

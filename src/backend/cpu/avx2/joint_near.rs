@@ -192,7 +192,7 @@ pub unsafe fn encode_chunk<T: Word>(
 ) -> EncodedChunk {
     // SAFETY (both): the caller guarantees the features.
     unsafe { codes_and_tails(d, true, s) };
-    packed_indices(info, table, distance, w1, &mut s.codes);
+    packed_indices(info, table, distance, w1, &mut s.codes, &mut s.idx);
     let (states, at) = unsafe { lanes(&s.codes, &table.packed, &mut s.words) };
     EncodedChunk {
         words: s.words[at..SLACK + s.codes.len()].to_vec(),
