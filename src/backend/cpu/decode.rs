@@ -27,7 +27,20 @@ pub struct Stream<'a> {
     pub pos: usize,
 }
 
-impl Stream<'_> {
+impl<'a> Stream<'a> {
+    /// A stream over a copy of `words` in `buf`, padded with `LANES` zero words: the vector
+    /// refills read a step's worth of words past the cursor without a bounds check.
+    pub fn padded(words: &[u16], buf: &'a mut Vec<u16>) -> Stream<'a> {
+        buf.clear();
+        buf.extend_from_slice(words);
+        buf.resize(words.len() + LANES, 0);
+        Stream {
+            words: buf,
+            len: words.len(),
+            pos: 0,
+        }
+    }
+
     /// Refill every lane whose state fell below `RANS_L`, in lane order: the only serial
     /// part of a stage (the table lookups that produced `states` are independent per lane).
     #[inline(always)]
@@ -195,14 +208,7 @@ pub fn chunk<T: Word>(
     } else {
         info_fn.fill::<T>(reference, info);
         let mut states = c.states;
-        padded.clear();
-        padded.extend_from_slice(&c.words);
-        padded.resize(c.words.len() + LANES, 0);
-        let mut st = Stream {
-            words: padded,
-            len: c.words.len(),
-            pos: 0,
-        };
+        let mut st = Stream::padded(&c.words, padded);
         let d = distance.unwrap_or(usize::MAX);
         let d_s = match stages.get(3) {
             Some(t) if t.neighbor => d,
@@ -236,14 +242,7 @@ fn joint_near_chunk<T: Word>(
     codes.resize(n, 0);
     info_fn.fill::<T>(reference, info);
     let mut states = c.states;
-    padded.clear();
-    padded.extend_from_slice(&c.words);
-    padded.resize(c.words.len() + LANES, 0);
-    let mut st = Stream {
-        words: padded,
-        len: c.words.len(),
-        pos: 0,
-    };
+    let mut st = Stream::padded(&c.words, padded);
     let Some(near_slots) = table.near.as_ref() else {
         return Err(no_row());
     };
@@ -342,14 +341,7 @@ fn joint_lanes<T: Word>(
         true,
     )?;
     let left = &c.words[st.pos..];
-    padded.clear();
-    padded.extend_from_slice(left);
-    padded.resize(left.len() + LANES, 0);
-    let mut st = Stream {
-        words: padded,
-        len: left.len(),
-        pos: 0,
-    };
+    let mut st = Stream::padded(left, padded);
     let (r, codes) = (&reference[first * T::SIZE..], &mut codes[first..]);
     let then = joint_vector::<T>(isa, table, r, info_fn, codes, &mut states, &mut st, false)?;
     info_fn.fill::<T>(&r[then * T::SIZE..], info);
@@ -482,15 +474,7 @@ fn joint_blocked<T: Word>(
                 };
             }
             if k < m {
-                let left = &c.words[st.pos..];
-                padded.clear();
-                padded.extend_from_slice(left);
-                padded.resize(left.len() + LANES, 0);
-                near_end = Some(Stream {
-                    words: padded,
-                    len: left.len(),
-                    pos: 0,
-                });
+                near_end = Some(Stream::padded(&c.words[st.pos..], padded));
             }
         }
         if let Some(st) = near_end.as_mut() {

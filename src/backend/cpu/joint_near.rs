@@ -12,9 +12,9 @@ use rayon::prelude::*;
 
 use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
-use super::joint::{code_of_joint, context, joint_of_code, JointDec};
+use super::joint::{code_of_joint, joint_of_code, JointDec};
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
-use super::word::{rs, sign_state, Word};
+use super::word::Word;
 use super::Isa;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
@@ -23,43 +23,58 @@ use crate::format::symbols::EXP_CLASSES;
 use crate::format::tables::{Hist, Space, Stage, StageTable, Window};
 use crate::Result;
 
-/// The neighbor part of element `j`'s context: `(m2·(W1+1) + nb)·3 + up`, of its facts and
-/// the code of the element `d` before it (nb = W1 and up = 0 where there is none).
+/// The neighbor part of a context, `(m2·(W1+1) + nb)·3 + up`, of facts `i` and the code `c`
+/// of the element `d` before: branch-free, so the loops over many elements vectorize (a
+/// code's neg bit is 0 where b = 0, so up = min(b, 1) + neg).
 #[inline(always)]
-fn near(info: u16, codes: &[u32], j: usize, d: usize, w1: usize) -> usize {
-    let m2 = ((info >> 9) & 3) as usize;
-    let (nb, up) = if j >= d {
-        let c = codes[j - d];
-        ((c & 127) as usize, sign_state(c) as usize)
-    } else {
-        (w1, 0)
-    };
-    (m2 * (w1 + 1) + nb) * 3 + up
+fn near_of(i: u32, c: u32, w1: u32) -> u32 {
+    let (nb, m2) = (c & 127, (i >> 9) & 3);
+    (m2 * (w1 + 1) + nb) * 3 + nb.min(1) + ((c >> 9) & 1)
 }
 
-/// Element `j`'s index in a neighbor-form map over `window` ([`Window::index`] of its
-/// context), or `None` where its exponent class is outside.
+/// The neighbor part of element `j`'s context: [`near_of`] its neighbor's code, or nb = W1
+/// and up = 0 where it has none.
 #[inline(always)]
-fn map_index(
-    info: &[u16],
-    codes: &[u32],
-    j: usize,
-    d: usize,
-    w1: usize,
-    window: Window,
-) -> Option<usize> {
-    let i = info[j];
-    let k = ((i & 255) as usize).wrapping_sub(window.lo as usize);
-    (k < window.n as usize)
-        .then(|| near(i, codes, j, d, w1) * 2 * window.n as usize + 2 * k + rs(i))
+fn near(info: u16, codes: &[u32], j: usize, d: usize, w1: usize) -> u32 {
+    let (i, w1) = (info as u32, w1 as u32);
+    if j >= d {
+        near_of(i, codes[j - d], w1)
+    } else {
+        (((i >> 9) & 3) * (w1 + 1) + w1) * 3
+    }
+}
+
+/// The map index over `window` ([`Window::index`]) of the context with neighbor part `nr`
+/// and facts `i`: `nr·2n + (er - lo)·2 + rs`, or `u32::MAX` (in no map) where the exponent
+/// class is outside.
+#[inline(always)]
+fn index_of(nr: u32, i: u32, window: Window) -> u32 {
+    let k = class_of(i, window);
+    if k < 2 * window.n {
+        nr * 2 * window.n + k
+    } else {
+        u32::MAX
+    }
+}
+
+/// `(er - lo)·2 + rs` of facts `i` (wrapped, so above `2n`, where the class is below `lo`).
+#[inline(always)]
+fn class_of(i: u32, window: Window) -> u32 {
+    ((i & 255) * 2 + ((i >> 8) & 1)).wrapping_sub(2 * window.lo)
+}
+
+/// Element `j`'s map index over `window` ([`index_of`]).
+#[inline(always)]
+fn map_index(info: &[u16], codes: &[u32], j: usize, d: usize, w1: usize, window: Window) -> u32 {
+    index_of(near(info[j], codes, j, d, w1), info[j] as u32, window)
 }
 
 /// Histogram of the J stage in its neighbor form. The context space (up to 208,896
 /// contexts of 247 symbols) is far too large to count densely; a tensor's elements fall in
 /// a few thousand contexts: each thread gives an occupied context a row when it first sees
 /// it, through a map over the tensor's exponent classes (`lo..=hi`) only, and keeps its
-/// rows across the chunks it counts (rows per chunk, merged by sorting, were a sixth of
-/// an encode of the GPT-2 embedding).
+/// rows across the chunks it counts (rows per chunk, widened and merged by sorting: their
+/// `Hist::from_rows` alone was 6% of an encode's samples on the GPT-2 trajectory).
 #[inline(always)]
 pub fn histogram<T: Word>(
     isa: Isa,
@@ -84,7 +99,11 @@ pub fn histogram<T: Word>(
     debug_assert!(T::BITS <= 32);
     let space = Space::new(Stage::J, width, true);
     let (w1, a) = (width as usize + 1, space.alphabet());
-    let per_near = (hi - lo + 1) * 2;
+    let window = Window {
+        lo: lo as u32,
+        n: (hi - lo + 1) as u32,
+    };
+    let per_near = 2 * window.n as usize;
     let new = || Counts::new(4 * (w1 + 1) * 3 * per_near);
     let counts = chunk_ranges(d.len())
         .into_par_iter()
@@ -104,24 +123,18 @@ pub fn histogram<T: Word>(
                     let mut at = [0u32; BLOCK];
                     for b in (0..d.len()).step_by(BLOCK) {
                         let m = BLOCK.min(d.len() - b);
-                        let base = (2 * lo) as u32;
                         // Map indices: a branch-free loop (it vectorizes) where every element
-                        // of the block has its neighbor.
+                        // of the block has its neighbor. Every class is in the window.
                         if b >= distance {
                             let (info, nbs) = (&info[b..b + m], &acc.codes[b - distance..]);
                             for ((o, &i), &c) in at[..m].iter_mut().zip(info).zip(nbs) {
-                                let i = i as u32;
-                                let (nb, m2) = (c & 127, (i >> 9) & 3);
-                                let up = nb.min(1) + ((c >> 9) & 1);
-                                let nr = (m2 * (w1 as u32 + 1) + nb) * 3 + up;
-                                let ctx = (i & 255) * 2 + ((i >> 8) & 1);
-                                *o = nr * per_near as u32 + ctx - base;
+                                // (No outside check: the window is the data's classes.)
+                                let nr = near_of(i as u32, c, w1 as u32);
+                                *o = nr * 2 * window.n + class_of(i as u32, window);
                             }
                         } else {
                             for (o, j) in at[..m].iter_mut().zip(b..) {
-                                let (i, c) = (info[j], &acc.codes);
-                                let nr = near(i, c, j, distance, w1);
-                                *o = (nr * per_near + context(i)) as u32 - base;
+                                *o = map_index(info, &acc.codes, j, distance, w1, window);
                             }
                         }
                         for (o, j) in at[..m].iter_mut().zip(b..) {
@@ -236,8 +249,9 @@ pub fn lanes(
             let j = base + lane;
             // Every element's context has a row (the tables were built from these counts);
             // a missing one would code the identity, which the encoder's verify catches.
-            let ri = map_index(info, &s.codes, j, distance, w1, table.window)
-                .and_then(|k| table.map.get(k))
+            let ri = table
+                .map
+                .get(map_index(info, &s.codes, j, distance, w1, table.window) as usize)
                 .map_or(usize::MAX / 512, |&ri| ri as usize);
             let sym = lut[s.codes[j] as usize] as usize;
             e[lane] = table
@@ -318,21 +332,14 @@ pub fn packed_indices(
 ) {
     let n = codes.len().min(info.len());
     let w = table.window;
-    let (span, lo) = (2 * w.n, 2 * w.lo);
     idx.clear();
     idx.resize(n, 0);
     let head = distance.min(n);
     for (j, o) in idx[..head].iter_mut().enumerate() {
-        *o = map_index(info, codes, j, distance, w1, w).map_or(u32::MAX, |k| k as u32);
+        *o = map_index(info, codes, j, distance, w1, w);
     }
     for ((o, &i), &c) in idx[head..].iter_mut().zip(&info[head..n]).zip(&codes[..]) {
-        let i = i as u32;
-        let (nb, m2) = (c & 127, (i >> 9) & 3);
-        let up = nb.min(1) + ((c >> 9) & 1);
-        let nr = (m2 * (w1 as u32 + 1) + nb) * 3 + up;
-        // Outside the window: a wrapped, huge class index, which the map refuses.
-        let k = ((i & 255) * 2 + ((i >> 8) & 1)).wrapping_sub(lo);
-        *o = if k < span { nr * span + k } else { u32::MAX };
+        *o = index_of(near_of(i as u32, c, w1 as u32), i as u32, w);
     }
     let lut = joint_of_code();
     for (c, &k) in codes[..n].iter_mut().zip(idx.iter()) {
@@ -371,8 +378,9 @@ pub fn decode_steps(
         let xs = &mut states[..lanes];
         for lane in 0..lanes {
             let j = base + lane;
-            let ri = map_index(info, codes, j, distance, w1, near.window)
-                .and_then(|k| table.map.get(k))
+            let ri = table
+                .map
+                .get(map_index(info, codes, j, distance, w1, near.window) as usize)
                 .copied()
                 .unwrap_or(JointDec::NONE) as usize;
             let x = &mut xs[lane];

@@ -22,6 +22,18 @@ use core::arch::x86_64::*;
 /// `table`.
 #[inline(always)]
 pub(in crate::backend::cpu) unsafe fn gather8(table: *const u32, idx: __m256i) -> __m256i {
+    gather8_by(idx, |i| *table.add(i) as i32)
+}
+
+/// 8 lanes of `load(index)` for the lanes of `idx`, as [`gather8`] does them.
+///
+/// # Safety
+/// AVX2 (inlined into code built for it); `load` sound for every lane of `idx`.
+#[inline(always)]
+pub(in crate::backend::cpu) unsafe fn gather8_by(
+    idx: __m256i,
+    load: impl Fn(usize) -> i32,
+) -> __m256i {
     let (lo, hi) = (
         _mm256_castsi256_si128(idx),
         _mm256_extracti128_si256::<1>(idx),
@@ -33,7 +45,7 @@ pub(in crate::backend::cpu) unsafe fn gather8(table: *const u32, idx: __m256i) -
         _mm_cvtsi128_si64(hi),
         _mm_extract_epi64::<1>(hi),
     ];
-    let load = |i: u64| *table.add(i as u32 as usize) as i32;
+    let load = |i: u64| load(i as u32 as usize);
     let half = |a: i64, b: i64| {
         let v = _mm_cvtsi32_si128(load(a as u64));
         let v = _mm_insert_epi32::<1>(v, load(a as u64 >> 32));

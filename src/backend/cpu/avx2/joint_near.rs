@@ -15,7 +15,7 @@ use super::super::tables::EncStage;
 use super::super::word::Word;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, SLACK};
-use super::gather::gather8;
+use super::gather::{gather8, gather8_by};
 use super::joint::code_of;
 use super::joint::lanes;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -145,33 +145,16 @@ pub unsafe fn decode_steps(
     Ok(step)
 }
 
-/// The bytes at 8 indices of `table`, as dwords (a 4-byte load each, its low byte kept).
+/// The bytes at 8 indices of `table`, as dwords (a 4-byte load each, its low byte kept:
+/// one insert with the load folded in, as [`gather8`]).
 ///
 /// # Safety
 /// AVX2; every index `i` of `idx` with `i + 4` bytes readable at `table`.
 #[inline(always)]
 unsafe fn gather8_bytes(table: *const u8, idx: __m256i) -> __m256i {
-    let (lo, hi) = (
-        _mm256_castsi256_si128(idx),
-        _mm256_extracti128_si256::<1>(idx),
-    );
-    let pairs = [
-        _mm_cvtsi128_si64(lo),
-        _mm_extract_epi64::<1>(lo),
-        _mm_cvtsi128_si64(hi),
-        _mm_extract_epi64::<1>(hi),
-    ];
-    let load = |i: u64| (table.add(i as u32 as usize) as *const u32).read_unaligned() as i32;
-    let half = |a: i64, b: i64| {
-        let v = _mm_cvtsi32_si128(load(a as u64));
-        let v = _mm_insert_epi32::<1>(v, load(a as u64 >> 32));
-        let v = _mm_insert_epi32::<2>(v, load(b as u64));
-        _mm_insert_epi32::<3>(v, load(b as u64 >> 32))
-    };
-    let v = _mm256_inserti128_si256::<1>(
-        _mm256_castsi128_si256(half(pairs[0], pairs[1])),
-        half(pairs[2], pairs[3]),
-    );
+    let v = gather8_by(idx, |i| {
+        (table.add(i) as *const u32).read_unaligned() as i32
+    });
     _mm256_and_si256(v, _mm256_set1_epi32(255))
 }
 
