@@ -686,6 +686,27 @@ pub fn fast_neighbor(backend: &dyn Backend, max_len: usize) {
         seen,
         "the matrix never chose the joint stage's neighbor form"
     );
+    // Rows half a chunk wide: half of each chunk's elements have no neighbor, enough for
+    // their contexts to get rows of their own, whose ids pin the no-neighbor context.
+    let cols = CHUNK_ELEMS / 2;
+    for (i, dtype) in [DType::BF16, DType::F32].into_iter().enumerate() {
+        if 4 * cols > max_len {
+            continue;
+        }
+        let shape = [4, cols as u64];
+        let (r, x) = pair_bytes_with(dtype, 4 * cols, cols, 31 + i as u64, true);
+        let pair = TensorPair {
+            dtype,
+            shape: &shape,
+            reference: &r,
+            target: &x,
+        };
+        let what = format!("{dtype} rows of {cols}");
+        assert!(
+            check(&pair, &what),
+            "{what}: the neighbor form was not chosen"
+        );
+    }
     for name in [
         "gpt2_step000400_bf16.safetensors",
         "gpt2_step000800_fp32.safetensors",
