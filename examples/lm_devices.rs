@@ -3,7 +3,7 @@
 //! checks the streams are the same bytes, and the medians and ranges are printed per device.
 //!
 //! `cargo run --release --example lm_devices -- FILE [--rounds N] [--gpt2-small]
-//! [--devices cpu,wgpu]`: the shipped tinygpt2 model, or with `--gpt2-small` a random model
+//! [--devices cpu,wgpu]` (`cpu-avx2`, `cpu-portable`, ...: the CPU pinned to one level): the shipped tinygpt2 model, or with `--gpt2-small` a random model
 //! of GPT-2-small's shape (12 x 768, vocab 50257; segments of 255 tokens).
 //! `--int8-rate MACS_PER_S` also prints the floor: the model's int8 matmul MACs per token
 //! (every token is coded, so the head counts for each; attention's 2 pos d per layer is left
@@ -17,6 +17,7 @@
 
 use std::time::Instant;
 
+use lockstep::backend::cpu::Isa;
 use lockstep::backend::cuda::profile::Report;
 use lockstep::backend::{select, BackendChoice, Device};
 use lockstep::format::lm::model_file::Model;
@@ -30,6 +31,12 @@ fn device(name: &str, profile: bool) -> (Device, Option<std::sync::Arc<dyn Repor
         let (d, r) = Device::cuda_profiled(name == "cuda-emulated")
             .unwrap_or_else(|e| panic!("device {name}: {e}"));
         return (d, Some(r));
+    }
+    // `cpu-avx2`, `cpu-portable`, ...: the CPU pinned to one level (a level of a lower CPU
+    // measured on this one, both codecs' kernels at it).
+    if let Some(isa) = Isa::ALL.iter().find(|i| name == format!("cpu-{}", i.tag())) {
+        let d = Device::cpu_at(*isa).unwrap_or_else(|| panic!("this CPU does not run {name}"));
+        return (d, None);
     }
     let choice = match name {
         "cpu" => BackendChoice::Cpu,

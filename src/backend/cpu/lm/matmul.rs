@@ -1,5 +1,5 @@
 //! The int8 matmul with integer rescale (docs/INTEGER_GPT2.md §4): the readable dot product,
-//! then its AVX2 and AVX-512 VNNI versions, all giving the same i32 sums.
+//! then its AVX2, AVX-VNNI and AVX-512 VNNI versions, all giving the same i32 sums.
 
 // The VNNI and AMX paths are x86 code: elsewhere their fields and helpers go unused.
 #![cfg_attr(not(target_arch = "x86_64"), allow(unused_imports, dead_code))]
@@ -239,6 +239,8 @@ pub struct VnniRows {
     bias: Vec<i32>,
     /// Which calls run on AMX tiles.
     amx: AmxUse,
+    /// Read by the 256-bit AVX-VNNI kernel ([`Dot::AvxVnni`]) rather than the AVX-512 one.
+    narrow: bool,
 }
 
 impl Default for VnniRows {
@@ -248,6 +250,7 @@ impl Default for VnniRows {
             kp: 0,
             bias: Vec::new(),
             amx: AmxUse::Never,
+            narrow: false,
         }
     }
 }
@@ -281,7 +284,10 @@ fn amx_wins(n: usize, kp: usize) -> bool {
 const LONG_ROWS: usize = 256;
 
 impl VnniRows {
-    pub fn new(w: &[i8], row_sum: &[i32], k: usize) -> VnniRows {
+    /// The layout for `kernel` ([`Dot::Vnni`] or [`Dot::AvxVnni`]: the same bytes, read 16 or
+    /// 8 rows per register; only the AVX-512 kernel's calls may go to AMX tiles).
+    pub fn new(w: &[i8], row_sum: &[i32], k: usize, kernel: Dot) -> VnniRows {
+        assert!(matches!(kernel, Dot::Vnni | Dot::AvxVnni));
         let rows = row_sum.len();
         let kp = k.next_multiple_of(64);
         let (groups, quads) = (rows.div_ceil(16), kp / 4);
@@ -300,7 +306,8 @@ impl VnniRows {
             });
         let mut bias: Vec<i32> = row_sum.iter().map(|&s| 128 * s).collect();
         bias.resize(groups * 16, 0);
-        let amx = if amx::available() {
+        let narrow = kernel == Dot::AvxVnni;
+        let amx = if amx::available() && !narrow {
             AmxUse::ByShape
         } else {
             AmxUse::Never
@@ -310,6 +317,7 @@ impl VnniRows {
             kp,
             bias,
             amx,
+            narrow,
         }
     }
 
@@ -317,7 +325,7 @@ impl VnniRows {
     /// never), where the CPU has them: for tests of either kernel.
     #[cfg(test)]
     pub fn with_amx_from(mut self, items: usize) -> VnniRows {
-        self.amx = if amx::available() && items < usize::MAX {
+        self.amx = if amx::available() && items < usize::MAX && !self.narrow {
             AmxUse::From(items)
         } else {
             AmxUse::Never
@@ -341,10 +349,105 @@ impl VnniRows {
     /// layout of the matmul's output, so a lane group is stored whole, not transposed.
     pub fn dots(&self, r0: usize, r1: usize, xu: &[u8], n: usize, acc: &mut [i32]) {
         assert!(r0.is_multiple_of(16) && r0 <= r1 && r1 <= self.bias.len());
-        assert!(xu.len() >= n * self.kp && acc.len() >= (r1 - r0) * n && vnni());
+        assert!(xu.len() >= n * self.kp && acc.len() >= (r1 - r0) * n);
+        if self.narrow {
+            assert!(avx_vnni());
+            // SAFETY: AVX2 and AVX-VNNI are present (asserted); every access lies inside the
+            // groups of rows r0..r1 (padded), the n items of `xu` and `acc` (asserted).
+            return unsafe { self.dots_avx_vnni(r0, r1, xu, n, acc) };
+        }
+        assert!(vnni());
         // SAFETY: AVX-512 F/BW/VNNI are present (asserted); every access lies inside the
         // groups of rows r0..r1 (padded), the n items of `xu` and `acc` (asserted).
         unsafe { self.dots_vnni(r0, r1, xu, n, acc) }
+    }
+
+    /// [`VnniRows::dots`] on 256-bit registers (AVX-VNNI: the `vpdpbusd` of CPUs with
+    /// AVX2 but no AVX-512, such as Intel's since Alder Lake): each group of 16 rows read
+    /// as two halves of 8, a block's low and high 32 bytes. Sixteen registers instead of
+    /// 32, so smaller blocks than the AVX-512 kernel's: four items against two halves (8
+    /// accumulators beside the 4 broadcasts), one item against eight halves.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    unsafe fn dots_avx_vnni(&self, r0: usize, r1: usize, xu: &[u8], n: usize, acc: &mut [i32]) {
+        use std::arch::x86_64::*;
+        let mut store = |h: usize, t: usize, v: __m256i| {
+            let row = h * 8;
+            let dst = acc.as_mut_ptr().add(t * (r1 - r0) + row - r0);
+            if r1 - row >= 8 {
+                _mm256_storeu_si256(dst.cast(), v);
+            } else {
+                // The rows of the last half that exist (the rest is padding).
+                let mut all = [0i32; 8];
+                _mm256_storeu_si256(all.as_mut_ptr().cast(), v);
+                std::ptr::copy_nonoverlapping(all.as_ptr(), dst, r1 - row);
+            }
+        };
+        let (h0, h1) = (r0 / 8, r1.div_ceil(8));
+        let mut t = 0;
+        while t + 4 <= n {
+            let mut h = h0;
+            while h + 2 <= h1 {
+                self.block_avx_vnni::<2, 4>(h, t, xu, &mut store);
+                h += 2;
+            }
+            if h < h1 {
+                self.block_avx_vnni::<1, 4>(h, t, xu, &mut store);
+            }
+            t += 4;
+        }
+        while t < n {
+            let mut h = h0;
+            while h + 8 <= h1 {
+                self.block_avx_vnni::<8, 1>(h, t, xu, &mut store);
+                h += 8;
+            }
+            while h < h1 {
+                self.block_avx_vnni::<1, 1>(h, t, xu, &mut store);
+                h += 1;
+            }
+            t += 1;
+        }
+    }
+
+    /// Halves `h0..h0 + H` (8 rows each: half `h` is group `h / 2`'s low or high 32 bytes)
+    /// against items `t0..t0 + T`, each half's sums stored by `store(half, item, sums)`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    #[inline]
+    unsafe fn block_avx_vnni<const H: usize, const T: usize>(
+        &self,
+        h0: usize,
+        t0: usize,
+        xu: &[u8],
+        store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m256i),
+    ) {
+        use std::arch::x86_64::*;
+        let quads = self.kp / 4;
+        let xp = xu.as_ptr().add(t0 * self.kp);
+        let half = |h: usize| self.w.as_ptr().add(h / 2 * quads * 64 + h % 2 * 32);
+        let wp: [*const i8; H] = std::array::from_fn(|i| half(h0 + i));
+        let mut a = [[_mm256_setzero_si256(); T]; H];
+        for q in 0..quads {
+            let mut xb = [_mm256_setzero_si256(); T];
+            for (t, x) in xb.iter_mut().enumerate() {
+                *x = _mm256_set1_epi32(std::ptr::read_unaligned(
+                    xp.add(t * self.kp + 4 * q) as *const i32
+                ));
+            }
+            for (ah, p) in a.iter_mut().zip(&wp) {
+                let wv = _mm256_loadu_si256(p.add(q * 64) as *const _);
+                for (at, &x) in ah.iter_mut().zip(&xb) {
+                    *at = _mm256_dpbusd_avx_epi32(*at, x, wv);
+                }
+            }
+        }
+        for (i, ah) in a.iter().enumerate() {
+            let bias = _mm256_loadu_si256(self.bias.as_ptr().add((h0 + i) * 8) as *const _);
+            for (t, &v) in ah.iter().enumerate() {
+                store(h0 + i, t0 + t, _mm256_sub_epi32(v, bias));
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -584,7 +687,7 @@ impl VnniRows {
     ) {
         let n = f.tms.len();
         assert!(r0.is_multiple_of(16) && r0 <= r1 && r1 <= self.bias.len());
-        assert!(xu.len() >= n * self.kp && f.tes.len() == n && vnni());
+        assert!(xu.len() >= n * self.kp && f.tes.len() == n && vnni() && !self.narrow);
         assert!(f.rows.ms.len() >= r1.next_multiple_of(16) && f.rows.es.len() >= f.rows.ms.len());
         assert!(f.rows.bias.len() >= f.rows.ms.len() && f.rows.lanes.len() >= 3 * f.rows.ms.len());
         assert!(f.tops.is_none_or(|t| t.len() == n));
@@ -718,6 +821,11 @@ impl VnniRows {
     unsafe fn dots_vnni(&self, _: usize, _: usize, _: &[u8], _: usize, _: &mut [i32]) {
         unreachable!("vnni() is false off x86_64")
     }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn dots_avx_vnni(&self, _: usize, _: usize, _: &[u8], _: usize, _: &mut [i32]) {
+        unreachable!("avx_vnni() is false off x86_64")
+    }
 }
 
 /// The dot-product kernel an instruction-set level runs.
@@ -725,7 +833,12 @@ impl VnniRows {
 pub enum Dot {
     Generic,
     Avx2,
-    /// AVX-512 VNNI (the `Avx512` level where the CPU has VNNI; AVX2 where it has not).
+    /// AVX-VNNI: `vpdpbusd` on 256-bit registers, for the `Avx2` level where the CPU has it
+    /// (Intel since Alder Lake and Sapphire Rapids, AMD since Zen 5; laptops without AVX-512
+    /// among them). The [`VnniRows`] layout, eight rows per register.
+    AvxVnni,
+    /// AVX-512 VNNI (the `Avx512` level where the CPU has VNNI; AVX-VNNI or AVX2 where it
+    /// has not).
     Vnni,
 }
 
@@ -734,10 +847,15 @@ impl Dot {
     pub fn at(isa: Isa) -> Dot {
         match isa {
             Isa::Portable | Isa::Neon => Dot::Generic,
-            Isa::Avx2 => Dot::Avx2,
             Isa::Avx512 if vnni() => Dot::Vnni,
-            Isa::Avx512 => Dot::Avx2,
+            Isa::Avx2 | Isa::Avx512 if avx_vnni() => Dot::AvxVnni,
+            Isa::Avx2 | Isa::Avx512 => Dot::Avx2,
         }
+    }
+
+    /// Whether this kernel reads the [`VnniRows`] layout.
+    fn vnni_layout(self) -> bool {
+        matches!(self, Dot::Vnni | Dot::AvxVnni)
     }
 
     /// `acc[t * rows + r] = dot(w row r, item t)` for the whole rows in `w` (`k` each) and `n`
@@ -749,7 +867,7 @@ impl Dot {
         assert!(k > 0 && w.len() == rows * k && xs.len() >= n * k && acc.len() >= rows * n);
         match self {
             #[cfg(target_arch = "x86_64")]
-            Dot::Avx2 | Dot::Vnni => {
+            Dot::Avx2 | Dot::AvxVnni | Dot::Vnni => {
                 assert!(Isa::Avx2.available());
                 // SAFETY: AVX2 is present (asserted); slices are in bounds (asserted above).
                 unsafe { dots_avx2(w, xs, k, n, acc) }
@@ -823,8 +941,8 @@ impl<'m> CpuLinear<'m> {
 
     fn prepare(isa: Isa, lin: Cow<'m, Linear>) -> CpuLinear<'m> {
         let kernel = Dot::at(isa);
-        let vnni = if kernel == Dot::Vnni {
-            VnniRows::new(&lin.w, &lin.row_sum, lin.k)
+        let vnni = if kernel.vnni_layout() {
+            VnniRows::new(&lin.w, &lin.row_sum, lin.k, kernel)
         } else {
             VnniRows::default()
         };
@@ -849,6 +967,23 @@ impl<'m> CpuLinear<'m> {
 /// Whether the matmul of level `isa` runs AMX-INT8 tiles for batched calls here.
 pub fn amx_at(isa: Isa) -> bool {
     Dot::at(isa) == Dot::Vnni && amx::available()
+}
+
+/// Whether the matmul of level `isa` runs the 256-bit AVX-VNNI kernel here.
+pub fn avx_vnni_at(isa: Isa) -> bool {
+    Dot::at(isa) == Dot::AvxVnni
+}
+
+/// Whether this CPU has the 256-bit AVX-VNNI dot products (beside AVX2).
+fn avx_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avxvnni") && Isa::Avx2.available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether this CPU has the AVX-512 VNNI dot products.
@@ -931,7 +1066,7 @@ pub fn matmul_tops(
         out.clear();
         return None;
     }
-    let xu: Vec<u8> = if cl.kernel == Dot::Vnni {
+    let xu: Vec<u8> = if cl.kernel.vnni_layout() {
         cl.vnni.activations(xq, k)
     } else {
         Vec::new()
@@ -997,7 +1132,7 @@ pub fn matmul_tops(
             let acc = &mut acc[..w * n];
             // Item-major sums: each item's row of the output is rescaled on its own (a
             // transpose of row-major sums cost a fifth of a batched encode).
-            if cl.kernel == Dot::Vnni {
+            if cl.kernel.vnni_layout() {
                 cl.vnni.dots(j0, j1, &xu, n, acc);
             } else {
                 cl.kernel.dots(&lin.w[j0 * k..j1 * k], xq, k, n, acc);
@@ -1243,7 +1378,8 @@ mod tests {
                     for (r, a) in want.chunks_mut(n).enumerate() {
                         dot_rows_generic(&w[r * k..(r + 1) * k], &xs, k, a);
                     }
-                    let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k).with_amx_from(1);
+                    let v =
+                        VnniRows::new(&w, &Linear::row_sums(&w, k), k, Dot::Vnni).with_amx_from(1);
                     let xu = v.activations(&xs, k);
                     for r0 in (0..rows).step_by(16) {
                         for r1 in [r0 + 1, (r0 + 17).min(rows), (r0 + 40).min(rows), rows] {
@@ -1288,7 +1424,7 @@ mod tests {
         let split = Split::PARALLEL;
         for (rows, k) in shapes {
             let w: Vec<i8> = (0..rows * k).map(|i| (i * 7 % 251) as i8).collect();
-            let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k);
+            let v = VnniRows::new(&w, &Linear::row_sums(&w, k), k, Dot::Vnni);
             let mut line = format!("{rows:>5} x {k:<4} AMX/VNNI time, n = 1..16:");
             for n in 1usize..=16 {
                 let xs: Vec<i8> = (0..n * k).map(|i| (i * 13 % 255) as i8).collect();
@@ -1505,9 +1641,11 @@ mod tests {
                     Dot::at(isa).dots(&w, &xs, k, n, &mut got);
                     assert_eq!(got, items, "k={k} rows={rows} n={n} {isa:?}");
                 }
-                if vnni() {
-                    // Every range of whole groups the tiles can ask for.
-                    let v = VnniRows::new(&w, &rs, k);
+                // Both kernels of the VNNI layout this CPU runs; every range of whole
+                // groups the tiles can ask for.
+                let here = [(Dot::Vnni, vnni()), (Dot::AvxVnni, avx_vnni())];
+                for kernel in here.into_iter().filter(|k| k.1).map(|k| k.0) {
+                    let v = VnniRows::new(&w, &rs, k, kernel);
                     let xu = v.activations(&xs, k);
                     for r0 in (0..rows).step_by(16) {
                         for r1 in r0..=rows {
@@ -1517,7 +1655,7 @@ mod tests {
                                 assert_eq!(
                                     got[t * (r1 - r0) + r - r0],
                                     want[r * n + t],
-                                    "vnni k={k} rows {r0}..{r1} n={n} row {r} item {t}"
+                                    "{kernel:?} k={k} rows {r0}..{r1} n={n} row {r} item {t}"
                                 );
                             }
                         }

@@ -1,5 +1,5 @@
 //! The CPU device's language-model kernels: one file per operation, each readable reference
-//! beside its fast versions (matmul: generic, AVX2, AVX-512 VNNI dot products, AMX-INT8 tiles
+//! beside its fast versions (matmul: generic, AVX2, AVX-VNNI, AVX-512 VNNI dot products, AMX-INT8 tiles
 //! for batched calls; rescale; LayerNorm and quantization; attention, one item or a run of a
 //! sequence's items; logits to frequencies), chosen by the same
 //! instruction-set level as the delta codec's ([`Isa`]), so pinning a level pins both codecs.
@@ -52,6 +52,8 @@ impl LmKernels for CpuLm {
             self.0.name(),
             if matmul::amx_at(self.0) {
                 " + AMX-INT8"
+            } else if matmul::avx_vnni_at(self.0) {
+                " + AVX-VNNI"
             } else {
                 ""
             }
