@@ -1122,6 +1122,7 @@ pub fn matmul_tops(
         let w = j1 - j0;
         let (ms, es) = (&cl.scales.ms[j0..j1], &cl.scales.es[j0..j1]);
         let bias = &cl.scales.bias[j0..j1];
+        let scales = &cl.scales;
         ACC.with(|acc| {
             let acc = &mut *acc.borrow_mut();
             // Only grown: the kernels write every sum they are asked for (a zeroed buffer per
@@ -1140,7 +1141,8 @@ pub fn matmul_tops(
             for (t, a) in acc.chunks_exact(w).enumerate() {
                 let (tm, te) = (&tms[t..t + 1], &tes[t..t + 1]);
                 if fast {
-                    rescale_item_fast(isa, a, ms, es, bias, tm, te, out_frac, clamp, dst[t]);
+                    let (tm, te) = (tm[0], te[0]);
+                    rescale_item_fast(isa, a, scales, j0, tm, te, out_frac, clamp, dst[t]);
                 } else {
                     rescale(isa, a, 1, ms, es, bias, tm, te, out_frac, clamp, dst[t]);
                 }
@@ -1292,10 +1294,14 @@ mod tests {
     #[test]
     fn fused_rescale_at_its_bounds() {
         use crate::backend::cpu::lm::rescale::FUSED_MAX_K;
-        if !Isa::Avx512.available() || !vnni() {
-            return; // no fused path on this CPU
+        // The fused rescale of the AVX-512 VNNI kernel, and the AVX2 level's rescale from
+        // the same 64-bit lanes, where this CPU runs them.
+        let fused_here = Isa::Avx512.available() && vnni();
+        if !fused_here && !Isa::Avx2.available() {
+            println!("skipped: neither AVX-512 VNNI nor AVX2 here (only the portable rescale)");
+            return;
         }
-        let rows = 32;
+        let rows = 44;
         for k in [FUSED_MAX_K, FUSED_MAX_K + 64] {
             let w: Vec<i8> = (0..rows * k)
                 .map(|i| if (i / k) % 2 == 0 { -128 } else { 127 })
@@ -1318,7 +1324,7 @@ mod tests {
                 .flat_map(|(t, &x)| (0..k).map(move |c| if t < 2 || c % 2 == 0 { x } else { -x }))
                 .collect();
             let sc = vec![(65535i64, 12i32), (65535, 12), (40000, 12), (1, 12)];
-            let fused = CpuLinear::new(Isa::Avx512, &lin);
+            let fused = CpuLinear::new(Isa::Portable, &lin);
             let tms: Vec<i64> = sc.iter().map(|s| s.0).collect();
             let tes: Vec<i32> = sc.iter().map(|s| s.1).collect();
             assert_eq!(fused.scales.fast(&tms, &tes, 12), k <= FUSED_MAX_K, "k={k}");
@@ -1330,12 +1336,17 @@ mod tests {
                     reached > 0 && reached < want.len(),
                     "clamped and unclamped outputs"
                 );
-                for amx_from in [1, usize::MAX] {
+                for amx_from in [1, usize::MAX].into_iter().filter(|_| fused_here) {
                     let cl = CpuLinear::new(Isa::Avx512, &lin).with_amx_from(amx_from);
                     for split in [Split::SERIAL, Split::PARALLEL] {
                         let got = matmul(Isa::Avx512, split, &cl, &xq, &sc, 12, clamp);
                         assert_eq!(got, want, "k={k} clamp={clamp} amx from {amx_from}");
                     }
+                }
+                if Isa::Avx2.available() {
+                    let cl = CpuLinear::new(Isa::Avx2, &lin);
+                    let got = matmul(Isa::Avx2, Split::SERIAL, &cl, &xq, &sc, 12, clamp);
+                    assert_eq!(got, want, "k={k} clamp={clamp} AVX2");
                 }
             }
         }

@@ -124,34 +124,112 @@ pub fn rescale(
     })
 }
 
-/// [`rescale`] of one item's sums (`n = 1`) in a call whose items [`RowScales::fast`]
-/// admitted: the branch-free path straight away, without `rescale`'s scans of the
-/// exponents (per item of a batched call, those scans cost half as much as the rescale).
+/// [`rescale`] of one item's sums (`n = 1`, multiplier `tm`, exponent `te`) for rows
+/// `j0..j0 + acc.len()` of `rows` (`j0` a multiple of 16) in a call whose items
+/// [`RowScales::fast`] admitted: the branch-free path straight away, without `rescale`'s
+/// scans of the exponents (per item of a batched call, those scans cost half as much as the
+/// rescale).
 #[allow(clippy::too_many_arguments)]
 pub fn rescale_item_fast(
     isa: Isa,
     acc: &[i32],
-    ms: &[i64],
-    es: &[i32],
-    bias: &[i32],
-    tm: &[i64],
-    te: &[i32],
+    rows: &RowScales,
+    j0: usize,
+    tm: i64,
+    te: i32,
     out_frac: i32,
     clamp: i64,
     res: &mut [i32],
 ) {
-    debug_assert!(tm.len() == 1 && te.len() == 1);
+    let j1 = j0 + acc.len();
+    assert!(j0.is_multiple_of(16) && j1 <= rows.ms.len() && res.len() >= acc.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: the level implies AVX2 (`Isa::available`); `RowScales::fast` admitted the
+        // call (shifts in 1..=63, multipliers below 2^16, k <= FUSED_MAX_K); the rows lie
+        // inside `rows` (asserted), whose lanes cover every group of its padded rows.
+        unsafe { rescale_lanes_avx2(acc, rows, j0, tm, te - out_frac, clamp, res) };
+        return;
+    }
+    let (ms, es, bias) = (&rows.ms[j0..j1], &rows.es[j0..j1], &rows.bias[j0..j1]);
     // `RowScales::fast` checked that every multiplier is below 2^16.
-    rescale_fast_at(
-        isa,
-        acc,
-        1,
-        (ms, es, bias, tm, te),
-        out_frac,
-        clamp,
-        res,
-        || true,
-    )
+    let args = (ms, es, bias, &[tm][..], &[te][..]);
+    rescale_fast_at(isa, acc, 1, args, out_frac, clamp, res, || true)
+}
+
+/// [`rescale_item_fast`] at AVX2, eight rows per step from the rows' 64-bit lanes
+/// ([`RowScales::lanes`], the fused VNNI rescale's layout): the even rows' sums in the low
+/// halves of the 64-bit lanes, the odd rows' in the high halves, so nothing is widened or
+/// packed (the four-row steps of [`rescale_avx2`] spent a third of their instructions on
+/// that). The integers of `VnniRows::dots_rescaled`: `clamp((q + 2b + 1) >> 1)` with
+/// `q = x >> (s - 1)`, `x = a * m * t_m`, `s = e + t_e - out_frac` (`sh` is `t_e -
+/// out_frac`); the clamp is applied before the halving, as `[-2c, 2c + 1]` (the same
+/// result), so that the halving's low 32 bits, all that is kept, need no arithmetic shift,
+/// and AVX2's missing 64-bit arithmetic shift of `x` is `((x ^ g) >> s) ^ g`, `g` its sign.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rescale_lanes_avx2(
+    acc: &[i32],
+    rows: &RowScales,
+    j0: usize,
+    tm: i64,
+    sh: i32,
+    clamp: i64,
+    res: &mut [i32],
+) {
+    use std::arch::x86_64::*;
+    let w = acc.len();
+    let lanes = rows.lanes.as_ptr().add(j0 / 16 * 48);
+    let zero = _mm256_setzero_si256();
+    let (tm_v, sh_v) = (_mm256_set1_epi64x(tm), _mm256_set1_epi64x(sh as i64 - 1));
+    let (lo, hi) = (
+        _mm256_set1_epi64x(-2 * clamp),
+        _mm256_set1_epi64x(2 * clamp + 1),
+    );
+    // Four rows: magnitudes `mag` (low halves), signs `neg` (all ones where negative), the
+    // rows' multipliers at `at`, exponents 16 and `2b + 1` 32 values on; the clamped
+    // `q + 2b + 1`.
+    let four = |mag: __m256i, neg: __m256i, at: *const i64| {
+        let m = _mm256_loadu_si256(at.cast());
+        let e = _mm256_loadu_si256(at.add(16).cast());
+        let b21 = _mm256_loadu_si256(at.add(32).cast());
+        let x = _mm256_mul_epu32(mag, _mm256_mul_epu32(m, tm_v));
+        let x = _mm256_sub_epi64(_mm256_xor_si256(x, neg), neg);
+        let g = _mm256_cmpgt_epi64(zero, x);
+        let s = _mm256_add_epi64(e, sh_v);
+        let q = _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(x, g), s), g);
+        let y = _mm256_add_epi64(q, b21);
+        let y = _mm256_blendv_epi8(y, hi, _mm256_cmpgt_epi64(y, hi));
+        _mm256_blendv_epi8(y, lo, _mm256_cmpgt_epi64(lo, y))
+    };
+    let mut r = 0;
+    while r + 8 <= w {
+        let v = _mm256_loadu_si256(acc.as_ptr().add(r).cast());
+        // |i32::MIN| is 2^31 as u32: still exact.
+        let mag = _mm256_abs_epi32(v);
+        let at = lanes.add(r / 16 * 48 + r % 16 / 2);
+        let even = four(
+            mag,
+            _mm256_cmpgt_epi64(zero, _mm256_slli_epi64::<32>(v)),
+            at,
+        );
+        let odd = four(
+            _mm256_srli_epi64::<32>(mag),
+            _mm256_cmpgt_epi64(zero, v),
+            at.add(8),
+        );
+        // Each halving's bits 1..=32 into its row's half of the lane.
+        let out = _mm256_blend_epi32::<0b1010_1010>(
+            _mm256_srli_epi64::<1>(even),
+            _mm256_slli_epi64::<31>(odd),
+        );
+        _mm256_storeu_si256(res.as_mut_ptr().add(r).cast(), out);
+        r += 8;
+    }
+    for r in r..w {
+        let (m, e, b) = (rows.ms[j0 + r], rows.es[j0 + r], rows.bias[j0 + r]);
+        res[r] = rescale_one(acc[r], m * tm, (e + sh) as i64, b as i64, clamp);
+    }
 }
 
 /// The branch-free rescale at level `isa`, every shift known to lie in 1..=63; `small`
