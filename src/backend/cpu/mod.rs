@@ -61,7 +61,8 @@ pub enum Isa {
     /// so [`Isa::detect`] picks it there.
     Neon,
     /// Explicit AVX2 rANS lanes, encoding and decoding (8 per vector), and the decoder's
-    /// tail pass; the other loops compiled with AVX2 (auto-vectorized, no intrinsics).
+    /// tail pass; the other loops compiled with AVX2 (auto-vectorized, no intrinsics). The
+    /// language model uses AVX-VNNI dot products here where the CPU has them.
     Avx2,
     /// Explicit AVX-512 (F, BW, VL, CD) rANS lanes: 16 lanes per vector. The language model
     /// uses VNNI dot products here where the CPU has them (AVX2 ones where it has not).
