@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::amx;
 use super::rescale::{rescale, rescale_item_fast, RowScales};
+#[cfg(target_arch = "x86_64")]
+use super::rescale::{rescale8_avx2, Item8};
 use super::split::Split;
 use crate::backend::cpu::Isa;
 use crate::format::lm::model_file::Linear;
@@ -383,27 +385,41 @@ impl VnniRows {
                 std::ptr::copy_nonoverlapping(all.as_ptr(), dst, r1 - row);
             }
         };
-        let (h0, h1) = (r0 / 8, r1.div_ceil(8));
+        self.each_block_avx_vnni((r0 / 8, r1.div_ceil(8)), xu, n, &mut store);
+    }
+
+    /// The loop over items and halves of [`VnniRows::dots_avx_vnni`], each half's sums given
+    /// to `store(half, item, sums)`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    #[inline]
+    unsafe fn each_block_avx_vnni(
+        &self,
+        (h0, h1): (usize, usize),
+        xu: &[u8],
+        n: usize,
+        store: &mut impl FnMut(usize, usize, std::arch::x86_64::__m256i),
+    ) {
         let mut t = 0;
         while t + 4 <= n {
             let mut h = h0;
             while h + 2 <= h1 {
-                self.block_avx_vnni::<2, 4>(h, t, xu, &mut store);
+                self.block_avx_vnni::<2, 4>(h, t, xu, store);
                 h += 2;
             }
             if h < h1 {
-                self.block_avx_vnni::<1, 4>(h, t, xu, &mut store);
+                self.block_avx_vnni::<1, 4>(h, t, xu, store);
             }
             t += 4;
         }
         while t < n {
             let mut h = h0;
             while h + 8 <= h1 {
-                self.block_avx_vnni::<8, 1>(h, t, xu, &mut store);
+                self.block_avx_vnni::<8, 1>(h, t, xu, store);
                 h += 8;
             }
             while h < h1 {
-                self.block_avx_vnni::<1, 1>(h, t, xu, &mut store);
+                self.block_avx_vnni::<1, 1>(h, t, xu, store);
                 h += 1;
             }
             t += 1;
@@ -687,10 +703,16 @@ impl VnniRows {
     ) {
         let n = f.tms.len();
         assert!(r0.is_multiple_of(16) && r0 <= r1 && r1 <= self.bias.len());
-        assert!(xu.len() >= n * self.kp && f.tes.len() == n && vnni() && !self.narrow);
+        assert!(xu.len() >= n * self.kp && f.tes.len() == n);
         assert!(f.rows.ms.len() >= r1.next_multiple_of(16) && f.rows.es.len() >= f.rows.ms.len());
         assert!(f.rows.bias.len() >= f.rows.ms.len() && f.rows.lanes.len() >= 3 * f.rows.ms.len());
         assert!(f.tops.is_none_or(|t| t.len() == n));
+        if self.narrow {
+            assert!(avx_vnni());
+            // SAFETY: AVX2 and AVX-VNNI are present (asserted); as below otherwise.
+            return unsafe { self.dots_rescaled_avx_vnni((r0, r1), xu, f, out, stride) };
+        }
+        assert!(vnni());
         // SAFETY: AVX-512 F/BW/VNNI are present (asserted); reads lie inside the groups of
         // rows r0..r1 (padded, in this layout and in `f.rows`: asserted) and the n items of
         // `xu`; the writes are the caller's contract.
@@ -803,6 +825,81 @@ impl VnniRows {
                 a.fetch_max(_mm512_reduce_max_epi32(t), Ordering::Relaxed);
             }
         }
+    }
+
+    /// [`VnniRows::dots_rescaled`] on the AVX-VNNI kernel: each half's eight sums rescaled
+    /// in registers by [`rescale8_avx2`] (the AVX2 level's rescale) as they leave the block,
+    /// stored, and each item's top kept where wanted.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    unsafe fn dots_rescaled_avx_vnni(
+        &self,
+        (r0, r1): (usize, usize),
+        xu: &[u8],
+        f: &Fused,
+        out: *mut i32,
+        stride: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let n = f.tms.len();
+        // Each item's largest output so far, where the caller wants it: on the stack for the
+        // calls of up to TOPS_ON_STACK items (the decoder's), else allocated.
+        const TOPS_ON_STACK: usize = 32;
+        let wanted = if f.tops.is_some() { n } else { 0 };
+        let mut on_stack = [_mm256_set1_epi32(i32::MIN); TOPS_ON_STACK];
+        let mut on_heap = Vec::new();
+        let tops: &mut [__m256i] = if wanted <= TOPS_ON_STACK {
+            &mut on_stack[..wanted]
+        } else {
+            on_heap.resize(wanted, _mm256_set1_epi32(i32::MIN));
+            &mut on_heap
+        };
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut store = |h: usize, t: usize, v: __m256i| {
+            let row = h * 8;
+            let item = Item8::new(f.tms[t], f.tes[t] - f.out_frac, f.clamp);
+            let r = rescale8_avx2(v, f.rows.lanes8(row), &item);
+            // The rows of the last half that exist (the rest is padding).
+            let live = (r1 - row).min(8);
+            let dst = out.add(t * stride + row);
+            if live == 8 {
+                _mm256_storeu_si256(dst.cast(), r);
+            } else {
+                let mut all = [0i32; 8];
+                _mm256_storeu_si256(all.as_mut_ptr().cast(), r);
+                std::ptr::copy_nonoverlapping(all.as_ptr(), dst, live);
+            }
+            if let Some(top) = tops.get_mut(t) {
+                let r = if live == 8 {
+                    r
+                } else {
+                    let alive = _mm256_cmpgt_epi32(_mm256_set1_epi32(live as i32), lane);
+                    _mm256_blendv_epi8(_mm256_set1_epi32(i32::MIN), r, alive)
+                };
+                *top = _mm256_max_epi32(*top, r);
+            }
+        };
+        self.each_block_avx_vnni((r0 / 8, r1.div_ceil(8)), xu, n, &mut store);
+        if let Some(all) = f.tops {
+            for (a, &t) in all.iter().zip(&*tops) {
+                let m = _mm_max_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+                let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+                let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+                a.fetch_max(_mm_cvtsi128_si32(m), Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn dots_rescaled_avx_vnni(
+        &self,
+        _: (usize, usize),
+        _: &[u8],
+        _: &Fused,
+        _: *mut i32,
+        _: usize,
+    ) {
+        unreachable!("avx_vnni() is false off x86_64")
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -940,7 +1037,12 @@ impl<'m> CpuLinear<'m> {
     }
 
     fn prepare(isa: Isa, lin: Cow<'m, Linear>) -> CpuLinear<'m> {
-        let kernel = Dot::at(isa);
+        Self::with_kernel(Dot::at(isa), lin)
+    }
+
+    /// The layer prepared for `kernel` (tests: the AVX2 level's plain kernel on a CPU whose
+    /// AVX2 level runs AVX-VNNI).
+    fn with_kernel(kernel: Dot, lin: Cow<'m, Linear>) -> CpuLinear<'m> {
         let vnni = if kernel.vnni_layout() {
             VnniRows::new(&lin.w, &lin.row_sum, lin.k, kernel)
         } else {
@@ -1077,7 +1179,7 @@ pub fn matmul_tops(
     let tiles = rows.div_ceil(tile);
     // Once per call, not per item: whether every item's rescale takes the branch-free path.
     let fast = cl.scales.fast(&tms, &tes, out_frac);
-    if cl.kernel == Dot::Vnni && fast {
+    if cl.kernel.vnni_layout() && fast {
         // The rescale in the dot kernel's registers: every output written once, in place.
         let tops: Vec<AtomicI32> = match want_tops {
             true => (0..n).map(|_| AtomicI32::new(i32::MIN)).collect(),
@@ -1190,6 +1292,20 @@ mod tests {
     use super::*;
     use crate::format::lm::fixed::quantize_row;
 
+    /// Every level this CPU runs with its kernel, and the AVX2 level's plain kernel too
+    /// where that level runs AVX-VNNI (the kernel of AVX2 CPUs without it).
+    fn kernels_here() -> Vec<(Isa, Dot)> {
+        let mut v: Vec<(Isa, Dot)> = Isa::ALL
+            .into_iter()
+            .filter(|i| i.available())
+            .map(|i| (i, Dot::at(i)))
+            .collect();
+        if Dot::at(Isa::Avx2) == Dot::AvxVnni {
+            v.push((Isa::Avx2, Dot::Avx2));
+        }
+        v
+    }
+
     /// A `rows x k` layer of random int8 weights with real-like scales: multipliers in
     /// [2^30, 2^31), shifts `e_base + 0..9`, small biases (values drawn in that order).
     fn random_linear(rnd: &mut impl FnMut() -> u64, rows: usize, k: usize, e_base: i32) -> Linear {
@@ -1234,10 +1350,6 @@ mod tests {
                 .map(|(q, y)| quantize_row(y, 26, q))
                 .collect();
             for clamp in [1 << 20, 3000] {
-                let at = |isa, split| {
-                    let cl = CpuLinear::new(isa, &lin);
-                    matmul(isa, split, &cl, &xq, &sc, 12, clamp)
-                };
                 // The definition (docs/INTEGER_GPT2.md §4): every dot in i32, rescaled by
                 // `rescale_reference`; item-major.
                 let (ms, es): (Vec<i64>, Vec<i32>) = (0..rows).map(|j| lin.m16(j)).unzip();
@@ -1263,23 +1375,24 @@ mod tests {
                         assert_eq!(got, want, "amx from {amx_from} {split:?} rows={rows} n={n}");
                     }
                 }
-                for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                for (isa, kernel) in kernels_here() {
                     for split in [Split::SERIAL, Split::PARALLEL] {
-                        let got = at(isa, split);
-                        assert_eq!(got, want, "{isa:?} {split:?} rows={rows} k={k} n={n}");
+                        let cl = CpuLinear::with_kernel(kernel, Cow::Borrowed(&lin));
+                        let got = matmul(isa, split, &cl, &xq, &sc, 12, clamp);
+                        let at = format!("{isa:?} {kernel:?} {split:?} rows={rows} k={k} n={n}");
+                        assert_eq!(got, want, "{at}");
                         // Tops, where the kernel gives them, are each item's largest output.
-                        let cl = CpuLinear::new(isa, &lin);
                         // Into a buffer that held more than this call writes.
                         let mut out = vec![-7; n * rows + 99];
                         let tops =
                             matmul_tops(isa, split, &cl, &xq, &sc, 12, clamp, true, &mut out);
-                        assert_eq!(out, want);
+                        assert_eq!(out, want, "{at}");
                         if let Some(tops) = tops {
                             let real: Vec<i32> = want
                                 .chunks_exact(rows)
                                 .map(|o| *o.iter().max().unwrap())
                                 .collect();
-                            assert_eq!(tops, real, "{isa:?} {split:?} rows={rows} n={n}: tops");
+                            assert_eq!(tops, real, "{at}: tops");
                         }
                     }
                 }
@@ -1343,10 +1456,10 @@ mod tests {
                         assert_eq!(got, want, "k={k} clamp={clamp} amx from {amx_from}");
                     }
                 }
-                if Isa::Avx2.available() {
-                    let cl = CpuLinear::new(Isa::Avx2, &lin);
-                    let got = matmul(Isa::Avx2, Split::SERIAL, &cl, &xq, &sc, 12, clamp);
-                    assert_eq!(got, want, "k={k} clamp={clamp} AVX2");
+                for (isa, kernel) in kernels_here().into_iter().filter(|k| k.0 == Isa::Avx2) {
+                    let cl = CpuLinear::with_kernel(kernel, Cow::Borrowed(&lin));
+                    let got = matmul(isa, Split::SERIAL, &cl, &xq, &sc, 12, clamp);
+                    assert_eq!(got, want, "k={k} clamp={clamp} {kernel:?}");
                 }
             }
         }

@@ -33,6 +33,13 @@ pub struct RowScales {
 }
 
 impl RowScales {
+    /// Where rows `r..r + 8` (`r` a multiple of 8) start in [`RowScales::lanes`]: their even
+    /// rows' multipliers, the odd rows' 8 values on, exponents 16 on, `2b + 1` 32 on.
+    pub fn lanes8(&self, r: usize) -> *const i64 {
+        debug_assert!(r.is_multiple_of(8) && r < self.ms.len());
+        self.lanes[r / 16 * 48 + r % 16 / 2..].as_ptr()
+    }
+
     pub fn new(lin: &Linear) -> RowScales {
         let (mut ms, mut es): (Vec<i64>, Vec<i32>) = (0..lin.rows).map(|j| lin.m16(j)).unzip();
         let small = |m: i64| (0..1 << 16).contains(&m);
@@ -157,15 +164,8 @@ pub fn rescale_item_fast(
     rescale_fast_at(isa, acc, 1, args, out_frac, clamp, res, || true)
 }
 
-/// [`rescale_item_fast`] at AVX2, eight rows per step from the rows' 64-bit lanes
-/// ([`RowScales::lanes`], the fused VNNI rescale's layout): the even rows' sums in the low
-/// halves of the 64-bit lanes, the odd rows' in the high halves, so nothing is widened or
-/// packed (the four-row steps of [`rescale_avx2`] spent a third of their instructions on
-/// that). The integers of `VnniRows::dots_rescaled`: `clamp((q + 2b + 1) >> 1)` with
-/// `q = x >> (s - 1)`, `x = a * m * t_m`, `s = e + t_e - out_frac` (`sh` is `t_e -
-/// out_frac`); the clamp is applied before the halving, as `[-2c, 2c + 1]` (the same
-/// result), so that the halving's low 32 bits, all that is kept, need no arithmetic shift,
-/// and AVX2's missing 64-bit arithmetic shift of `x` is `((x ^ g) >> s) ^ g`, `g` its sign.
+/// [`rescale_item_fast`] at AVX2, eight rows per step ([`rescale8_avx2`]); the rows past the
+/// last whole eight one by one.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn rescale_lanes_avx2(
@@ -179,50 +179,11 @@ unsafe fn rescale_lanes_avx2(
 ) {
     use std::arch::x86_64::*;
     let w = acc.len();
-    let lanes = rows.lanes.as_ptr().add(j0 / 16 * 48);
-    let zero = _mm256_setzero_si256();
-    let (tm_v, sh_v) = (_mm256_set1_epi64x(tm), _mm256_set1_epi64x(sh as i64 - 1));
-    let (lo, hi) = (
-        _mm256_set1_epi64x(-2 * clamp),
-        _mm256_set1_epi64x(2 * clamp + 1),
-    );
-    // Four rows: magnitudes `mag` (low halves), signs `neg` (all ones where negative), the
-    // rows' multipliers at `at`, exponents 16 and `2b + 1` 32 values on; the clamped
-    // `q + 2b + 1`.
-    let four = |mag: __m256i, neg: __m256i, at: *const i64| {
-        let m = _mm256_loadu_si256(at.cast());
-        let e = _mm256_loadu_si256(at.add(16).cast());
-        let b21 = _mm256_loadu_si256(at.add(32).cast());
-        let x = _mm256_mul_epu32(mag, _mm256_mul_epu32(m, tm_v));
-        let x = _mm256_sub_epi64(_mm256_xor_si256(x, neg), neg);
-        let g = _mm256_cmpgt_epi64(zero, x);
-        let s = _mm256_add_epi64(e, sh_v);
-        let q = _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(x, g), s), g);
-        let y = _mm256_add_epi64(q, b21);
-        let y = _mm256_blendv_epi8(y, hi, _mm256_cmpgt_epi64(y, hi));
-        _mm256_blendv_epi8(y, lo, _mm256_cmpgt_epi64(lo, y))
-    };
+    let item = Item8::new(tm, sh, clamp);
     let mut r = 0;
     while r + 8 <= w {
         let v = _mm256_loadu_si256(acc.as_ptr().add(r).cast());
-        // |i32::MIN| is 2^31 as u32: still exact.
-        let mag = _mm256_abs_epi32(v);
-        let at = lanes.add(r / 16 * 48 + r % 16 / 2);
-        let even = four(
-            mag,
-            _mm256_cmpgt_epi64(zero, _mm256_slli_epi64::<32>(v)),
-            at,
-        );
-        let odd = four(
-            _mm256_srli_epi64::<32>(mag),
-            _mm256_cmpgt_epi64(zero, v),
-            at.add(8),
-        );
-        // Each halving's bits 1..=32 into its row's half of the lane.
-        let out = _mm256_blend_epi32::<0b1010_1010>(
-            _mm256_srli_epi64::<1>(even),
-            _mm256_slli_epi64::<31>(odd),
-        );
+        let out = rescale8_avx2(v, rows.lanes8(j0 + r), &item);
         _mm256_storeu_si256(res.as_mut_ptr().add(r).cast(), out);
         r += 8;
     }
@@ -230,6 +191,83 @@ unsafe fn rescale_lanes_avx2(
         let (m, e, b) = (rows.ms[j0 + r], rows.es[j0 + r], rows.bias[j0 + r]);
         res[r] = rescale_one(acc[r], m * tm, (e + sh) as i64, b as i64, clamp);
     }
+}
+
+/// One item's operands of [`rescale8_avx2`], broadcast once per call: its multiplier, its
+/// exponent less the output fraction less 1, and the clamp's bounds doubled (`[-2c, 2c+1]`).
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Item8 {
+    tm: std::arch::x86_64::__m256i,
+    sh: std::arch::x86_64::__m256i,
+    lo: std::arch::x86_64::__m256i,
+    hi: std::arch::x86_64::__m256i,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Item8 {
+    /// `sh` is the item's exponent less the output fraction.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn new(tm: i64, sh: i32, clamp: i64) -> Item8 {
+        use std::arch::x86_64::*;
+        Item8 {
+            tm: _mm256_set1_epi64x(tm),
+            sh: _mm256_set1_epi64x(sh as i64 - 1),
+            lo: _mm256_set1_epi64x(-2 * clamp),
+            hi: _mm256_set1_epi64x(2 * clamp + 1),
+        }
+    }
+}
+
+/// The rescale of eight consecutive rows' sums `v` of one item (a call [`RowScales::fast`]
+/// admitted), from the rows' 64-bit lanes at `at` ([`RowScales::lanes8`], the fused VNNI
+/// rescale's layout): the even rows' sums in the low halves of the 64-bit lanes, the odd
+/// rows' in the high halves, so nothing is widened or packed (the four-row steps of
+/// [`rescale_avx2`] spent a third of their instructions on that). The integers of
+/// `VnniRows::dots_rescaled`: `clamp((q + 2b + 1) >> 1)` with `q = x >> (s - 1)`, `x = a m
+/// t_m`, `s = e + t_e - out_frac`; the clamp is applied before the halving, as `[-2c, 2c +
+/// 1]` (the same result), so that the halving's low 32 bits, all that is kept, need no
+/// arithmetic shift, and AVX2's missing 64-bit arithmetic shift of `x` is `((x ^ g) >> s)
+/// ^ g`, `g` its sign. Used by the AVX2 rescale and fused into the AVX-VNNI matmul.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn rescale8_avx2(
+    v: std::arch::x86_64::__m256i,
+    at: *const i64,
+    item: &Item8,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let zero = _mm256_setzero_si256();
+    // Four rows: magnitudes `mag` (low halves), signs `neg` (all ones where negative), the
+    // rows' multipliers at `at`, exponents 16 and `2b + 1` 32 values on; the clamped
+    // `q + 2b + 1`.
+    let four = |mag: __m256i, neg: __m256i, at: *const i64| {
+        let m = _mm256_loadu_si256(at.cast());
+        let e = _mm256_loadu_si256(at.add(16).cast());
+        let b21 = _mm256_loadu_si256(at.add(32).cast());
+        let x = _mm256_mul_epu32(mag, _mm256_mul_epu32(m, item.tm));
+        let x = _mm256_sub_epi64(_mm256_xor_si256(x, neg), neg);
+        let g = _mm256_cmpgt_epi64(zero, x);
+        let s = _mm256_add_epi64(e, item.sh);
+        let q = _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(x, g), s), g);
+        let y = _mm256_add_epi64(q, b21);
+        let y = _mm256_blendv_epi8(y, item.hi, _mm256_cmpgt_epi64(y, item.hi));
+        _mm256_blendv_epi8(y, item.lo, _mm256_cmpgt_epi64(item.lo, y))
+    };
+    // |i32::MIN| is 2^31 as u32: still exact.
+    let mag = _mm256_abs_epi32(v);
+    let even = four(
+        mag,
+        _mm256_cmpgt_epi64(zero, _mm256_slli_epi64::<32>(v)),
+        at,
+    );
+    let odd = four(
+        _mm256_srli_epi64::<32>(mag),
+        _mm256_cmpgt_epi64(zero, v),
+        at.add(8),
+    );
+    // Each halving's bits 1..=32 into its row's half of the lane.
+    _mm256_blend_epi32::<0b1010_1010>(_mm256_srli_epi64::<1>(even), _mm256_slli_epi64::<31>(odd))
 }
 
 /// The branch-free rescale at level `isa`, every shift known to lie in 1..=63; `small`
