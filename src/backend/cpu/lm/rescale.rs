@@ -35,6 +35,7 @@ pub struct RowScales {
 impl RowScales {
     /// Where rows `r..r + 8` (`r` a multiple of 8) start in [`RowScales::lanes`]: their even
     /// rows' multipliers, the odd rows' 8 values on, exponents 16 on, `2b + 1` 32 on.
+    #[cfg(target_arch = "x86_64")]
     pub fn lanes8(&self, r: usize) -> *const i64 {
         debug_assert!(r.is_multiple_of(8) && r < self.ms.len());
         self.lanes[r / 16 * 48 + r % 16 / 2..].as_ptr()
