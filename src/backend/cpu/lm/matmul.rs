@@ -1164,6 +1164,11 @@ pub fn matmul_tops(
     let n = sc.len();
     let rows = lin.rows;
     debug_assert_eq!(xq.len(), n * k);
+    // The outputs are i32; the AVX2 rescale doubles the bound.
+    assert!(
+        (0..=i32::MAX as i64).contains(&clamp),
+        "matmul clamp {clamp}"
+    );
     if n == 0 || rows == 0 {
         out.clear();
         return None;
@@ -1722,6 +1727,11 @@ mod tests {
 
     #[test]
     fn every_dot_kernel_equals_the_reference() {
+        for (name, here) in [("AVX-512 VNNI", vnni()), ("AVX-VNNI", avx_vnni())] {
+            if !here {
+                println!("the {name} kernel is not checked: this CPU does not run it");
+            }
+        }
         let mut next = super::super::test_lcg(7);
         let mut rnd = || (next() >> 33) as u32;
         // Row and item counts that reach every block shape and remainder of the tiles, for
