@@ -78,3 +78,82 @@ fn parity_runs_the_text_codec_on_every_cpu_level() {
     );
     assert!(out.contains("all backends agree on every stage"), "{out}");
 }
+
+/// `--cpu-level` at every level this CPU runs: the CPU pinned to it (`-v` says so), and the
+/// same bytes as the best level, for a checkpoint delta and a text.
+#[test]
+fn cpu_level_pins_the_cpu_and_keeps_the_bytes() {
+    use lockstep::backend::Isa;
+    let dir = tempfile::tempdir().unwrap();
+    let a = format!("{DEMO}/step0600_blocks_bf16.safetensors");
+    let b = format!("{DEMO}/step0800_blocks_bf16.safetensors");
+    let t = dir.path().join("notes.txt");
+    std::fs::write(
+        &t,
+        "Pinned levels: one file, every instruction-set level, the same bytes.\n",
+    )
+    .unwrap();
+    let run = |level: Option<Isa>, tag: &str| {
+        let (lsd, lst) = (
+            dir.path().join(format!("{tag}.lsd")),
+            dir.path().join(format!("{tag}.lst")),
+        );
+        let mut pin = vec!["-v"];
+        if let Some(isa) = level {
+            pin.extend(["--cpu-level", isa.tag()]);
+        }
+        let delta = [
+            &pin[..],
+            &["delta", "encode", "--reference", &a, "--target", &b, "-o"],
+        ]
+        .concat();
+        let (ok, out, err) = lockstep(&[&delta[..], &[lsd.to_str().unwrap()]].concat());
+        assert!(ok, "{tag}: {out}\n{err}");
+        if let Some(isa) = level {
+            assert!(err.contains(&format!("cpu-{}", isa.tag())), "{tag}: {err}");
+        }
+        let text = [&pin[..], &["text", "compress", t.to_str().unwrap(), "-o"]].concat();
+        let (ok, out, err) = lockstep(&[&text[..], &[lst.to_str().unwrap()]].concat());
+        assert!(ok, "{tag}: {out}\n{err}");
+        if let Some(isa) = level {
+            assert!(
+                err.contains(&format!("language model on: cpu-{}", isa.tag())),
+                "{tag}: {err}"
+            );
+        }
+        (std::fs::read(lsd).unwrap(), std::fs::read(lst).unwrap())
+    };
+    let best = run(None, "best");
+    let levels: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.available()).collect();
+    assert!(levels.contains(&Isa::Portable));
+    for isa in levels {
+        assert!(
+            run(Some(isa), isa.tag()) == best,
+            "{} gave other bytes",
+            isa.name()
+        );
+    }
+}
+
+/// A level this CPU lacks, or `--cpu-level` beside a GPU backend, is refused with a reason
+/// (never a silent run at another level or on another device).
+#[test]
+fn cpu_level_this_cpu_lacks_or_beside_a_gpu_backend_is_refused() {
+    use lockstep::backend::Isa;
+    if let Some(missing) = Isa::ALL.into_iter().find(|i| !i.available()) {
+        let (ok, _, err) = lockstep(&["--cpu-level", missing.tag(), "demo"]);
+        assert!(!ok);
+        assert!(
+            err.contains(&format!("--cpu-level {}", missing.tag())) && err.contains("does not run"),
+            "{err}"
+        );
+    }
+    for other in ["wgpu", "cuda", "reference"] {
+        let (ok, _, err) = lockstep(&["--cpu-level", "portable", "--backend", other, "demo"]);
+        assert!(!ok, "{other}");
+        assert!(
+            err.contains("cannot be combined with --backend"),
+            "{other}: {err}"
+        );
+    }
+}

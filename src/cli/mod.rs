@@ -21,6 +21,11 @@ pub struct Cli {
     /// both codecs on a GPU (-v says which it chose and why). The bytes never depend on it.
     #[arg(long, value_enum, global = true, default_value_t = backend::BackendArg::Auto)]
     pub backend: backend::BackendArg,
+    /// Run on the CPU pinned to one instruction-set level (both codecs) instead of the best
+    /// this CPU runs: to compare levels on one machine, or to step around a suspected SIMD
+    /// fault. Implies the CPU device. The bytes never depend on it.
+    #[arg(long, value_enum, global = true, value_name = "LEVEL")]
+    pub cpu_level: Option<backend::CpuLevel>,
     /// Print nothing on stderr but errors: no summary lines, notes or progress bars.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
@@ -82,8 +87,8 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     // Only the commands that compute choose a device: listing and inspecting never probe one.
-    let device = || backend::choose(cli.backend);
-    let text_device = || backend::choose_for_text(cli.backend);
+    let device = || backend::choose(cli.backend, cli.cpu_level);
+    let text_device = || backend::choose_for_text(cli.backend, cli.cpu_level);
     match cli.command {
         Command::Backends(args) => backend::list(args),
         Command::Parity(args) => parity::run(args),
