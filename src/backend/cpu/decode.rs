@@ -263,9 +263,25 @@ fn joint_near_chunk<T: Word>(
         0..first,
     )?;
     #[cfg(target_arch = "x86_64")]
-    let first = if isa >= Isa::Avx2 {
-        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU, and
-        // AVX-512 implies AVX2; `padded` holds `LANES` words past the stream.
+    let first = if isa == Isa::Avx512 {
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU;
+        // `padded` holds `LANES` words past the stream.
+        unsafe {
+            super::avx512::joint_near::decode_steps(
+                table,
+                near_slots,
+                info,
+                codes,
+                &mut states,
+                &mut st,
+                distance,
+                w1,
+                first,
+            )?
+        }
+    } else if isa >= Isa::Avx2 {
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU;
+        // `padded` holds `LANES` words past the stream.
         unsafe {
             super::avx2::joint_near::decode_steps(
                 table,

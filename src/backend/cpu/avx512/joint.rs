@@ -22,7 +22,7 @@ use crate::Result;
 /// Per-element codes (`b | q1 << 7 | q2 << 8 | neg << 9`) of 16 joint symbols: from
 /// `u = J + 17 = 8·b + 4·q1 + 2·q2 + neg` by shifts above J = 6, from `small` below 16.
 #[inline(always)]
-unsafe fn code_of(j: __m512i, small: __m512i) -> __m512i {
+pub(super) unsafe fn code_of(j: __m512i, small: __m512i) -> __m512i {
     let u = _mm512_add_epi32(j, _mm512_set1_epi32(17));
     let c = _mm512_or_si512(
         _mm512_or_si512(

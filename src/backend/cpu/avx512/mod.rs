@@ -7,3 +7,4 @@
 pub mod decode;
 pub mod encode;
 pub mod joint;
+pub mod joint_near;

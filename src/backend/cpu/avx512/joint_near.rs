@@ -1,0 +1,150 @@
+//! AVX-512 lanes of the Joint layout's neighbor form (`super::super::joint_near`), decoding:
+//! two 16-lane state vectors per step, each lane's row from its facts and the code of the
+//! element `d` back (an earlier step's, stored) by one gather, then its symbol and its
+//! frequency and start by two more. The AVX2 lanes (`super::super::avx2::joint_near`) load
+//! each lookup separately (gathers are slow on the AMD cores that run them); the encoder's
+//! lanes stay those.
+
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+
+use super::super::decode::{no_row, Stream};
+use super::super::joint::{small_codes, JointDec};
+use super::super::joint_near::NearSlots;
+use super::decode::{overrun, refill};
+use super::joint::code_of;
+use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
+use crate::format::chunk::LANES;
+use crate::Result;
+
+/// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
+/// d`) while the stream holds a step's worth of words; returns the step it stopped at, for
+/// the portable lanes to finish (`from` itself where the tables do not have the shapes the
+/// gathers assume). `st` must be padded with `LANES` words past its length.
+///
+/// # Safety
+/// AVX-512 F, BW, VL (`Isa::Avx512` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn decode_steps(
+    table: &JointDec,
+    near: &NearSlots,
+    info: &[u16],
+    codes: &mut [u32],
+    states: &mut [u32; LANES],
+    st: &mut Stream,
+    d: usize,
+    w1: usize,
+    from: usize,
+) -> Result<usize> {
+    let n = codes.len().min(info.len());
+    let window = near.window;
+    let total = PROB_TOTAL as usize;
+    let n_rows = near.fs.len() / 256;
+    let span = 2 * window.n as usize;
+    let n_near = 4 * (w1 + 1) * 3;
+    // Indices as signed dwords: the map below 2^31 entries, rows below 2^19 (so row·4096 +
+    // slot stays below 2^31); `syms` padded with 3 bytes for its 4-byte loads.
+    if table.map.len() != n_near * span
+        || table.map.len() >= 1 << 31
+        || near.syms.len() != n_rows * total + 3
+        || n_rows >= 1 << 19
+        || span == 0
+        || d < LANES
+    {
+        return Ok(from);
+    }
+    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    let words = st.words.as_ptr();
+    let mut pos = st.pos;
+    let mut x = [
+        _mm512_loadu_si512(states.as_ptr().cast()),
+        _mm512_loadu_si512(states.as_ptr().add(16).cast()),
+    ];
+    let small = _mm512_loadu_si512(small_codes().as_ptr().cast());
+    let (map, syms, fs) = (table.map.as_ptr(), near.syms.as_ptr(), near.fs.as_ptr());
+    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    let lo = _mm512_set1_epi32(window.lo as i32);
+    let last_class = _mm512_set1_epi32(window.n as i32 - 1);
+    let (m2_mul, span_v) = (
+        _mm512_set1_epi32(w1 as i32 + 1),
+        _mm512_set1_epi32(span as i32),
+    );
+    let (map_len, rows_v) = (
+        _mm512_set1_epi32(table.map.len() as i32),
+        _mm512_set1_epi32(n_rows as i32),
+    );
+    let zero = _mm512_setzero_si512();
+    let mut step = from;
+    while (step + 1) * LANES <= n {
+        let base = step * LANES;
+        debug_assert!(base >= d);
+        // Rows first: they depend on the facts and earlier steps' codes, not on the states.
+        let mut rows = [zero; 2];
+        let mut bad: __mmask16 = 0;
+        for (h, row) in rows.iter_mut().enumerate() {
+            let j = base + 16 * h;
+            let i = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(j).cast()));
+            let c = _mm512_loadu_si512(cp.add(j - d).cast());
+            let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
+            // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
+            let up = _mm512_add_epi32(
+                _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
+                _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
+            );
+            let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+            let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, m2_mul), nb);
+            let near = _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
+            let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), lo);
+            let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
+            let idx = _mm512_add_epi32(
+                _mm512_mullo_epi32(near, span_v),
+                _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
+            );
+            // Outside the window (k above the last class, unsigned): no row covers it. An
+            // index past the map cannot come from codes this decoder wrote; refused, not
+            // read, as is a row past the rows (`JointDec::NONE` among them).
+            let outside = _mm512_cmpgt_epu32_mask(k, last_class);
+            let past = _mm512_cmpge_epu32_mask(idx, map_len);
+            let ok = !(outside | past);
+            let r = _mm512_mask_i32gather_epi32::<4>(zero, ok, idx, map.cast());
+            bad |= !ok | _mm512_cmpge_epu32_mask(r, rows_v);
+            *row = r;
+        }
+        if bad != 0 {
+            return Err(no_row());
+        }
+        for h in 0..2 {
+            let slot = _mm512_and_si512(x[h], _mm512_set1_epi32(PROB_TOTAL as i32 - 1));
+            // The slot's symbol (a 4-byte load of its byte: `syms` is padded), then its
+            // frequency and start from the row's array.
+            let at = _mm512_or_si512(_mm512_slli_epi32::<12>(rows[h]), slot);
+            let j = _mm512_and_si512(
+                _mm512_i32gather_epi32::<1>(at, syms.cast()),
+                _mm512_set1_epi32(255),
+            );
+            let e = _mm512_i32gather_epi32::<4>(
+                _mm512_or_si512(_mm512_slli_epi32::<8>(rows[h]), j),
+                fs.cast(),
+            );
+            let hi = _mm512_srli_epi32::<{ PROB_BITS }>(x[h]);
+            let xs = _mm512_add_epi32(
+                _mm512_mullo_epi32(_mm512_and_si512(e, _mm512_set1_epi32(0xFFFF)), hi),
+                _mm512_sub_epi32(slot, _mm512_srli_epi32::<16>(e)),
+            );
+            // Lanes 0..16 refill before lanes 16..32: the portable lane order. In bounds:
+            // the stream is padded with `LANES` words.
+            x[h] = refill(xs, words, &mut pos);
+            _mm512_storeu_si512(cp.add(base + 16 * h).cast(), code_of(j, small));
+        }
+        if pos > st.len {
+            return Err(overrun());
+        }
+        step += 1;
+    }
+    _mm512_storeu_si512(states.as_mut_ptr().cast(), x[0]);
+    _mm512_storeu_si512(states.as_mut_ptr().add(16).cast(), x[1]);
+    st.pos = pos;
+    Ok(step)
+}
