@@ -114,6 +114,14 @@ fn quantize_row_at(isa: Isa, y: &[i64], frac: i32, q: &mut [i8]) -> (i64, i32) {
             return scale;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && q.len() == y.len() {
+        // SAFETY: the `Avx2` level implies AVX2 (`Isa::available`); the loads and stores
+        // cover whole pieces of 8 inside `y` and `q` (same length, checked).
+        if let Some(scale) = unsafe { x86::quantize_row_avx2(y, frac, q) } {
+            return scale;
+        }
+    }
     let _ = isa;
     quantize_row(y, frac, q)
 }
@@ -162,6 +170,51 @@ mod x86 {
             let x = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(h, l), half), shift);
             let x = _mm512_min_epi64(_mm512_max_epi64(x, lo), hi);
             _mm512_mask_cvtepi64_storeu_epi8(o.as_mut_ptr().cast(), 0xff, x);
+        }
+        for (o, &v) in q[n8..].iter_mut().zip(&y[n8..]) {
+            let x = ((127 * v) as i128 * r as i128 + (1i128 << (s - 1))) >> s;
+            *o = x.clamp(-127, 127) as i8;
+        }
+        Some(quantize_scale(a as i128, frac))
+    }
+
+    /// [`quantize_row_avx512`] at AVX2, four elements per register, for the same rows.
+    /// AVX2 has no 64-bit arithmetic shift, minimum or maximum, so the shift is a logical
+    /// one of `t + 2^(s-24)`: exact, as `x` lies in `-128..=128` (`r <= 2^s / a + 1` and
+    /// `|v| <= a`, so `|127 v r| / 2^s <= 127 + 127 a / 2^s < 128`), which makes `t +
+    /// 2^(s-24)` positive and adds exactly 256 to the quotient (a multiple of the divisor
+    /// `2^(s-32)`; `2^(s-24) <= 2^60`, no overflow). The clamp then runs on the 32-bit
+    /// quotients `x + 256`, and the high dword `u >> 32` needs no sign extension: `vpmuldq`
+    /// reads its low dword signed.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn quantize_row_avx2(y: &[i64], frac: i32, q: &mut [i8]) -> Option<(i64, i32)> {
+        let a = y.iter().fold(0u64, |m, v| m.max(v.unsigned_abs()));
+        if !(8..1 << 55).contains(&a) {
+            return None;
+        }
+        let (r, s) = recip(a as i128);
+        let (r, s) = (r as i64, s);
+        let rv = _mm256_set1_epi64x(r);
+        let bias = _mm256_set1_epi64x((1i64 << (s - 33)) + (1i64 << (s - 24)));
+        let shift = _mm_cvtsi64_si128((s - 32) as i64);
+        let (lo, hi) = (_mm256_set1_epi32(256 - 127), _mm256_set1_epi32(256 + 127));
+        // The low dwords of the four 64-bit lanes, in order, in the low half.
+        let low_dwords = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        let quotients = |c: &[i64]| {
+            let v = _mm256_loadu_si256(c.as_ptr().cast());
+            let u = _mm256_sub_epi64(_mm256_slli_epi64::<7>(v), v);
+            let h = _mm256_mul_epi32(_mm256_srli_epi64::<32>(u), rv);
+            let l = _mm256_srli_epi64::<32>(_mm256_mul_epu32(u, rv));
+            let t = _mm256_add_epi64(_mm256_add_epi64(h, l), bias);
+            let x = _mm256_srl_epi64(t, shift);
+            let x = _mm256_min_epi32(_mm256_max_epi32(x, lo), hi);
+            let x = _mm256_sub_epi32(x, _mm256_set1_epi32(256));
+            _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(x, low_dwords))
+        };
+        let n8 = y.len() / 8 * 8;
+        for (c, o) in y[..n8].chunks_exact(8).zip(q[..n8].chunks_exact_mut(8)) {
+            let w = _mm_packs_epi32(quotients(&c[..4]), quotients(&c[4..]));
+            _mm_storel_epi64(o.as_mut_ptr().cast(), _mm_packs_epi16(w, w));
         }
         for (o, &v) in q[n8..].iter_mut().zip(&y[n8..]) {
             let x = ((127 * v) as i128 * r as i128 + (1i128 << (s - 1))) >> s;
