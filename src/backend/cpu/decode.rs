@@ -222,6 +222,21 @@ pub fn chunk<T: Word>(
 
 /// A chunk of the Joint layout's neighbor form (`joint_near`): its portable lanes into
 /// per-element codes, then the tail pass every layout shares.
+/// A level's vector lanes of the neighbor form (`avx2::joint_near::decode_steps` and
+/// AVX-512's): whole steps from the given one; returns the step they stopped at.
+#[cfg(target_arch = "x86_64")]
+type VectorNear = unsafe fn(
+    &JointDec,
+    &super::joint_near::NearSlots,
+    &[u16],
+    &mut [u32],
+    &mut [u32; LANES],
+    &mut Stream,
+    usize,
+    usize,
+    usize,
+) -> Result<usize>;
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn joint_near_chunk<T: Word>(
@@ -263,11 +278,17 @@ fn joint_near_chunk<T: Word>(
         0..first,
     )?;
     #[cfg(target_arch = "x86_64")]
-    let first = if isa == Isa::Avx512 {
-        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU;
-        // `padded` holds `LANES` words past the stream.
+    let first = match isa {
+        Isa::Avx512 => Some(super::avx512::joint_near::decode_steps as VectorNear),
+        Isa::Avx2 => Some(super::avx2::joint_near::decode_steps as VectorNear),
+        _ => None,
+    }
+    .map_or(Ok(first), |lanes| {
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU, and
+        // each function wants its own level's features; `padded` holds `LANES` words past
+        // the stream.
         unsafe {
-            super::avx512::joint_near::decode_steps(
+            lanes(
                 table,
                 near_slots,
                 info,
@@ -277,27 +298,9 @@ fn joint_near_chunk<T: Word>(
                 distance,
                 w1,
                 first,
-            )?
+            )
         }
-    } else if isa >= Isa::Avx2 {
-        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU;
-        // `padded` holds `LANES` words past the stream.
-        unsafe {
-            super::avx2::joint_near::decode_steps(
-                table,
-                near_slots,
-                info,
-                codes,
-                &mut states,
-                &mut st,
-                distance,
-                w1,
-                first,
-            )?
-        }
-    } else {
-        first
-    };
+    })?;
     near(
         table,
         near_slots,

@@ -44,21 +44,11 @@ pub unsafe fn decode_steps(
 ) -> Result<usize> {
     let n = codes.len().min(info.len());
     let window = near.window;
-    let total = PROB_TOTAL as usize;
-    let n_rows = near.fs.len() / 256;
-    let span = 2 * window.n as usize;
-    let n_near = 4 * (w1 + 1) * 3;
-    // Every index below stays in its table: map indices below `n_near·span` (nb <= w, m2 <= 3,
-    // up <= 2 for codes this decoder wrote, the exponent class checked against the window),
-    // rows below `n_rows` (checked per step), slots below `PROB_TOTAL`.
-    if table.map.len() != n_near * span
-        || near.syms.len() != n_rows * total + 3
-        || n_rows >= 1 << 19
-        || span == 0
-        || d < LANES
-    {
+    // Every index below stays in its table (`NearSlots::lane_shapes`; rows are checked
+    // against `JointDec::NONE` per step, slots are below `PROB_TOTAL`).
+    let Some((_, span)) = near.lane_shapes(table, w1, d) else {
         return Ok(from);
-    }
+    };
     assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
     let words = st.words.as_ptr();
     let mut pos = st.pos;

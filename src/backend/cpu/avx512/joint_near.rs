@@ -40,21 +40,10 @@ pub unsafe fn decode_steps(
 ) -> Result<usize> {
     let n = codes.len().min(info.len());
     let window = near.window;
-    let total = PROB_TOTAL as usize;
-    let n_rows = near.fs.len() / 256;
-    let span = 2 * window.n as usize;
-    let n_near = 4 * (w1 + 1) * 3;
-    // Indices as signed dwords: the map below 2^31 entries, rows below 2^19 (so row·4096 +
-    // slot stays below 2^31); `syms` padded with 3 bytes for its 4-byte loads.
-    if table.map.len() != n_near * span
-        || table.map.len() >= 1 << 31
-        || near.syms.len() != n_rows * total + 3
-        || n_rows >= 1 << 19
-        || span == 0
-        || d < LANES
-    {
+    // Indices as signed dwords inside their tables (`NearSlots::lane_shapes`).
+    let Some((n_rows, span)) = near.lane_shapes(table, w1, d) else {
         return Ok(from);
-    }
+    };
     assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
     let words = st.words.as_ptr();
     let mut pos = st.pos;
