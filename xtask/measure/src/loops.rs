@@ -71,8 +71,8 @@ pub fn decode(o: &Opts) -> Result<(), String> {
 }
 
 /// `measure small-tensors`: the tensors below 2^16 elements (layer norms, biases, position
-/// embeddings) encoded and decoded one after another; µs per tensor for `--fast` and the
-/// default layout (or `--layout`'s alone, to profile one), best of `--rounds` (default 20).
+/// embeddings) encoded and decoded one after another; µs per tensor for `--fast`, the
+/// default layout and the neighbor form (or `--layout`'s alone, to profile one), best of `--rounds` (default 20).
 /// What a checkpoint of many small tensors pays per tensor: table building and selection
 /// rather than coding.
 pub fn small_tensors(o: &Opts) -> Result<(), String> {
@@ -83,6 +83,7 @@ pub fn small_tensors(o: &Opts) -> Result<(), String> {
     for (layout, name) in [
         (LayoutChoice::Fast, "--fast"),
         (LayoutChoice::Auto, "default"),
+        (LayoutChoice::FastNeighbor, "fast-neighbor"),
     ]
     .into_iter()
     .filter(|&(l, _)| o.layout.is_none_or(|want| want == l))

@@ -35,7 +35,7 @@ commands:
   stages          per-stage CPU time of both layouts, alternating, per CPU level
   encode-loop     encode every float tensor ROUNDS times, print the best pass
   decode-loop     decode every float tensor's blob ROUNDS times, print the best pass
-  small-tensors   microseconds per tensor below 2^16 elements, both layouts (or --layout's)
+  small-tensors   microseconds per tensor below 2^16 elements, every layout (or --layout's)
   contexts        estimated sizes of richer Joint context models next to the real blobs of
                   both layouts (what a format change would gain, before building it)
 
