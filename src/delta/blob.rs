@@ -141,7 +141,7 @@ fn tail_bits(b_hist: &Hist) -> u64 {
     let per_b: Vec<u64> = (0..a).map(|sym| b_of(sym).saturating_sub(3)).collect();
     b_hist
         .rows()
-        .map(|(_, row)| row.iter().zip(&per_b).map(|(&c, &t)| c * t).sum::<u64>())
+        .map(|(_, row)| row.iter().map(|(sym, c)| c * per_b[sym]).sum::<u64>())
         .sum()
 }
 

@@ -151,25 +151,91 @@ impl Space {
     }
 }
 
-/// One stage's histogram, sparse: the rows of the occupied contexts only (a context space
-/// can be large, e.g. 18k contexts for B in its neighbor form, and mostly empty).
+/// One stage's histogram, sparse twice over: the rows of the occupied contexts only (a
+/// context space can be large, e.g. 18k contexts for B in its neighbor form, and mostly
+/// empty), each row stored from its first seen symbol to its last (a J row of 247 symbols
+/// sees a few dozen in a narrow range; a small tensor of the neighbor form occupies some
+/// 1,800 contexts, and passes over their whole rows were most of choosing its tables).
 #[derive(Clone, Debug)]
 pub struct Hist {
     pub space: Space,
     /// Occupied contexts, ascending.
     ctxs: Vec<u32>,
-    /// Their rows, `alphabet` counts each, none all zero.
-    rows: Vec<u64>,
+    /// Per row: its first stored symbol and where its counts start in `counts` (they run
+    /// to the next row's start). Binary rows are stored whole.
+    spans: Vec<(u32, usize)>,
+    /// Every row's stored counts; a row's first and last are non-zero (binary rows: not
+    /// both zero).
+    counts: Vec<u64>,
+}
+
+/// One row of a [`Hist`]: the counts of symbols `lo..lo + counts.len()` of an alphabet of
+/// `alphabet`; every other symbol's count is 0.
+#[derive(Clone, Copy, Debug)]
+pub struct RowCounts<'a> {
+    pub lo: usize,
+    pub counts: &'a [u64],
+    pub alphabet: usize,
+}
+
+impl<'a> RowCounts<'a> {
+    /// A whole row (`lo` = 0, every symbol's count).
+    pub fn full(counts: &'a [u64]) -> Self {
+        RowCounts {
+            lo: 0,
+            counts,
+            alphabet: counts.len(),
+        }
+    }
+    /// `(symbol, count)` of every stored count.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (self.lo + i, c))
+    }
+    /// Add this row's counts into a whole row of `alphabet` counts.
+    fn add_to(&self, row: &mut [u64]) {
+        for (d, &c) in row[self.lo..].iter_mut().zip(self.counts) {
+            *d += c;
+        }
+    }
 }
 
 impl Hist {
     /// An empty histogram.
     pub fn new(space: Space) -> Self {
+        Self::with_capacity(space, 0, 0)
+    }
+    /// An empty histogram with room for `rows` rows of `counts` stored counts in all.
+    fn with_capacity(space: Space, rows: usize, counts: usize) -> Self {
         Hist {
             space,
-            ctxs: Vec::new(),
-            rows: Vec::new(),
+            ctxs: Vec::with_capacity(rows),
+            spans: Vec::with_capacity(rows),
+            counts: Vec::with_capacity(counts),
         }
+    }
+    /// The part of a whole row that is stored, `lo..hi`: from its first non-zero count to
+    /// its last (binary rows whole); `None` for an all-zero row.
+    fn stored<C: Copy + Into<u64>>(row: &[C]) -> Option<(usize, usize)> {
+        let nonzero = |c: &C| (*c).into() != 0;
+        let first = row.iter().position(nonzero)?;
+        Some(if row.len() == 2 {
+            (0, 2)
+        } else {
+            (first, row.iter().rposition(nonzero).unwrap_or(first) + 1)
+        })
+    }
+    /// Append context `ctx`'s whole row (greater than every context so far), trimmed; an
+    /// all-zero row is dropped.
+    fn push<C: Copy + Into<u64>>(&mut self, ctx: u32, row: &[C]) {
+        let Some((lo, hi)) = Self::stored(row) else {
+            return;
+        };
+        self.ctxs.push(ctx);
+        self.spans.push((lo as u32, self.counts.len()));
+        self.counts.extend(row[lo..hi].iter().map(|&c| c.into()));
     }
     /// From dense counts, `counts[context * alphabet + symbol]`.
     pub fn from_dense(space: Space, counts: &[u64]) -> Self {
@@ -177,15 +243,12 @@ impl Hist {
         assert_eq!(counts.len(), space.n_primary() * a);
         let mut h = Hist::new(space);
         for (ctx, row) in counts.chunks_exact(a).enumerate() {
-            if row.iter().any(|&c| c != 0) {
-                h.ctxs.push(ctx as u32);
-                h.rows.extend_from_slice(row);
-            }
+            h.push(ctx as u32, row);
         }
         h
     }
     /// From the occupied contexts in ascending order and their rows, none all zero (a
-    /// pass that makes them in order: no sort, no copy).
+    /// pass that makes them in order: no sort, the rows trimmed where they lie).
     ///
     /// # Panics
     /// If a context repeats, is out of order or out of range, or a row is all zero.
@@ -199,41 +262,72 @@ impl Hist {
                     .is_none_or(|&c| (c as usize) < space.n_primary()),
             "contexts out of order or range"
         );
-        assert!(
-            rows.chunks_exact(a).all(|r| r.iter().any(|&c| c != 0)),
-            "an all-zero row"
-        );
-        Hist { space, ctxs, rows }
+        let mut counts = rows;
+        let mut spans = Vec::with_capacity(ctxs.len());
+        let mut end = 0;
+        for k in 0..ctxs.len() {
+            let (lo, hi) = Self::stored(&counts[k * a..][..a]).expect("an all-zero row");
+            spans.push((lo as u32, end));
+            // The stored part moves down only (`end <= k·a + lo`); element by element, as
+            // most rows are binary and a `copy_within` per row was a call each.
+            for i in 0..hi - lo {
+                counts[end + i] = counts[k * a + lo + i];
+            }
+            end += hi - lo;
+        }
+        counts.truncate(end);
+        Hist {
+            space,
+            ctxs,
+            spans,
+            counts,
+        }
     }
-    /// From rows in any order, `rows[k * alphabet..][..alphabet]` the counts of `ctxs[k]`;
-    /// rows of one context add up, all-zero rows are dropped.
-    pub fn from_rows(space: Space, ctxs: &[u32], rows: &[u64]) -> Self {
+    /// From whole rows in any order, `rows[k * alphabet..][..alphabet]` the counts of
+    /// `ctxs[k]`; rows of one context add up, all-zero rows are dropped.
+    pub fn from_rows<C: Copy + Into<u64>>(space: Space, ctxs: &[u32], rows: &[C]) -> Self {
         let a = space.alphabet();
         assert_eq!(ctxs.len() * a, rows.len());
         let mut order: Vec<usize> = (0..ctxs.len()).collect();
         order.sort_unstable_by_key(|&k| ctxs[k]);
-        let mut h = Hist::new(space);
-        // Room for every row at once (rows of one context add up: at most this many):
-        // growing by doubling copied the rows of a neighbor-form B a few times over.
-        h.ctxs.reserve(ctxs.len());
-        h.rows.reserve(rows.len());
-        for k in order {
-            let (ctx, row) = (ctxs[k], &rows[k * a..][..a]);
+        let mut h = Hist::with_capacity(space, ctxs.len(), rows.len());
+        let mut sum = vec![0u64; a];
+        let mut i = 0;
+        while i < order.len() {
+            let ctx = ctxs[order[i]];
             assert!(
                 (ctx as usize) < space.n_primary(),
                 "context {ctx} out of range"
             );
-            if row.iter().all(|&c| c == 0) {
-                continue;
+            let same = order[i..].iter().take_while(|&&k| ctxs[k] == ctx).count();
+            if same == 1 {
+                h.push(ctx, &rows[order[i] * a..][..a]);
+            } else {
+                sum.fill(0);
+                for &k in &order[i..i + same] {
+                    for (d, &c) in sum.iter_mut().zip(&rows[k * a..][..a]) {
+                        *d += c.into();
+                    }
+                }
+                h.push(ctx, &sum);
             }
-            if h.ctxs.last() != Some(&ctx) {
-                h.ctxs.push(ctx);
-                h.rows.resize(h.rows.len() + a, 0);
+            i += same;
+        }
+        h
+    }
+    /// From stored rows in any order; rows of one context add up.
+    fn from_parts(space: Space, mut parts: Vec<(u32, RowCounts)>) -> Self {
+        let a = space.alphabet();
+        parts.sort_unstable_by_key(|&(ctx, _)| ctx);
+        let stored = parts.iter().map(|(_, r)| r.counts.len()).sum();
+        let mut h = Hist::with_capacity(space, parts.len(), stored);
+        let mut sum = vec![0u64; a];
+        for group in parts.chunk_by(|x, y| x.0 == y.0) {
+            sum.fill(0);
+            for (_, r) in group {
+                r.add_to(&mut sum);
             }
-            let n = h.rows.len();
-            for (d, &c) in h.rows[n - a..].iter_mut().zip(row) {
-                *d += c;
-            }
+            h.push(group[0].0, &sum);
         }
         h
     }
@@ -242,22 +336,35 @@ impl Hist {
         let a = self.space.alphabet();
         let mut out = vec![0; self.space.n_primary() * a];
         for (ctx, row) in self.rows() {
-            out[ctx * a..][..a].copy_from_slice(row);
+            row.add_to(&mut out[ctx * a..][..a]);
         }
         out
     }
     /// `(context, counts)` of every occupied context, ascending.
-    pub fn rows(&self) -> impl Iterator<Item = (usize, &[u64])> {
-        let a = self.space.alphabet();
+    pub fn rows(&self) -> impl Iterator<Item = (usize, RowCounts<'_>)> {
+        let alphabet = self.space.alphabet();
+        let ends = self.spans.iter().skip(1).map(|&(_, at)| at);
+        let ends = ends.chain(std::iter::once(self.counts.len()));
         self.ctxs
             .iter()
-            .map(|&c| c as usize)
-            .zip(self.rows.chunks_exact(a))
+            .zip(&self.spans)
+            .zip(ends)
+            .map(move |((&ctx, &(lo, at)), end)| {
+                let counts = &self.counts[at..end];
+                (
+                    ctx as usize,
+                    RowCounts {
+                        lo: lo as usize,
+                        counts,
+                        alphabet,
+                    },
+                )
+            })
     }
     pub fn add(&mut self, other: &Hist) {
-        let ctxs: Vec<u32> = self.ctxs.iter().chain(&other.ctxs).copied().collect();
-        let rows: Vec<u64> = self.rows.iter().chain(&other.rows).copied().collect();
-        *self = Hist::from_rows(self.space, &ctxs, &rows);
+        let parts = self.rows().chain(other.rows());
+        let parts = parts.map(|(ctx, r)| (ctx as u32, r)).collect();
+        *self = Hist::from_parts(self.space, parts);
     }
     /// Contexts with at least one count, ascending.
     pub fn occupied(&self) -> Vec<usize> {
@@ -270,20 +377,23 @@ impl Hist {
             neighbor: false,
             ..sp
         };
-        let ctxs: Vec<u32> = self
-            .ctxs
-            .iter()
-            .map(|&ctx| match sp.stage {
-                // (m2, nb, er) -> er
-                Stage::B if sp.neighbor => ctx % EXP_CLASSES as u32,
-                // (.., up, rs) -> (.., 0, rs)
-                Stage::S if sp.neighbor => ctx / 6 * 6 + ctx % 2,
-                // (m2, nb, up, er, rs) -> (er, rs)
-                Stage::J if sp.neighbor => ctx % (2 * EXP_CLASSES as u32),
-                _ => ctx,
+        let parts = self
+            .rows()
+            .map(|(ctx, r)| {
+                let ctx = ctx as u32;
+                let ctx = match sp.stage {
+                    // (m2, nb, er) -> er
+                    Stage::B if sp.neighbor => ctx % EXP_CLASSES as u32,
+                    // (.., up, rs) -> (.., 0, rs)
+                    Stage::S if sp.neighbor => ctx / 6 * 6 + ctx % 2,
+                    // (m2, nb, up, er, rs) -> (er, rs)
+                    Stage::J if sp.neighbor => ctx % (2 * EXP_CLASSES as u32),
+                    _ => ctx,
+                };
+                (ctx, r)
             })
             .collect();
-        Hist::from_rows(plain, &ctxs, &self.rows)
+        Hist::from_parts(plain, parts)
     }
 }
 
@@ -487,41 +597,50 @@ impl Selection {
         let a = space.alphabet();
         let nb = space.n_backoff();
 
-        let mut group = vec![0u64; nb * a];
-        // Without pruning no row is priced against its group's: no group rows to make.
-        for (ctx, row) in hist.rows().filter(|_| prune) {
-            let g = ctx % nb;
-            for (acc, &c) in group[g * a..(g + 1) * a].iter_mut().zip(row) {
-                *acc += c;
-            }
+        // Only the groups that hold counts, ascending, each with a compact number (`at`):
+        // a neighbor-form J has 512 groups of 247 symbols and a small tensor fills a few
+        // dozen; summing into all of them zeroed a megabyte twice per selection.
+        let rows: Vec<(usize, RowCounts)> = hist.rows().collect();
+        let mut at = vec![u32::MAX; nb];
+        for &(ctx, _) in &rows {
+            at[ctx % nb] = 0;
         }
-        // Only the groups that hold counts: a neighbor-form B has 256 of them, most empty on
-        // a small tensor, and no context reads an empty group's row.
+        let groups: Vec<usize> = (0..nb).filter(|&g| at[g] == 0).collect();
+        for (k, &g) in groups.iter().enumerate() {
+            at[g] = k as u32;
+        }
+        let slot = |ctx: usize| at[ctx % nb] as usize * a..(at[ctx % nb] as usize + 1) * a;
+
+        let mut group = vec![0u64; groups.len() * a];
+        // Without pruning no row is priced against its group's: no group rows to make.
+        for (ctx, row) in rows.iter().filter(|_| prune) {
+            row.add_to(&mut group[slot(*ctx)]);
+        }
         let mut scratch = RowScratch::default();
-        let group_freqs: Vec<Vec<u32>> = (0..nb)
-            .map(|g| {
-                let counts = &group[g * a..(g + 1) * a];
-                if counts.iter().any(|&c| c > 0) {
-                    best_row(counts, &mut scratch)
-                } else {
-                    Vec::new()
-                }
-            })
-            .collect();
+        let group_freqs: Vec<Vec<u32>> = if prune {
+            group
+                .chunks_exact(a)
+                .map(|counts| best_row(RowCounts::full(counts), &mut scratch))
+                .collect()
+        } else {
+            Vec::new()
+        };
 
         // Each row priced on the pool: for a large tensor, choosing its tables is serial
         // work of a few percent of its encode, which a second thread could not share.
-        let rows: Vec<(usize, &[u64])> = hist.rows().collect();
         // Whether a row keeps its own row, and at which precision (None: pooled). Pruning,
         // a row whose pooled cost is within the least its own row could cost (its bytes,
         // `least_row_bytes`, and a byte of id) is pooled without pricing it: the decision
         // pricing would make, for most rows of a small tensor (their pricing was a fifth of
         // a small tensor's default-layout encode on a Zen 2).
-        let decide = |ctx: usize, counts: &[u64], s: &mut RowScratch| -> Option<u32> {
+        let decide = |ctx: usize, counts: RowCounts, s: &mut RowScratch| -> Option<u32> {
             if !prune {
                 return Some(row_price(counts, s).1);
             }
-            let pooled = cost(counts, &group_freqs[ctx % nb]);
+            let pooled = cost(
+                counts.counts,
+                &group_freqs[at[ctx % nb] as usize][counts.lo..],
+            );
             if pooled <= (least_row_bytes(counts) as u64 + 1) * 8 * COST_ONE_BIT {
                 return None;
             }
@@ -544,29 +663,27 @@ impl Selection {
         };
         let mut explicit = Vec::new();
         let mut data_cost = 0;
-        let mut rest = vec![0u64; nb * a];
+        let mut rest = group;
+        rest.fill(0);
         for ((ctx, counts), keep) in rows.into_iter().zip(decided) {
             if let Some(bits) = keep {
                 let row = Row::from_freqs(row_at(counts, bits));
-                data_cost += cost(counts, &row.freq);
+                data_cost += cost(counts.counts, &row.freq[counts.lo..]);
                 explicit.push((ctx as u32, row));
             } else {
-                let g = ctx % nb;
-                for (acc, &c) in rest[g * a..(g + 1) * a].iter_mut().zip(counts) {
-                    *acc += c;
-                }
+                counts.add_to(&mut rest[slot(ctx)]);
             }
         }
         // The pooled rows' cost under their group's row: `cost` is linear in the counts,
         // so the group's summed counts price them all at once.
-        let backoff = (0..nb)
-            .filter_map(|g| {
-                let counts = &rest[g * a..(g + 1) * a];
-                counts.iter().any(|&c| c > 0).then(|| {
-                    let row = Row::from_freqs(best_row(counts, &mut scratch));
-                    data_cost += cost(counts, &row.freq);
-                    (g as u32, row)
-                })
+        let backoff = groups
+            .iter()
+            .zip(rest.chunks_exact(a))
+            .filter(|(_, counts)| counts.iter().any(|&c| c > 0))
+            .map(|(&g, counts)| {
+                let row = Row::from_freqs(best_row(RowCounts::full(counts), &mut scratch));
+                data_cost += cost(counts, &row.freq);
+                (g as u32, row)
             })
             .collect();
         Selection {
@@ -670,13 +787,20 @@ const ROW_PRECISIONS: [u32; 4] = [PROB_BITS, 10, 8, 6];
 /// The cheapest normalized row for `counts`: each candidate precision is priced as the data's
 /// code length under it plus the row's bytes (integer estimates only). Binary rows are always
 /// sent at full precision. `s`: buffers kept across a selection's rows.
-fn best_row(counts: &[u64], s: &mut RowScratch) -> Vec<u32> {
+fn best_row(counts: RowCounts, s: &mut RowScratch) -> Vec<u32> {
     row_at(counts, row_price(counts, s).1)
 }
 
-/// `counts` normalized at `bits` of precision, scaled to the full total (as sent).
-fn row_at(counts: &[u64], bits: u32) -> Vec<u32> {
-    let mut row = normalize_to(counts, bits);
+/// `counts` normalized at `bits` of precision, scaled to the full total (as sent): the
+/// whole row's normalization is its stored counts', the symbols outside them at 0 (they
+/// have no count: no frequency, never the largest, and ties between the others go the same
+/// way in either numbering).
+fn row_at(counts: RowCounts, bits: u32) -> Vec<u32> {
+    let mut row = normalize_to(counts.counts, bits);
+    if row.len() < counts.alphabet {
+        row.splice(0..0, std::iter::repeat_n(0, counts.lo));
+        row.resize(counts.alphabet, 0);
+    }
     for f in row.iter_mut() {
         *f <<= PROB_BITS - bits;
     }
@@ -703,15 +827,17 @@ struct RowScratch {
 /// [`normalize_into`] of the seen counts is the full row's normalization at the seen
 /// symbols: unseen ones get no frequency, are never the largest count, and never hold
 /// the units an excess removes.
-fn row_price(counts: &[u64], s: &mut RowScratch) -> (u64, u32) {
-    if counts.len() == 2 {
-        normalize_into(counts, PROB_BITS, &mut s.row);
-        let p = cost(counts, &s.row) + row_bytes(&s.row) as u64 * 8 * COST_ONE_BIT;
+fn row_price(counts: RowCounts, s: &mut RowScratch) -> (u64, u32) {
+    if counts.alphabet == 2 {
+        let mut whole = [0; 2];
+        counts.add_to(&mut whole);
+        normalize_into(&whole, PROB_BITS, &mut s.row);
+        let p = cost(&whole, &s.row) + row_bytes(&s.row) as u64 * 8 * COST_ONE_BIT;
         return (p, PROB_BITS);
     }
     s.seen_at.clear();
     s.seen.clear();
-    for (i, &c) in counts.iter().enumerate() {
+    for (i, c) in counts.iter() {
         if c > 0 {
             s.seen_at.push(i);
             s.seen.push(c);
@@ -719,7 +845,7 @@ fn row_price(counts: &[u64], s: &mut RowScratch) -> (u64, u32) {
     }
     let (Some(&lo), Some(&hi)) = (s.seen_at.first(), s.seen_at.last()) else {
         // An empty row: all zeros (its bytes: the shift, the start and a span of one).
-        let zero = vec![0; counts.len()];
+        let zero = vec![0; counts.alphabet];
         return (row_bytes(&zero) as u64 * 8 * COST_ONE_BIT, PROB_BITS);
     };
     // `row_bytes` of the full row from its seen frequencies: the range's zeros take a byte
@@ -756,12 +882,13 @@ fn row_price(counts: &[u64], s: &mut RowScratch) -> (u64, u32) {
 /// precision: a binary row's one; a wider row's shift, start and span (a byte each at least)
 /// and a byte per symbol from its first seen symbol to its last (every seen symbol has a
 /// frequency, so its range covers theirs), the last implied.
-fn least_row_bytes(counts: &[u64]) -> usize {
-    if counts.len() == 2 {
+fn least_row_bytes(counts: RowCounts) -> usize {
+    if counts.alphabet == 2 {
         return 1;
     }
-    let lo = counts.iter().position(|&c| c > 0).unwrap_or(0);
-    let hi = counts.iter().rposition(|&c| c > 0).unwrap_or(lo);
+    let c = counts.counts;
+    let lo = c.iter().position(|&c| c > 0).unwrap_or(0);
+    let hi = c.iter().rposition(|&c| c > 0).unwrap_or(lo);
     3 + (hi - lo)
 }
 
@@ -898,12 +1025,13 @@ mod tests {
                 counts[next() as usize % len] = 1;
             }
             let seen = counts.iter().filter(|&&c| c > 0).count() as u64;
-            let (price, _) = row_price(&counts, &mut RowScratch::default());
-            assert!(price >= least_row_bytes(&counts) as u64 * 8 * COST_ONE_BIT);
+            let full = RowCounts::full(&counts);
+            let (price, _) = row_price(full, &mut RowScratch::default());
+            assert!(price >= least_row_bytes(full) as u64 * 8 * COST_ONE_BIT);
             for bits in ROW_PRECISIONS.into_iter().filter(|&b| 1u64 << b >= seen) {
-                let row = row_at(&counts, bits);
+                let row = row_at(full, bits);
                 assert!(
-                    row_bytes(&row) >= least_row_bytes(&counts),
+                    row_bytes(&row) >= least_row_bytes(full),
                     "{counts:?} {bits}"
                 );
             }
@@ -992,7 +1120,7 @@ mod tests {
                 let (want, t) = (sel.data_cost, sel.table());
                 let got: u64 = h
                     .rows()
-                    .map(|(ctx, c)| cost(c, &t.row(t.map[ctx]).freq))
+                    .map(|(ctx, c)| cost(c.counts, &t.row(t.map[ctx]).freq[c.lo..]))
                     .sum();
                 assert_eq!(
                     got, want,
@@ -1002,12 +1130,78 @@ mod tests {
         }
     }
 
+    /// The trimmed rows hold the counts they were given: rows of one context added up, a
+    /// neighbor form folded to its plain contexts, and two histograms added, all as their
+    /// dense definitions (wide and binary alphabets, rows seen at either end or not at all).
+    #[test]
+    fn stored_rows_are_the_dense_counts() {
+        let mut lcg = crate::test_lcg(0x7A11_0FC0_DE5E_ED00);
+        let mut next = || lcg() >> 33;
+        for space in [
+            Space::new(Stage::J, 16, true),
+            Space::new(Stage::B, 32, true),
+            Space::new(Stage::S, 16, true),
+        ] {
+            let (a, n) = (space.alphabet(), space.n_primary());
+            let mut rows_of = |k: usize| {
+                let ctxs: Vec<u32> = (0..k)
+                    .map(|_| (next() as usize % 40 * 97 % n) as u32)
+                    .collect();
+                let rows: Vec<u32> = (0..k * a)
+                    .map(|i| match next() % 6 {
+                        _ if i % a == 0 && (i / a) % 3 == 0 => 3,
+                        0 => (next() % 1000) as u32,
+                        _ => 0,
+                    })
+                    .collect();
+                (ctxs, rows)
+            };
+            let dense_of = |ctxs: &[u32], rows: &[u32]| {
+                let mut d = vec![0u64; n * a];
+                for (&c, r) in ctxs.iter().zip(rows.chunks_exact(a)) {
+                    for (x, &y) in d[c as usize * a..][..a].iter_mut().zip(r) {
+                        *x += y as u64;
+                    }
+                }
+                d
+            };
+            let (c1, r1) = rows_of(60);
+            let (c2, r2) = rows_of(30);
+            let mut h = Hist::from_rows(space, &c1, &r1);
+            assert_eq!(h.dense(), dense_of(&c1, &r1), "{space:?}");
+            for (_, r) in h.rows() {
+                let (first, last) = (r.counts[0], r.counts[r.counts.len() - 1]);
+                assert!(a == 2 || (first > 0 && last > 0), "{space:?}: untrimmed");
+            }
+            let plain = h.without_neighbor();
+            let mut want = vec![0u64; plain.space.n_primary() * a];
+            for (ctx, row) in dense_of(&c1, &r1).chunks_exact(a).enumerate() {
+                let p = match space.stage {
+                    Stage::B => ctx % EXP_CLASSES,
+                    Stage::S => ctx / 6 * 6 + ctx % 2,
+                    _ => ctx % (2 * EXP_CLASSES),
+                };
+                for (x, &y) in want[p * a..][..a].iter_mut().zip(row) {
+                    *x += y;
+                }
+            }
+            assert_eq!(plain.dense(), want, "{space:?} without neighbor");
+            h.add(&Hist::from_rows(space, &c2, &r2));
+            let both: Vec<u64> = dense_of(&c1, &r1)
+                .iter()
+                .zip(dense_of(&c2, &r2))
+                .map(|(x, y)| x + y)
+                .collect();
+            assert_eq!(h.dense(), both, "{space:?} added");
+        }
+    }
+
     #[test]
     fn from_sorted_is_from_rows_of_sorted_rows_and_refuses_any_other_order() {
         let space = Space::new(Stage::Q1, 16, false);
         let (ctxs, rows) = (vec![3u32, 7, 40], vec![1u64, 0, 0, 5, 9, 9]);
         let sorted = Hist::from_sorted(space, ctxs.clone(), rows.clone());
-        let any = Hist::from_rows(space, &[40, 3, 7, 9], &[9, 9, 1, 0, 0, 5, 0, 0]);
+        let any = Hist::from_rows(space, &[40, 3, 7, 9], &[9u64, 9, 1, 0, 0, 5, 0, 0]);
         assert_eq!(sorted.occupied(), any.occupied());
         assert_eq!(sorted.dense(), any.dense());
         for (c, r) in [
@@ -1031,9 +1225,12 @@ mod tests {
             (0..65).map(|i| if i % 3 == 0 { 0 } else { 64 }).collect(),
             // Coarse rows as best_row sends them (a shift > 0, a symbol range inside).
             vec![0, 1024, 0, 2048, 1024, 0],
-            best_row(&[0, 0, 5, 900, 3, 0, 1, 0, 0], &mut RowScratch::default()),
             best_row(
-                &(0..66).map(|i| (i * 7 % 13) as u64).collect::<Vec<_>>(),
+                RowCounts::full(&[0, 0, 5, 900, 3, 0, 1, 0, 0]),
+                &mut RowScratch::default(),
+            ),
+            best_row(
+                RowCounts::full(&(0..66).map(|i| (i * 7 % 13) as u64).collect::<Vec<_>>()),
                 &mut RowScratch::default(),
             ),
         ];
@@ -1141,9 +1338,29 @@ mod tests {
         let mut precisions = std::collections::BTreeSet::new();
         let mut scratch = RowScratch::default();
         for counts in &rows {
-            let (price, bits) = row_price(counts, &mut scratch);
-            let got = (row_at(counts, bits), price);
-            assert_eq!(got, priced_row_dense(counts), "{counts:?}");
+            let want = priced_row_dense(counts);
+            let (price, bits) = row_price(RowCounts::full(counts), &mut scratch);
+            let got = (row_at(RowCounts::full(counts), bits), price);
+            assert_eq!(got, want, "{counts:?}");
+            // The same row as a histogram stores it: from its first seen symbol to its last.
+            let h = Hist::from_rows(Space::new(Stage::J, 32, false), &[0], &{
+                let mut whole = counts.clone();
+                whole.resize(247, 0);
+                whole
+            });
+            if let (Some((_, stored)), true) = (h.rows().next(), counts.len() > 2) {
+                let stored = RowCounts {
+                    alphabet: counts.len(),
+                    ..stored
+                };
+                assert!(stored.counts.len() < counts.len() || counts[0] > 0);
+                let (price, bits) = row_price(stored, &mut scratch);
+                assert_eq!((row_at(stored, bits), price), want, "{counts:?} stored");
+                assert_eq!(
+                    least_row_bytes(stored),
+                    least_row_bytes(RowCounts::full(counts))
+                );
+            }
             let all = got.0.iter().fold(0u32, |a, &f| a | f);
             precisions.insert(all.trailing_zeros().min(PROB_BITS));
         }

@@ -167,8 +167,7 @@ pub fn histogram<T: Word>(
             x
         })
         .unwrap_or_else(new);
-    let rows: Vec<u64> = counts.rows.iter().map(|&c| c as u64).collect();
-    Hist::from_rows(space, &counts.ctxs, &rows)
+    Hist::from_rows(space, &counts.ctxs, &counts.rows)
 }
 
 /// One thread's neighbor-form counts: a row per occupied context, in first-seen order.
