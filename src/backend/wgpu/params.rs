@@ -6,7 +6,7 @@ use crate::format::check_layout;
 use crate::format::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
 use crate::format::layout_stages;
 use crate::format::symbols::Layout;
-use crate::format::tables::{Hist, Space, Tables};
+use crate::format::tables::{Hist, Space, Stage, Tables};
 use crate::{Error, Result};
 
 /// The uniform parameter block (struct Params in shaders/prelude.wgsl).
@@ -28,9 +28,17 @@ pub struct Params {
     pub rows_off: [u32; 4],
     pub alpha: [u32; 4],
     pub hist_off: [u32; 4],
-    /// Per stage: uses its neighbor context form (B, S).
+    /// Per stage: uses its neighbor context form (B, S, J).
     pub nb_form: [u32; 4],
+    /// The exponent classes `win_lo..win_lo + win_n` of J's neighbor-form map (its
+    /// `StageTable::window`) or of the histogram pass counting it (0 otherwise).
+    pub win_lo: u32,
+    pub win_n: u32,
 }
+
+/// Words of the parameter block: 12 scalars, 5 vec4s, the window and two words of padding
+/// (a WGSL uniform struct is a multiple of 16 bytes).
+pub const PARAM_WORDS: usize = 36;
 
 impl Params {
     pub fn new(fl: FloatLayout, n: usize, condition: bool) -> Params {
@@ -44,8 +52,8 @@ impl Params {
             ..Default::default()
         }
     }
-    pub fn words(&self) -> [u32; 32] {
-        let mut w = [0u32; 32];
+    pub fn words(&self) -> [u32; PARAM_WORDS] {
+        let mut w = [0u32; PARAM_WORDS];
         w[..12].copy_from_slice(&[
             self.n,
             self.fl_width,
@@ -72,6 +80,8 @@ impl Params {
         {
             w[12 + 4 * k..16 + 4 * k].copy_from_slice(v);
         }
+        w[32] = self.win_lo;
+        w[33] = self.win_n;
         w
     }
     /// Layout and neighbor distance; the stages' context forms are set by [`Params::forms`].
@@ -79,18 +89,11 @@ impl Params {
         // The decoder's slot tables hold one byte per symbol; the format stops the Joint
         // layout at 32-bit floats for the same reason.
         check_layout(layout, self.fl_width)?;
-        if layout == Layout::Joint && distance.is_some() {
-            return Err(Error::Unsupported(
-                "the joint layout's neighbor form on the GPUs (not built yet: the cpu and \
-                 reference backends code it)"
-                    .into(),
-            ));
-        }
         self.layout_id = layout as u32;
         self.n_stages = layout_stages(layout).len() as u32;
-        // Only the Signed layout has neighbor contexts.
+        // The Signed (B, S) and Joint (J) layouts have neighbor contexts, the Paper none.
         self.neighbor = match distance {
-            Some(d) if layout == Layout::Signed => u32::try_from(d)
+            Some(d) if layout != Layout::Paper => u32::try_from(d)
                 .map_err(|_| Error::Unsupported(format!("neighbor distance {d}")))?,
             _ => 0,
         };
@@ -112,11 +115,16 @@ impl Params {
 /// Tables flattened for the shaders: per stage the context -> row map, then `(freq, start)`
 /// per row and symbol; for stages with more than two symbols also, at `hist_off`, the symbol
 /// of every slot of every row (four per u32), so the decoder needs no search loop (only with
-/// `slots`: the encoder does not read them). Also sets the stages' context forms.
+/// `slots`: the encoder does not read them). Also sets the stages' context forms, and J's
+/// window: its neighbor form's map is over that window's exponent classes only
+/// (`StageTable::window`), which the kernels' `context` indexes by.
 pub fn flatten_tables(tables: &Tables, p: &mut Params, slots: bool) -> Vec<u32> {
     *p = p.forms(tables.stages.iter().map(|t| t.space));
     let mut out = Vec::new();
     for (s, t) in tables.stages.iter().enumerate() {
+        if t.space.stage == Stage::J {
+            (p.win_lo, p.win_n) = (t.window.lo, t.window.n);
+        }
         let a = t.space.alphabet();
         let n_rows = t.explicit.len() + t.backoff.len();
         p.map_off[s] = out.len() as u32;
@@ -237,6 +245,7 @@ pub struct HistLayout {
 /// The histogram layout of one request (B and S in their neighbor forms with a `distance`,
 /// Signed only) over the tensor of `base`.
 pub fn hist_layout(base: Params, layout: Layout, distance: Option<usize>) -> Result<HistLayout> {
+    refuse_near_encode(layout, distance)?;
     let distance = distance.filter(|_| layout != Layout::Paper);
     let spaces = crate::format::layout_spaces(layout, base.fl_width, distance);
     let mut p = base.layout(layout, distance)?.forms(spaces.iter().copied());
@@ -265,6 +274,18 @@ impl HistLayout {
     }
 }
 
+/// The GPUs decode the Joint layout's neighbor form but do not encode it yet.
+fn refuse_near_encode(layout: Layout, distance: Option<usize>) -> Result<()> {
+    if layout == Layout::Joint && distance.is_some() {
+        return Err(Error::Unsupported(
+            "encoding the joint layout's neighbor form on the GPUs (not built yet: the cpu \
+             and reference backends code it; the GPUs decode it)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The parameter block and flattened tables of an encode (no slot tables: the encoder does
 /// not search).
 pub fn encode_input(
@@ -273,6 +294,7 @@ pub fn encode_input(
     tables: &Tables,
     distance: Option<usize>,
 ) -> Result<(Params, Vec<u32>)> {
+    refuse_near_encode(layout, distance)?;
     let mut p = base.layout(layout, distance)?;
     if tables.stages.len() != p.n_stages as usize {
         return Err(Error::Invalid(
