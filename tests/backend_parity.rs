@@ -631,19 +631,17 @@ pub fn quiet_chunks(backend: &dyn Backend) {
     }
 }
 
-fn fast_neighbor_options() -> EncodeOptions {
-    EncodeOptions {
-        layout: LayoutChoice::FastNeighbor,
-        ..EncodeOptions::default()
-    }
-}
-
 /// The Joint layout's neighbor form (`LayoutChoice::FastNeighbor`), on the devices that code
 /// it: the same verified blobs as the reference (histograms, row choice and lanes all show in
-/// the bytes), each decoded by the other, on [`fast_neighbor_matrix`].
+/// the bytes), each decoded by the other, on random tensors of every float dtype (rows of 48
+/// and 36, odd lengths, two chunks) and the real trajectory; the neighbor form is chosen
+/// somewhere (checked).
 pub fn fast_neighbor(backend: &dyn Backend, max_len: usize) {
-    let opts = fast_neighbor_options();
-    fast_neighbor_matrix(max_len, |pair, what| {
+    let opts = EncodeOptions {
+        layout: LayoutChoice::FastNeighbor,
+        ..EncodeOptions::default()
+    };
+    let check = |pair: &TensorPair, what: &str| -> bool {
         let (ours, report) = encode_tensor(pair, &opts, backend)
             .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()));
         let (theirs, _) = encode_tensor(pair, &opts, &ReferenceBackend).unwrap();
@@ -659,38 +657,7 @@ pub fn fast_neighbor(backend: &dyn Backend, max_len: usize) {
             backend.name()
         );
         report.j_neighbor
-    });
-}
-
-/// The Joint layout's neighbor form on a device that decodes it but does not encode it yet:
-/// the reference's blobs decode to the target on [`fast_neighbor_matrix`], and an encode is
-/// refused with an error that says so.
-pub fn fast_neighbor_decode(backend: &dyn Backend, max_len: usize) {
-    let opts = fast_neighbor_options();
-    let mut refused = false;
-    fast_neighbor_matrix(max_len, |pair, what| {
-        let (theirs, report) = encode_tensor(pair, &opts, &ReferenceBackend).unwrap();
-        let back = decode_tensor(&theirs, pair.reference, backend)
-            .unwrap_or_else(|e| panic!("{what}: {} failed: {e}", backend.name()));
-        assert!(
-            back == pair.target,
-            "{what}: {} decoded other bytes",
-            backend.name()
-        );
-        if report.j_neighbor && !refused {
-            let err = encode_tensor(pair, &opts, backend).unwrap_err().to_string();
-            assert!(err.contains("neighbor form"), "{}: {err}", backend.name());
-            refused = true;
-        }
-        report.j_neighbor
-    });
-}
-
-/// Runs `check(pair, what)` (true: the blob chose the neighbor form) on random tensors of
-/// every float dtype (rows of 48 and 36, odd lengths, two chunks), rows half a chunk wide,
-/// and the real trajectory, every tensor up to `max_len` elements; the neighbor form is
-/// chosen somewhere (checked).
-fn fast_neighbor_matrix(max_len: usize, mut check: impl FnMut(&TensorPair, &str) -> bool) {
+    };
     let mut seen = false;
     let lens = [
         0,
@@ -780,9 +747,9 @@ fast_neighbor_tests!(
     neon: |b| fast_neighbor(b, usize::MAX),
     avx2: |b| fast_neighbor(b, usize::MAX),
     avx512: |b| fast_neighbor(b, usize::MAX),
-    wgpu: |b| fast_neighbor_decode(b, usize::MAX),
-    cuda: |b| fast_neighbor_decode(b, usize::MAX),
-    cuda_emulated: |b| fast_neighbor_decode(b, usize::MAX),
+    wgpu: |b| fast_neighbor(b, usize::MAX),
+    cuda: |b| fast_neighbor(b, usize::MAX),
+    cuda_emulated: |b| fast_neighbor(b, usize::MAX),
 );
 
 macro_rules! parity_tests {

@@ -84,7 +84,7 @@ impl Gpu {
             "residual",
             RESIDUAL,
             &[Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            &["residuals", "symbols", "histogram"],
+            &["residuals", "symbols", "histogram", "er_range"],
         );
         let encode = module(
             &device,

@@ -5,8 +5,8 @@ use crate::entropy::freq::PROB_TOTAL;
 use crate::format::check_layout;
 use crate::format::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
 use crate::format::layout_stages;
-use crate::format::symbols::Layout;
-use crate::format::tables::{Hist, Space, Stage, Tables};
+use crate::format::symbols::{Layout, EXP_CLASSES};
+use crate::format::tables::{Hist, Space, Stage, Tables, Window};
 use crate::{Error, Result};
 
 /// The uniform parameter block (struct Params in shaders/prelude.wgsl).
@@ -243,9 +243,14 @@ pub struct HistLayout {
 }
 
 /// The histogram layout of one request (B and S in their neighbor forms with a `distance`,
-/// Signed only) over the tensor of `base`.
+/// Signed only; the Joint layout's neighbor form is [`NearHist`]'s) over the tensor of
+/// `base`.
 pub fn hist_layout(base: Params, layout: Layout, distance: Option<usize>) -> Result<HistLayout> {
-    refuse_near_encode(layout, distance)?;
+    if near_distance(layout, distance).is_some() {
+        return Err(Error::Invalid(
+            "J's neighbor form is counted by NearHist, not densely".into(),
+        ));
+    }
     let distance = distance.filter(|_| layout != Layout::Paper);
     let spaces = crate::format::layout_spaces(layout, base.fl_width, distance);
     let mut p = base.layout(layout, distance)?.forms(spaces.iter().copied());
@@ -274,16 +279,79 @@ impl HistLayout {
     }
 }
 
-/// The GPUs decode the Joint layout's neighbor form but do not encode it yet.
-fn refuse_near_encode(layout: Layout, distance: Option<usize>) -> Result<()> {
-    if layout == Layout::Joint && distance.is_some() {
-        return Err(Error::Unsupported(
-            "encoding the joint layout's neighbor form on the GPUs (not built yet: the cpu \
-             and reference backends code it; the GPUs decode it)"
-                .into(),
-        ));
+/// The Joint layout's neighbor form, the one request [`hist_layout`] does not take: the
+/// distance of its neighbor, where `layout` and `distance` ask for it.
+pub fn near_distance(layout: Layout, distance: Option<usize>) -> Option<usize> {
+    distance.filter(|_| layout == Layout::Joint)
+}
+
+/// Most words of one pass's dense counts of J's neighbor form (64 MiB; a wgpu adapter binds
+/// at least 128 MiB).
+const NEAR_PIECE_WORDS: usize = 1 << 24;
+
+/// J's neighbor form counted on a GPU. Its context space (up to 208,896 contexts of 247
+/// symbols) is far too large to count densely, but every context of a tensor lies in its
+/// window of exponent classes `lo..=hi` (a range pass finds it): the histogram pass counts
+/// densely over that window, at the index its map uses (`context` in the kernels: near·2n +
+/// (er - lo)·2 + rs), in pieces of the window where one would take more than
+/// `NEAR_PIECE_WORDS` words (fp32 over more than 83 classes); the occupied rows then go to
+/// the `Hist` under their primary ids. The CPU counts the same contexts (`joint_near.rs`),
+/// so the histograms are equal.
+pub struct NearHist {
+    /// The parameter block of the symbol codes and the range pass (shaders/residual.wgsl's
+    /// `er_range`, kernels/residual.cu's `ls_er_range`).
+    pub p: Params,
+    space: Space,
+    ctxs: Vec<u32>,
+    rows: Vec<u64>,
+}
+
+impl NearHist {
+    pub fn new(base: Params, distance: usize) -> Result<NearHist> {
+        let space = Space::new(Stage::J, base.fl_width, true);
+        let mut p = base.layout(Layout::Joint, Some(distance))?.forms([space]);
+        p.alpha[0] = space.alphabet() as u32;
+        Ok(NearHist {
+            p,
+            space,
+            ctxs: Vec::new(),
+            rows: Vec::new(),
+        })
     }
-    Ok(())
+
+    /// The histogram passes over the window that the range pass left in `range` (the
+    /// largest `255 - er` and the largest `er`: zero is the identity of both, so the buffer
+    /// starts zeroed): each pass's parameter block and words of counts. None for a tensor
+    /// without elements.
+    pub fn pieces(&self, range: &[u32]) -> Vec<(Params, usize)> {
+        let (lo, hi) = (255u32.saturating_sub(range[0]), range[1]);
+        let per_class = 2 * Window::nears(self.space) * self.space.alphabet();
+        let step = (NEAR_PIECE_WORDS / per_class).max(1) as u32;
+        (lo..=hi)
+            .step_by(step as usize)
+            .map(|at| {
+                let mut p = self.p;
+                (p.win_lo, p.win_n) = (at, step.min(hi + 1 - at));
+                (p, p.win_n as usize * per_class)
+            })
+            .collect()
+    }
+
+    /// Take the counts of the pass of parameter block `p`: its occupied rows.
+    pub fn add(&mut self, p: &Params, counts: &[u32]) {
+        let (a, span) = (self.space.alphabet(), 2 * p.win_n as usize);
+        for (k, row) in counts.chunks_exact(a).enumerate() {
+            if row.iter().any(|&c| c != 0) {
+                let ctx = k / span * 2 * EXP_CLASSES + 2 * p.win_lo as usize + k % span;
+                self.ctxs.push(ctx as u32);
+                self.rows.extend(row.iter().map(|&c| c as u64));
+            }
+        }
+    }
+
+    pub fn hist(self) -> Hist {
+        Hist::from_rows(self.space, &self.ctxs, &self.rows)
+    }
 }
 
 /// The parameter block and flattened tables of an encode (no slot tables: the encoder does
@@ -294,7 +362,6 @@ pub fn encode_input(
     tables: &Tables,
     distance: Option<usize>,
 ) -> Result<(Params, Vec<u32>)> {
-    refuse_near_encode(layout, distance)?;
     let mut p = base.layout(layout, distance)?;
     if tables.stages.len() != p.n_stages as usize {
         return Err(Error::Invalid(
@@ -388,5 +455,36 @@ impl EncodeLedger {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    /// The passes of J's neighbor form cover the tensor's window of exponent classes once,
+    /// in order, each within the bound; a tensor without elements has none.
+    #[test]
+    fn near_pieces_cover_the_window_once_within_the_bound() {
+        let fl = DType::F32.float_layout().unwrap();
+        let h = NearHist::new(Params::new(fl, 1000, true), 64).unwrap();
+        // (largest 255 - er, largest er) -> classes lo..=hi
+        for (range, lo, hi) in [
+            ([255, 255], 0, 255),
+            ([248, 7], 7, 7),
+            ([200, 100], 55, 100),
+        ] {
+            let pieces = h.pieces(&range);
+            let classes: Vec<u32> = pieces
+                .iter()
+                .flat_map(|(p, _)| p.win_lo..p.win_lo + p.win_n)
+                .collect();
+            assert_eq!(classes, (lo..=hi).collect::<Vec<_>>(), "{range:?}");
+            assert!(pieces.iter().all(|&(_, w)| w <= NEAR_PIECE_WORDS));
+        }
+        // fp32 over every class does not fit one pass.
+        assert!(h.pieces(&[255, 255]).len() > 1);
+        assert!(h.pieces(&[0, 0]).is_empty());
     }
 }
