@@ -27,6 +27,7 @@ LS_FN u32 with_symbol(const Params *p, u32 s, u32 sym) {
 // to symbols through a table (4 symbols per u32, at hist_off[s]) for the B and J stages, so
 // no lane searches.
 LS_FN u32 dec_symbol(const u32 *tables, const Params *p, u32 s, u32 ctx, u32 *x) {
+    if (ctx == NONE) { return NONE; }
     u32 ri = tables[p->map_off[s] + ctx];
     if (ri == NONE) { return NONE; }
     u32 a = p->alpha[s];

@@ -45,7 +45,13 @@ LS_KERNEL ls_enc_lanes(LS_ARGS) {
         for (u32 s1 = p.n_stages; s1 > 0u; s1--) {
             u32 s = s1 - 1u;
             if (!present(s, code)) { continue; }
-            u32 ri = b4[p.map_off[s] + context(s, code, info, nbc, &p)];
+            // A context without a row (J's neighbor form only, and never with tables made
+            // from these counts) codes nothing: the lookups stay in bounds, and the
+            // encoder's verify refuses the stream.
+            u32 ctx = context(s, code, info, nbc, &p);
+            if (ctx == NONE) { continue; }
+            u32 ri = b4[p.map_off[s] + ctx];
+            if (ri == NONE) { continue; }
             u32 e = p.rows_off[s] + (ri * p.alpha[s] + symbol_of(s, code, &p)) * 2u;
             u32 f = b4[e];
             u32 start = b4[e + 1u];

@@ -52,8 +52,13 @@ typedef struct {
     u32 rows_off[4];
     u32 alpha[4];
     u32 hist_off[4];
-    // Per stage: 1 when it uses its neighbor context form (B and S only).
+    // Per stage: 1 when it uses its neighbor context form (B and S; J in the Joint layout).
     u32 nb_form[4];
+    // J's neighbor form: the exponent classes win_lo .. win_lo + win_n its map covers
+    // (format::tables::Window), or that a histogram pass counts.
+    u32 win_lo;
+    u32 win_n;
+    u32 pad2[2];
 } Params;
 
 // Every kernel takes the parameter block and six buffers (unused ones get a dummy), so one
@@ -199,11 +204,23 @@ LS_FN u32 symbol_of(u32 s, u32 c, const Params *p) {
     return (c >> 9u) & 1u;
 }
 
-// Primary context id (format::tables::Space::context). `nbc`: the neighbor's symbol code, or
-// NONE when there is no neighbor in the chunk.
+// Primary context id (format::tables::Space::context), except for J in its neighbor form:
+// there the index into its map over the window of exponent classes (format::tables::Window),
+// near*2n + (er - lo)*2 + rs with near = (m2*(W1+1) + nb)*3 + up, or NONE (no row) for a
+// class outside the window. `nbc`: the neighbor's symbol code, or NONE when there is no
+// neighbor in the chunk.
 LS_FN u32 context(u32 s, u32 c, u32 info, u32 nbc, const Params *p) {
     u32 er = info & 255u;
-    if (p->layout_id == LAYOUT_JOINT) { return er * 2u + ((info >> 8u) & 1u); }
+    if (p->layout_id == LAYOUT_JOINT) {
+        u32 e2 = er * 2u + ((info >> 8u) & 1u);
+        if (p->nb_form[0] == 0u) { return e2; }
+        // Unsigned wrap: a class below the window lands above it.
+        u32 k = e2 - 2u * p->win_lo;
+        if (k >= 2u * p->win_n) { return NONE; }
+        u32 nb = nbc != NONE ? (nbc & 127u) : p->w1;
+        u32 up = nbc != NONE ? sign_state(nbc) : 0u;
+        return ((((info >> 9u) & 3u) * (p->w1 + 1u) + nb) * 3u + up) * 2u * p->win_n + k;
+    }
     u32 eb = er * p->w1 + (c & 127u);
     if (s == 0u) {
         if (p->nb_form[0] == 0u) { return er; }

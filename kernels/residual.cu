@@ -83,10 +83,14 @@ LS_KERNEL ls_histogram(LS_ARGS) {
         }
     }
     __syncthreads();
-    // Bins per exponent class, all stages; classes in the window.
+    // Bins per exponent class, all stages; classes in the window. J's neighbor form counts
+    // in global memory: its context is an index over the tensor's window of classes, with
+    // the class not the outer factor, and a class has 2 x 4 (W1+1) x 3 rows of up to 247
+    // bins, more than the shared histogram holds even for fp8.
     u32 slice = 0u;
     for (u32 s = 0u; s < p.n_stages; s++) { slice += sh_rest[s] * sh_alpha[s]; }
     u32 k = ls_min(HIST_SH_BINS / slice, 256u);
+    if (p.layout_id == LAYOUT_JOINT && p.nb_form[0] != 0u) { k = 0u; }
     for (u32 i = t; i < k * slice; i += blockDim.x) { sh[i] = 0u; }
     for (u32 j = first + t; j < end; j += blockDim.x) {
         atomicMax(&sh_er_max, ref_info(load_elem(b1, j, p.width), &p) & 255u);
@@ -102,8 +106,10 @@ LS_KERNEL ls_histogram(LS_ARGS) {
         u32 base = 0u;
         for (u32 s = 0u; s < p.n_stages; s++) {
             u32 a = sh_alpha[s];
-            if (present(s, c)) {
-                u32 ctx = context(s, c, info, nbc, &p);
+            u32 ctx = context(s, c, info, nbc, &p);
+            // NONE: J's neighbor form, a class outside this pass's piece of the window
+            // (another pass counts it).
+            if (present(s, c) && ctx != NONE) {
                 u32 sym = symbol_of(s, c, &p);
                 if (er >= lo && er - lo < k) {
                     u32 r = ctx_rest(s, ctx, er, &p);
@@ -130,5 +136,36 @@ LS_KERNEL ls_histogram(LS_ARGS) {
         u32 er = lo + at / per_class;
         u32 r = (at % per_class) / a;
         atomicAdd(&b5[sh_off[s] + ctx_compose(s, er, r, &p) * a + at % a], v);
+    }
+}
+
+// The reference's exponent classes, the window J's neighbor form is counted over: the largest
+// 255 - er into b5[0] and the largest er into b5[1] (zeroed: zero is the identity of both),
+// per block in shared memory first, so that one thread per block touches them. b1 reference;
+// any grid, as ls_histogram.
+LS_KERNEL ls_er_range(LS_ARGS) {
+    __shared__ u32 sh_range[2];
+    u32 t = threadIdx.x;
+    u32 per = (p.n + gridDim.x - 1u) / gridDim.x;
+    u32 first = ls_min(blockIdx.x * per, p.n);
+    u32 end = ls_min(first + per, p.n);
+    if (t == 0u) {
+        sh_range[0] = 0u;
+        sh_range[1] = 0u;
+    }
+    __syncthreads();
+    u32 below = 0u;
+    u32 top = 0u;
+    for (u32 j = first + t; j < end; j += blockDim.x) {
+        u32 er = ref_info(load_elem(b1, j, p.width), &p) & 255u;
+        below = 255u - er > below ? 255u - er : below;
+        top = er > top ? er : top;
+    }
+    atomicMax(&sh_range[0], below);
+    atomicMax(&sh_range[1], top);
+    __syncthreads();
+    if (t == 0u) {
+        atomicMax(&b5[0], sh_range[0]);
+        atomicMax(&b5[1], sh_range[1]);
     }
 }

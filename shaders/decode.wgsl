@@ -45,6 +45,7 @@ var<workgroup> ballot: array<atomic<u32>, 3>;
 // llvmpipe caps every loop at 65535 iterations per invocation, so slots map to symbols
 // through a table (4 symbols per u32, at hist_off[s]) for the B and J stages.
 fn dec_symbol(s: u32, ctx: u32, x: ptr<function, u32>) -> u32 {
+    if (ctx == NONE) { return NONE; }
     let ri = tables[p.map_off[s] + ctx];
     if (ri == NONE) { return NONE; }
     let a = p.alpha[s];

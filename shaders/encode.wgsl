@@ -65,7 +65,13 @@ fn enc_lanes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         for (var s1 = p.n_stages; s1 > 0u; s1--) {
             let s = s1 - 1u;
             if (!present(s, code)) { continue; }
-            let ri = tables[p.map_off[s] + context(s, code, info, nbc, p)];
+            // A context without a row (J's neighbor form only, and never with tables made
+            // from these counts) codes nothing: the lookups stay in bounds, and the
+            // encoder's verify refuses the stream.
+            let ctx = context(s, code, info, nbc, p);
+            if (ctx == NONE) { continue; }
+            let ri = tables[p.map_off[s] + ctx];
+            if (ri == NONE) { continue; }
             let e = p.rows_off[s] + (ri * p.alpha[s] + symbol_of(s, code, p)) * 2u;
             let f = tables[e];
             let start = tables[e + 1u];

@@ -35,8 +35,14 @@ struct Params {
     rows_off: vec4<u32>,
     alpha: vec4<u32>,
     hist_off: vec4<u32>,
-    // Per stage: 1 when it uses its neighbor context form (B and S only).
+    // Per stage: 1 when it uses its neighbor context form (B and S; J in the Joint layout).
     nb_form: vec4<u32>,
+    // J's neighbor form: the exponent classes win_lo .. win_lo + win_n its map covers
+    // (format::tables::Window), or that a histogram pass counts.
+    win_lo: u32,
+    win_n: u32,
+    pad2: u32,
+    pad3: u32,
 }
 
 fn mask64(w: u32) -> vec2<u32> {
@@ -199,11 +205,27 @@ fn symbol_of(s: u32, c: u32, p: Params) -> u32 {
     return (c >> 9u) & 1u;
 }
 
-// Primary context id (delta::model::Space::context). `nbc`: the neighbor's symbol code, or
-// NONE when there is no neighbor in the chunk.
+// Primary context id (format::tables::Space::context), except for J in its neighbor form:
+// there the index into its map over the window of exponent classes (format::tables::Window),
+// near·2n + (er - lo)·2 + rs with near = (m2·(W1+1) + nb)·3 + up, or NONE (no row) for a
+// class outside the window. `nbc`: the neighbor's symbol code, or NONE when there is no
+// neighbor in the chunk.
 fn context(s: u32, c: u32, info: u32, nbc: u32, p: Params) -> u32 {
     let er = info & 255u;
-    if (p.layout_id == LAYOUT_JOINT) { return er * 2u + ((info >> 8u) & 1u); }
+    if (p.layout_id == LAYOUT_JOINT) {
+        let e2 = er * 2u + ((info >> 8u) & 1u);
+        if (p.nb_form[0] == 0u) { return e2; }
+        // Wrapping: a class below the window lands above it.
+        let k = e2 - 2u * p.win_lo;
+        if (k >= 2u * p.win_n) { return NONE; }
+        var nb = p.w1;
+        var up = 0u;
+        if (nbc != NONE) {
+            nb = nbc & 127u;
+            up = sign_state(nbc);
+        }
+        return ((((info >> 9u) & 3u) * (p.w1 + 1u) + nb) * 3u + up) * 2u * p.win_n + k;
+    }
     let eb = er * p.w1 + (c & 127u);
     if (s == 0u) {
         if (p.nb_form[0] == 0u) { return er; }

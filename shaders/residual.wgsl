@@ -75,9 +75,33 @@ fn histogram(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         nbc = get_code(j - p.neighbor);
     }
     for (var s = 0u; s < p.n_stages; s++) {
-        if (present(s, c)) {
-            let at = p.hist_off[s] + context(s, c, info, nbc, p) * p.alpha[s] + symbol_of(s, c, p);
-            atomicAdd(&counts[at], 1u);
+        let ctx = context(s, c, info, nbc, p);
+        // NONE: J's neighbor form, a class outside this pass's piece of the window (another
+        // pass counts it).
+        if (present(s, c) && ctx != NONE) {
+            atomicAdd(&counts[p.hist_off[s] + ctx * p.alpha[s] + symbol_of(s, c, p)], 1u);
         }
+    }
+}
+
+var<workgroup> wg_range: array<atomic<u32>, 2>;
+
+// The reference's exponent classes, the window J's neighbor form is counted over: the largest
+// 255 - er into counts[0] and the largest er into counts[1] (zero, the buffer's start, is the
+// identity of both), per workgroup first so that only one invocation in 256 touches them.
+@compute @workgroup_size(256)
+fn er_range(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) t: u32) {
+    // wg_range starts zeroed (WGSL zero-initializes workgroup memory).
+    let j = flat_index(wg, nwg, t);
+    if (j < p.n) {
+        let er = ref_info(load_ref(j), p) & 255u;
+        atomicMax(&wg_range[0], 255u - er);
+        atomicMax(&wg_range[1], er);
+    }
+    workgroupBarrier();
+    if (t == 0u) {
+        atomicMax(&counts[0], atomicLoad(&wg_range[0]));
+        atomicMax(&counts[1], atomicLoad(&wg_range[1]));
     }
 }

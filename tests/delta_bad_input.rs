@@ -1,6 +1,7 @@
 //! Bad input gets a clear error, never a panic, an endless loop or a half-written file.
 
 mod common;
+mod devices;
 
 use std::process::Command;
 
@@ -321,6 +322,55 @@ fn fast_neighbor_corruption_never_panics_and_flags_are_checked() {
             Ok(Ok(out)) => assert_eq!(out, t, "corrupt blob decoded to other bytes"),
             Ok(Err(_)) => {}
             Err(_) => panic!("decoder panicked on a corrupt blob"),
+        }
+    }
+}
+
+/// The GPUs' neighbor-form decoders on corrupt blobs (the CPU's, with a byte or three
+/// changed and the CRC fixed): the target or an error, never a panic or a hang. A class
+/// outside the map's window or a missing row must set the kernels' error, not index past
+/// the map.
+#[test]
+fn fast_neighbor_corruption_on_the_gpus_never_panics() {
+    let (r, t) = columned_pair(1024, 64, 5);
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &[1024, 64],
+        reference: &r,
+        target: &t,
+    };
+    let opts = EncodeOptions {
+        layout: lockstep::delta::LayoutChoice::FastNeighbor,
+        ..EncodeOptions::default()
+    };
+    let (blob, report) = encode_tensor(&pair, &opts, &lockstep::backend::cpu::CpuBackend).unwrap();
+    assert!(
+        report.j_neighbor,
+        "the sample did not choose the neighbor form"
+    );
+    let body = blob.len() - 4;
+    for name in ["wgpu", "cuda_emulated", "cuda"] {
+        let Some(d) = devices::device(name) else {
+            continue;
+        };
+        let gpu = d.delta().unwrap();
+        assert_eq!(decode_tensor(&blob, &r, gpu).unwrap(), t, "{name}");
+        let mut rng = Rng(79);
+        for _ in 0..300 {
+            let mut b = blob.clone();
+            for _ in 0..1 + rng.below(3) {
+                let i = rng.below(body as u64) as usize;
+                b[i] = rng.next() as u8;
+            }
+            let crc = crc32fast::hash(&b[..body]);
+            b[body..].copy_from_slice(&crc.to_le_bytes());
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                decode_tensor(&b, &r, gpu)
+            })) {
+                Ok(Ok(out)) => assert_eq!(out, t, "{name}: corrupt blob decoded to other bytes"),
+                Ok(Err(_)) => {}
+                Err(_) => panic!("{name}: decoder panicked on a corrupt blob"),
+            }
         }
     }
 }

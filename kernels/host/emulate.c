@@ -38,9 +38,9 @@ static const struct {
     ls_kernel_fn fn;
     int syncs;
 } LS_KERNELS[] = {
-    {ls_residuals, 0}, {ls_symbols, 0}, {ls_histogram, 1}, {ls_enc_lanes, 0},
-    {ls_enc_scan, 1},  {ls_enc_tail, 1}, {ls_dec_lanes, 1}, {ls_dec_tail, 1},
-    {ls_crc32, 1},
+    {ls_residuals, 0}, {ls_symbols, 0}, {ls_histogram, 1}, {ls_er_range, 1},
+    {ls_enc_lanes, 0}, {ls_enc_scan, 1}, {ls_enc_tail, 1}, {ls_dec_lanes, 1},
+    {ls_dec_tail, 1},  {ls_crc32, 1},
 };
 
 typedef void (*ls_lm_kernel_fn)(const LmParams, u32 *, u32 *, u32 *, u32 *, u32 *, u32 *, u32 *,

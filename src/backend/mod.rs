@@ -60,7 +60,8 @@ pub struct DecodeJob<'a> {
     pub layout: Layout,
     pub condition: bool,
     /// Distance to the neighbor element (one row up) whose bit length and update sign are
-    /// contexts of the B and S stages, if either uses its neighbor form (`tables` says which).
+    /// contexts of the B and S stages (or J's), if any uses its neighbor form (`tables` says
+    /// which).
     pub distance: Option<usize>,
     pub tables: &'a Tables,
     /// One per chunk of `CHUNK_ELEMS` elements, in order.
@@ -108,10 +109,10 @@ pub trait Resident {
     /// `key(target) - key(reference) mod 2^w`, little-endian, `w / 8` bytes per element.
     fn residual_bytes(&self) -> Result<Vec<u8>>;
     /// For each request, in order, the histograms of every stage of its layout (B, Q1, Q2
-    /// and, for Signed, S). With a `distance` (Signed only), B and S are counted in their
-    /// neighbor forms ([`crate::format::layout_spaces`]); the host folds a neighbor away where
-    /// it does not pay. Chunk-local, like the coder. A backend may answer several requests in
-    /// one pass (the CPU counts Signed and Paper together).
+    /// and, for Signed, S; J for Joint). With a `distance` (not Paper), B and S, or J, are
+    /// counted in their neighbor forms ([`crate::format::layout_spaces`]); the host folds a
+    /// neighbor away where it does not pay. Chunk-local, like the coder. A backend may answer
+    /// several requests in one pass (the CPU counts Signed and Paper together).
     fn histograms_for(&self, requests: &[HistRequest]) -> Result<Vec<Vec<Hist>>>;
     /// [`Resident::histograms_for`] of one request.
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
@@ -135,8 +136,8 @@ pub trait Resident {
     ) -> Result<Vec<EncodedChunk>>;
 }
 
-/// One histogram request: every stage of `layout`, B and S in their neighbor forms when a
-/// neighbor `distance` is given (Signed only).
+/// One histogram request: every stage of `layout`, B and S (Signed) or J (Joint) in their
+/// neighbor forms when a neighbor `distance` is given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HistRequest {
     pub layout: Layout,

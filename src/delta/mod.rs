@@ -44,8 +44,8 @@ pub enum LayoutChoice {
     /// more bytes (`--fast`). Floats wider than 32 bits use Signed.
     Fast,
     /// The Joint layout with its neighbor context (the element one row up and the
-    /// reference's top mantissa bits) where it pays. Not yet on every device: the reference
-    /// and CPU devices code it; wgpu and CUDA refuse it with an error.
+    /// reference's top mantissa bits) where it pays. Every device codes it (the CPU, the
+    /// reference, wgpu and CUDA).
     FastNeighbor,
 }
 

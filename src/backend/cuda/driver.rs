@@ -387,14 +387,14 @@ impl CudaDriver {
     /// (nothing for an empty grid).
     ///
     /// # Safety
-    /// `f` must take exactly a `[u32; 32]` parameter block and `bufs.len()` u32 pointers, and
-    /// index them within the buffers' lengths.
-    unsafe fn run(
+    /// `f` must take exactly a `[u32; N]` parameter block (`Params`: 36 words, `LmParams`:
+    /// 32) and `bufs.len()` u32 pointers, and index them within the buffers' lengths.
+    unsafe fn run<const N: usize>(
         &self,
         f: &CudaFunction,
         grid: u32,
         block: u32,
-        words: &[u32; 32],
+        words: &[u32; N],
         bufs: &[CudaView<'_, u32>],
         name: &str,
     ) -> Result<()> {

@@ -132,9 +132,9 @@ fn run_launch<const N: usize>(
 ) -> Result<()> {
     run_blocks(grid, symbol, |first, end| {
         let ptrs = &ptrs;
-        // SAFETY: the parameter block is the kernels' (32 words); the buffers live until
-        // this call returns and are as large as the host code sized them for the kernel
-        // (the same sizes the GPU gets).
+        // SAFETY: the parameter block is the kernels' whole (`Params` or `LmParams`); the
+        // buffers live until this call returns and are as large as the host code sized them
+        // for the kernel (the same sizes the GPU gets).
         unsafe { entry(id, grid, block, first, end, words.as_ptr(), ptrs.0.as_ptr()) }
     })
 }

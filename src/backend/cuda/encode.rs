@@ -4,7 +4,9 @@
 
 use super::launch::{Kernel, Launcher};
 use super::{blocks, CudaBackend, Engaged, Stage};
-use crate::backend::wgpu::params::{encode_input, hist_layout, EncodeLedger, Params};
+use crate::backend::wgpu::params::{
+    encode_input, hist_layout, near_distance, EncodeLedger, NearHist, Params,
+};
 use crate::backend::{HistRequest, Resident};
 use crate::format::chunk::EncodedChunk;
 use crate::format::symbols::Layout;
@@ -77,6 +79,9 @@ impl<L: Launcher> Resident for CudaResident<'_, L> {
 
 impl<L: Launcher> CudaResident<'_, L> {
     fn histograms(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
+        if let Some(d) = near_distance(layout, distance) {
+            return Ok(vec![self.near_histogram(d)?]);
+        }
         let d = self.engine.dev();
         let h = hist_layout(self.base, layout, distance)?;
         let counts = d.zeroed(h.total)?;
@@ -89,6 +94,34 @@ impl<L: Launcher> CudaResident<'_, L> {
             [&self.refs, &self.tgts, r, &self.codes, &counts, r],
         )?;
         Ok(h.hists(&d.read(&counts, h.total)?))
+    }
+
+    /// J's neighbor form ([`NearHist`]): the codes and the range pass, read back; then a
+    /// histogram pass per piece of the window, each read back.
+    fn near_histogram(&self, distance: usize) -> Result<Hist> {
+        let d = self.engine.dev();
+        let mut h = NearHist::new(self.base, distance)?;
+        self.codes(&h.p)?;
+        let r = &self.resid;
+        let grid = self.n.div_ceil(HIST_SPAN) as u32;
+        let range = d.zeroed(2)?;
+        d.launch(
+            Kernel::ErRange,
+            grid,
+            &h.p,
+            [&self.refs, &self.tgts, r, &self.codes, &range, r],
+        )?;
+        for (p, words) in h.pieces(&d.read(&range, 2)?) {
+            let counts = d.zeroed(words)?;
+            d.launch(
+                Kernel::Histogram,
+                grid,
+                &p,
+                [&self.refs, &self.tgts, r, &self.codes, &counts, r],
+            )?;
+            h.add(&p, &d.read(&counts, words)?);
+        }
+        Ok(h.hist())
     }
 
     fn encode_inner(

@@ -12,6 +12,7 @@ pub enum Kernel {
     Residuals,
     Symbols,
     Histogram,
+    ErRange,
     EncLanes,
     EncScan,
     EncTail,
@@ -25,10 +26,11 @@ pub enum Kernel {
 pub const BLOCK: u32 = 256;
 
 impl Kernel {
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 10] = [
         Kernel::Residuals,
         Kernel::Symbols,
         Kernel::Histogram,
+        Kernel::ErRange,
         Kernel::EncLanes,
         Kernel::EncScan,
         Kernel::EncTail,
@@ -43,6 +45,7 @@ impl Kernel {
             Kernel::Residuals => "ls_residuals",
             Kernel::Symbols => "ls_symbols",
             Kernel::Histogram => "ls_histogram",
+            Kernel::ErRange => "ls_er_range",
             Kernel::EncLanes => "ls_enc_lanes",
             Kernel::EncScan => "ls_enc_scan",
             Kernel::EncTail => "ls_enc_tail",
@@ -55,7 +58,9 @@ impl Kernel {
     /// The source file (module) that defines it.
     pub fn module(self) -> &'static str {
         match self {
-            Kernel::Residuals | Kernel::Symbols | Kernel::Histogram => "residual.cu",
+            Kernel::Residuals | Kernel::Symbols | Kernel::Histogram | Kernel::ErRange => {
+                "residual.cu"
+            }
             Kernel::EncLanes | Kernel::EncScan | Kernel::EncTail => "encode.cu",
             Kernel::DecLanes | Kernel::DecTail => "decode.cu",
             Kernel::Crc32 => "crc32.cu",

@@ -2,7 +2,7 @@
 //! lane stages (shaders/residual.wgsl, shaders/encode.wgsl).
 
 use super::gpu::Gpu;
-use super::params::{encode_input, hist_layout, EncodeLedger, Params};
+use super::params::{encode_input, hist_layout, near_distance, EncodeLedger, NearHist, Params};
 use super::{groups, u32s, WgpuBackend};
 use crate::backend::{HistRequest, Resident};
 use crate::format::chunk::EncodedChunk;
@@ -75,6 +75,9 @@ impl WgpuResident<'_> {
     }
 
     fn histograms_inner(&self, layout: Layout, distance: Option<usize>) -> Result<Vec<Hist>> {
+        if let Some(d) = near_distance(layout, distance) {
+            return Ok(vec![self.near_histogram(d)?]);
+        }
         let g = self.gpu();
         let h = hist_layout(self.base, layout, distance)?;
         let counts = g.zeroed(h.total * 4)?;
@@ -89,6 +92,38 @@ impl WgpuResident<'_> {
         g.dispatch(&mut enc, &g.residual, "histogram", &bind, groups(self.n));
         let raw = g.finish_and_read(enc, &[(&counts, (h.total * 4) as u64)])?;
         Ok(h.hists(&u32s(&raw[0])))
+    }
+
+    /// J's neighbor form ([`NearHist`]): the codes and the range pass, read back; then a
+    /// histogram pass per piece of the window, each read back.
+    fn near_histogram(&self, distance: usize) -> Result<Hist> {
+        let g = self.gpu();
+        let mut h = NearHist::new(self.base, distance)?;
+        let range = g.zeroed(8)?;
+        let mut enc = g.encoder();
+        self.record_codes(&mut enc, &h.p, &range);
+        let params = g.params(&h.p.words());
+        let bind = g.bind(
+            &g.residual,
+            &params,
+            &[&self.refs, &self.tgts, &self.resid, &self.codes, &range],
+        );
+        g.dispatch(&mut enc, &g.residual, "er_range", &bind, groups(self.n));
+        let range = g.finish_and_read(enc, &[(&range, 8)])?;
+        for (p, words) in h.pieces(&u32s(&range[0])) {
+            let counts = g.zeroed(words * 4)?;
+            let params = g.params(&p.words());
+            let bind = g.bind(
+                &g.residual,
+                &params,
+                &[&self.refs, &self.tgts, &self.resid, &self.codes, &counts],
+            );
+            let mut enc = g.encoder();
+            g.dispatch(&mut enc, &g.residual, "histogram", &bind, groups(self.n));
+            let raw = g.finish_and_read(enc, &[(&counts, (words * 4) as u64)])?;
+            h.add(&p, &u32s(&raw[0]));
+        }
+        Ok(h.hist())
     }
 
     fn encode_inner(

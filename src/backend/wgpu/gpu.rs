@@ -84,7 +84,7 @@ impl Gpu {
             "residual",
             RESIDUAL,
             &[Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            &["residuals", "symbols", "histogram"],
+            &["residuals", "symbols", "histogram", "er_range"],
         );
         let encode = module(
             &device,
@@ -183,7 +183,7 @@ impl Gpu {
         Ok(())
     }
 
-    pub fn params(&self, p: &[u32; 32]) -> wgpu::Buffer {
+    pub fn params(&self, p: &[u32]) -> wgpu::Buffer {
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("params"),

@@ -5,8 +5,8 @@ use crate::entropy::freq::PROB_TOTAL;
 use crate::format::check_layout;
 use crate::format::chunk::{EncodedChunk, CHUNK_ELEMS, LANES};
 use crate::format::layout_stages;
-use crate::format::symbols::Layout;
-use crate::format::tables::{Hist, Space, Tables};
+use crate::format::symbols::{Layout, EXP_CLASSES};
+use crate::format::tables::{Hist, Space, Stage, Tables, Window};
 use crate::{Error, Result};
 
 /// The uniform parameter block (struct Params in shaders/prelude.wgsl).
@@ -28,9 +28,17 @@ pub struct Params {
     pub rows_off: [u32; 4],
     pub alpha: [u32; 4],
     pub hist_off: [u32; 4],
-    /// Per stage: uses its neighbor context form (B, S).
+    /// Per stage: uses its neighbor context form (B, S, J).
     pub nb_form: [u32; 4],
+    /// The exponent classes `win_lo..win_lo + win_n` of J's neighbor-form map (its
+    /// `StageTable::window`) or of the histogram pass counting it (0 otherwise).
+    pub win_lo: u32,
+    pub win_n: u32,
 }
+
+/// Words of the parameter block: 12 scalars, 5 vec4s, the window and two words of padding
+/// (a WGSL uniform struct is a multiple of 16 bytes).
+pub const PARAM_WORDS: usize = 36;
 
 impl Params {
     pub fn new(fl: FloatLayout, n: usize, condition: bool) -> Params {
@@ -44,8 +52,8 @@ impl Params {
             ..Default::default()
         }
     }
-    pub fn words(&self) -> [u32; 32] {
-        let mut w = [0u32; 32];
+    pub fn words(&self) -> [u32; PARAM_WORDS] {
+        let mut w = [0u32; PARAM_WORDS];
         w[..12].copy_from_slice(&[
             self.n,
             self.fl_width,
@@ -72,6 +80,8 @@ impl Params {
         {
             w[12 + 4 * k..16 + 4 * k].copy_from_slice(v);
         }
+        w[32] = self.win_lo;
+        w[33] = self.win_n;
         w
     }
     /// Layout and neighbor distance; the stages' context forms are set by [`Params::forms`].
@@ -79,18 +89,11 @@ impl Params {
         // The decoder's slot tables hold one byte per symbol; the format stops the Joint
         // layout at 32-bit floats for the same reason.
         check_layout(layout, self.fl_width)?;
-        if layout == Layout::Joint && distance.is_some() {
-            return Err(Error::Unsupported(
-                "the joint layout's neighbor form on the GPUs (not built yet: the cpu and \
-                 reference backends code it)"
-                    .into(),
-            ));
-        }
         self.layout_id = layout as u32;
         self.n_stages = layout_stages(layout).len() as u32;
-        // Only the Signed layout has neighbor contexts.
+        // The Signed (B, S) and Joint (J) layouts have neighbor contexts, the Paper none.
         self.neighbor = match distance {
-            Some(d) if layout == Layout::Signed => u32::try_from(d)
+            Some(d) if layout != Layout::Paper => u32::try_from(d)
                 .map_err(|_| Error::Unsupported(format!("neighbor distance {d}")))?,
             _ => 0,
         };
@@ -112,11 +115,16 @@ impl Params {
 /// Tables flattened for the shaders: per stage the context -> row map, then `(freq, start)`
 /// per row and symbol; for stages with more than two symbols also, at `hist_off`, the symbol
 /// of every slot of every row (four per u32), so the decoder needs no search loop (only with
-/// `slots`: the encoder does not read them). Also sets the stages' context forms.
+/// `slots`: the encoder does not read them). Also sets the stages' context forms, and J's
+/// window: its neighbor form's map is over that window's exponent classes only
+/// (`StageTable::window`), which the kernels' `context` indexes by.
 pub fn flatten_tables(tables: &Tables, p: &mut Params, slots: bool) -> Vec<u32> {
     *p = p.forms(tables.stages.iter().map(|t| t.space));
     let mut out = Vec::new();
     for (s, t) in tables.stages.iter().enumerate() {
+        if t.space.stage == Stage::J {
+            (p.win_lo, p.win_n) = (t.window.lo, t.window.n);
+        }
         let a = t.space.alphabet();
         let n_rows = t.explicit.len() + t.backoff.len();
         p.map_off[s] = out.len() as u32;
@@ -235,8 +243,14 @@ pub struct HistLayout {
 }
 
 /// The histogram layout of one request (B and S in their neighbor forms with a `distance`,
-/// Signed only) over the tensor of `base`.
+/// Signed only; the Joint layout's neighbor form is [`NearHist`]'s) over the tensor of
+/// `base`.
 pub fn hist_layout(base: Params, layout: Layout, distance: Option<usize>) -> Result<HistLayout> {
+    if near_distance(layout, distance).is_some() {
+        return Err(Error::Invalid(
+            "J's neighbor form is counted by NearHist, not densely".into(),
+        ));
+    }
     let distance = distance.filter(|_| layout != Layout::Paper);
     let spaces = crate::format::layout_spaces(layout, base.fl_width, distance);
     let mut p = base.layout(layout, distance)?.forms(spaces.iter().copied());
@@ -262,6 +276,81 @@ impl HistLayout {
                 Hist::from_dense(sp, &counts)
             })
             .collect()
+    }
+}
+
+/// The Joint layout's neighbor form, the one request [`hist_layout`] does not take: the
+/// distance of its neighbor, where `layout` and `distance` ask for it.
+pub fn near_distance(layout: Layout, distance: Option<usize>) -> Option<usize> {
+    distance.filter(|_| layout == Layout::Joint)
+}
+
+/// Most words of one pass's dense counts of J's neighbor form (64 MiB; a wgpu adapter binds
+/// at least 128 MiB).
+const NEAR_PIECE_WORDS: usize = 1 << 24;
+
+/// J's neighbor form counted on a GPU. Its context space (up to 208,896 contexts of 247
+/// symbols) is far too large to count densely, but every context of a tensor lies in its
+/// window of exponent classes `lo..=hi` (a range pass finds it): the histogram pass counts
+/// densely over that window, at the index its map uses (`context` in the kernels: near·2n +
+/// (er - lo)·2 + rs), in pieces of the window where one would take more than
+/// `NEAR_PIECE_WORDS` words (fp32 over more than 83 classes); the occupied rows then go to
+/// the `Hist` under their primary ids. The CPU counts the same contexts (`joint_near.rs`),
+/// so the histograms are equal.
+pub struct NearHist {
+    /// The parameter block of the symbol codes and the range pass (shaders/residual.wgsl's
+    /// `er_range`, kernels/residual.cu's `ls_er_range`).
+    pub p: Params,
+    space: Space,
+    ctxs: Vec<u32>,
+    rows: Vec<u64>,
+}
+
+impl NearHist {
+    pub fn new(base: Params, distance: usize) -> Result<NearHist> {
+        let space = Space::new(Stage::J, base.fl_width, true);
+        let mut p = base.layout(Layout::Joint, Some(distance))?.forms([space]);
+        p.alpha[0] = space.alphabet() as u32;
+        Ok(NearHist {
+            p,
+            space,
+            ctxs: Vec::new(),
+            rows: Vec::new(),
+        })
+    }
+
+    /// The histogram passes over the window that the range pass left in `range` (the
+    /// largest `255 - er` and the largest `er`: zero is the identity of both, so the buffer
+    /// starts zeroed): each pass's parameter block and words of counts. None for a tensor
+    /// without elements.
+    pub fn pieces(&self, range: &[u32]) -> Vec<(Params, usize)> {
+        let (lo, hi) = (255u32.saturating_sub(range[0]), range[1]);
+        let per_class = 2 * Window::nears(self.space) * self.space.alphabet();
+        let step = (NEAR_PIECE_WORDS / per_class).max(1) as u32;
+        (lo..=hi)
+            .step_by(step as usize)
+            .map(|at| {
+                let mut p = self.p;
+                (p.win_lo, p.win_n) = (at, step.min(hi + 1 - at));
+                (p, p.win_n as usize * per_class)
+            })
+            .collect()
+    }
+
+    /// Take the counts of the pass of parameter block `p`: its occupied rows.
+    pub fn add(&mut self, p: &Params, counts: &[u32]) {
+        let (a, span) = (self.space.alphabet(), 2 * p.win_n as usize);
+        for (k, row) in counts.chunks_exact(a).enumerate() {
+            if row.iter().any(|&c| c != 0) {
+                let ctx = k / span * 2 * EXP_CLASSES + 2 * p.win_lo as usize + k % span;
+                self.ctxs.push(ctx as u32);
+                self.rows.extend(row.iter().map(|&c| c as u64));
+            }
+        }
+    }
+
+    pub fn hist(self) -> Hist {
+        Hist::from_rows(self.space, &self.ctxs, &self.rows)
     }
 }
 
@@ -366,5 +455,36 @@ impl EncodeLedger {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    /// The passes of J's neighbor form cover the tensor's window of exponent classes once,
+    /// in order, each within the bound; a tensor without elements has none.
+    #[test]
+    fn near_pieces_cover_the_window_once_within_the_bound() {
+        let fl = DType::F32.float_layout().unwrap();
+        let h = NearHist::new(Params::new(fl, 1000, true), 64).unwrap();
+        // (largest 255 - er, largest er) -> classes lo..=hi
+        for (range, lo, hi) in [
+            ([255, 255], 0, 255),
+            ([248, 7], 7, 7),
+            ([200, 100], 55, 100),
+        ] {
+            let pieces = h.pieces(&range);
+            let classes: Vec<u32> = pieces
+                .iter()
+                .flat_map(|(p, _)| p.win_lo..p.win_lo + p.win_n)
+                .collect();
+            assert_eq!(classes, (lo..=hi).collect::<Vec<_>>(), "{range:?}");
+            assert!(pieces.iter().all(|&(_, w)| w <= NEAR_PIECE_WORDS));
+        }
+        // fp32 over every class does not fit one pass.
+        assert!(h.pieces(&[255, 255]).len() > 1);
+        assert!(h.pieces(&[0, 0]).is_empty());
     }
 }
