@@ -237,7 +237,7 @@ fn cross() -> Result<(), String> {
         }
     };
     // `--backend cpu` runs the best level the CPU has: on aarch64 that must be the NEON
-    // level, so the byte comparisons below check its lanes (both layouts) against the host's.
+    // level, so the byte comparisons below check its lanes (every layout) against the host's.
     let listed = Command::new("qemu-aarch64")
         .args(["-L", "/usr/aarch64-linux-gnu", arm.as_str(), "backends"])
         .output()
@@ -255,8 +255,9 @@ fn cross() -> Result<(), String> {
         "demo/step0200_blocks_bf16.safetensors",
         "demo/step0400_blocks_bf16.safetensors",
     );
-    // Both the default layouts and the fast one (`--layout fast`).
-    for layout in ["auto", "fast"] {
+    // The default layouts, the fast one (`--layout fast`) and its neighbor form (`--layout
+    // fast-neighbor`, a hidden value: the NEON level's own decode lanes for that form).
+    for layout in ["auto", "fast", "fast-neighbor"] {
         for arch in ["host", "aarch64"] {
             let out = format!("{dir}/{arch}-{layout}.lsd");
             on(
