@@ -374,3 +374,54 @@ fn fast_neighbor_corruption_on_the_gpus_never_panics() {
         }
     }
 }
+
+/// The neighbor form's vector decode lanes (AVX2, AVX-512, NEON) against its portable lanes
+/// on corrupt blobs behind a recomputed checksum: every level this CPU runs gives the
+/// portable level's result, the same bytes or the same error, message included (the lanes'
+/// bounds refusals and stream checks must be the portable lanes' own).
+#[test]
+fn fast_neighbor_corruption_same_result_at_every_level() {
+    use lockstep::backend::{Device, Isa};
+    let (r, t) = columned_pair(1024, 64, 5);
+    let pair = TensorPair {
+        dtype: DType::BF16,
+        shape: &[1024, 64],
+        reference: &r,
+        target: &t,
+    };
+    let opts = EncodeOptions {
+        layout: lockstep::delta::LayoutChoice::FastNeighbor,
+        ..EncodeOptions::default()
+    };
+    let portable = Device::cpu_at(Isa::Portable).unwrap();
+    let portable = portable.delta().unwrap();
+    let (blob, report) = encode_tensor(&pair, &opts, portable).unwrap();
+    assert!(
+        report.j_neighbor,
+        "the sample did not choose the neighbor form"
+    );
+    let levels: Vec<Device> = Isa::ALL
+        .into_iter()
+        .filter(|&i| i != Isa::Portable)
+        .filter_map(Device::cpu_at)
+        .collect();
+    let body = blob.len() - 4;
+    let mut rng = Rng(79);
+    for i in 0..400 {
+        let mut b = blob.clone();
+        // Mostly the second half (the chunk's words and tails), some anywhere.
+        let at = if i % 4 == 0 {
+            rng.below(body as u64) as usize
+        } else {
+            body / 2 + rng.below((body - body / 2) as u64) as usize
+        };
+        b[at] ^= 1 << rng.below(8);
+        let crc = crc32fast::hash(&b[..body]);
+        b[body..].copy_from_slice(&crc.to_le_bytes());
+        let want = decode_tensor(&b, &r, portable).map_err(|e| e.to_string());
+        for level in &levels {
+            let got = decode_tensor(&b, &r, level.delta().unwrap()).map_err(|e| e.to_string());
+            assert_eq!(got, want, "{}: byte {at}", level.delta().unwrap().name());
+        }
+    }
+}

@@ -89,6 +89,11 @@ enum LayoutArg {
     Paper,
     Signed,
     Fast,
+    /// The Joint layout's neighbor form (`LayoutChoice::FastNeighbor`): opt-in and not on
+    /// every device yet (wgpu and CUDA refuse it), so unlisted in the help; `cargo xtask
+    /// cross` codes with it to check the NEON lanes' bytes against the host's.
+    #[value(name = "fast-neighbor", hide = true)]
+    FastNeighbor,
 }
 
 impl ModelArgs {
@@ -97,6 +102,7 @@ impl ModelArgs {
             layout: match self.layout {
                 _ if self.fast => LayoutChoice::Fast,
                 LayoutArg::Fast => LayoutChoice::Fast,
+                LayoutArg::FastNeighbor => LayoutChoice::FastNeighbor,
                 LayoutArg::Auto => LayoutChoice::Auto,
                 LayoutArg::Paper => LayoutChoice::Paper,
                 LayoutArg::Signed => LayoutChoice::Signed,

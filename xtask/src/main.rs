@@ -237,7 +237,7 @@ fn cross() -> Result<(), String> {
         }
     };
     // `--backend cpu` runs the best level the CPU has: on aarch64 that must be the NEON
-    // level, so the byte comparisons below check its lanes (both layouts) against the host's.
+    // level, so the byte comparisons below check its lanes (every layout) against the host's.
     let listed = Command::new("qemu-aarch64")
         .args(["-L", "/usr/aarch64-linux-gnu", arm.as_str(), "backends"])
         .output()
@@ -255,8 +255,15 @@ fn cross() -> Result<(), String> {
         "demo/step0200_blocks_bf16.safetensors",
         "demo/step0400_blocks_bf16.safetensors",
     );
-    // Both the default layouts and the fast one (`--layout fast`).
-    for layout in ["auto", "fast"] {
+    // The default layouts and the fast one (`--layout fast`) on the demo; the fast one's
+    // neighbor form (`--layout fast-neighbor`, a hidden value: the NEON level's own decode
+    // lanes for that form) on a generated pair, as it never pays on the demo's small tensors.
+    let (nr, nt) = neighbor_pair(dir)?;
+    for (layout, r, t) in [
+        ("auto", r, t),
+        ("fast", r, t),
+        ("fast-neighbor", nr.as_str(), nt.as_str()),
+    ] {
         for arch in ["host", "aarch64"] {
             let out = format!("{dir}/{arch}-{layout}.lsd");
             on(
@@ -285,6 +292,30 @@ fn cross() -> Result<(), String> {
             &["delta", "decode", "--reference", r, &host, "-o", &back],
         )?;
         same(&back, t)?;
+    }
+    // Chosen where it pays only: the generated pair's `--fast` file must differ, or the
+    // comparison above never reached the neighbor form's lanes.
+    let plain = format!("{dir}/host-fast-neighbor-pair-as-fast.lsd");
+    on(
+        "host",
+        &[
+            "--backend",
+            "cpu",
+            "delta",
+            "encode",
+            "--fast",
+            "--reference",
+            &nr,
+            "--target",
+            &nt,
+            "-o",
+            &plain,
+        ],
+    )?;
+    if same(&plain, &format!("{dir}/host-fast-neighbor.lsd")).is_ok() {
+        return Err(format!(
+            "the neighbor form was not chosen for {nt}: the check did not reach its lanes"
+        ));
     }
     // Text: a fixed excerpt of a shipped document, long enough (2.6 kB) to be coded as two
     // strands (docs/INTEGER_GPT2.md §13.5), short enough to keep the emulated run short.
@@ -318,6 +349,65 @@ fn cross() -> Result<(), String> {
          host's bytes"
     );
     Ok(())
+}
+
+/// A BF16 pair in `dir` on which the Joint layout's neighbor form pays: 1024 rows of 64
+/// (one chunk), where the column sets the reference's top two mantissa bits (the context's
+/// m2) and the update's size and direction, so the element one row up predicts an
+/// element's symbol; a tenth unchanged and a few wild values, as in the parity suite's
+/// pairs. Two one-tensor safetensors files; returns their paths.
+fn neighbor_pair(dir: &str) -> Result<(String, String), String> {
+    let (rows, cols) = (1024usize, 64u64);
+    // xorshift64*: the same files on every machine.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let (mut r, mut t) = (Vec::new(), Vec::new());
+    for j in 0..rows as u64 * cols {
+        let (col, k) = (j % cols, next());
+        // Sign, an exponent a few below 1.0's (biased 127), the column's top mantissa bits.
+        let rv = (k >> 63) << 15 | (126 - k % 6) << 7 | (col % 4) << 5 | (next() & 31);
+        // 1..=1, 4..=7, 16..=31 or 64..=127 steps in key order, up or down by column
+        // (negative floats move the other way in their bits).
+        let scale = 1u64 << (1 + 2 * (col % 4));
+        let step = scale / 2 + next() % (scale / 2);
+        let up = (col % 3 == 0) ^ (k >> 63 == 1);
+        let tv = match next() % 100 {
+            0..=9 => rv,
+            10..=93 if up => rv.wrapping_add(step),
+            10..=93 => rv.wrapping_sub(step),
+            94..=96 => next(),
+            97 => 0,
+            98 => 1 << 15,
+            _ => 0xffff ^ (next() & 3),
+        };
+        r.extend_from_slice(&(rv as u16).to_le_bytes());
+        t.extend_from_slice(&(tv as u16).to_le_bytes());
+    }
+    let write = |name: &str, data: &[u8]| -> Result<String, String> {
+        let path = format!("{dir}/{name}");
+        let mut header = format!(
+            r#"{{"w":{{"dtype":"BF16","shape":[{rows},{cols}],"data_offsets":[0,{}]}}}}"#,
+            data.len()
+        );
+        // The data 8-byte aligned, as safetensors writers leave it.
+        while header.len() % 8 != 0 {
+            header.push(' ');
+        }
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(data);
+        std::fs::write(&path, bytes).map_err(|e| format!("{path}: {e}"))?;
+        Ok(path)
+    };
+    Ok((
+        write("neighbor-ref.safetensors", &r)?,
+        write("neighbor-target.safetensors", &t)?,
+    ))
 }
 
 const TRAJECTORY: &str = "../shared/data/trajectory-gpt2";

@@ -220,11 +220,9 @@ pub fn chunk<T: Word>(
     finish::<T>(c, codes, j_codes, reference, out, isa, signed, crc)
 }
 
-/// A chunk of the Joint layout's neighbor form (`joint_near`): its portable lanes into
-/// per-element codes, then the tail pass every layout shares.
-/// A level's vector lanes of the neighbor form (`avx2::joint_near::decode_steps` and
-/// AVX-512's): whole steps from the given one; returns the step they stopped at.
-#[cfg(target_arch = "x86_64")]
+/// A level's vector lanes of the neighbor form (`avx2::joint_near::decode_steps`,
+/// AVX-512's and NEON's): whole steps from the given one; returns the step they stopped at.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 type VectorNear = unsafe fn(
     &JointDec,
     &super::joint_near::NearSlots,
@@ -237,6 +235,23 @@ type VectorNear = unsafe fn(
     usize,
 ) -> Result<usize>;
 
+/// The neighbor form's vector lanes at `isa`, where that level has them.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn vector_near(isa: Isa) -> Option<VectorNear> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => Some(super::avx512::joint_near::decode_steps as VectorNear),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Some(super::avx2::joint_near::decode_steps as VectorNear),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => Some(super::neon::joint_near::decode_steps as VectorNear),
+        _ => None,
+    }
+}
+
+/// A chunk of the Joint layout's neighbor form (`joint_near`): its lanes into per-element
+/// codes (the level's vector lanes where it has them, the portable ones around them), then
+/// the tail pass every layout shares.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn joint_near_chunk<T: Word>(
@@ -277,13 +292,8 @@ fn joint_near_chunk<T: Word>(
         w1,
         0..first,
     )?;
-    #[cfg(target_arch = "x86_64")]
-    let first = match isa {
-        Isa::Avx512 => Some(super::avx512::joint_near::decode_steps as VectorNear),
-        Isa::Avx2 => Some(super::avx2::joint_near::decode_steps as VectorNear),
-        _ => None,
-    }
-    .map_or(Ok(first), |lanes| {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let first = vector_near(isa).map_or(Ok(first), |lanes| {
         // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU, and
         // each function wants its own level's features; `padded` holds `LANES` words past
         // the stream.

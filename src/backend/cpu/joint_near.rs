@@ -313,14 +313,17 @@ impl NearSlots {
     }
 
     /// The rows and the classes per neighbor context (`span`) the vector decode lanes
-    /// (AVX2, AVX-512) index by, where the tables have the shapes those lanes assume (`None`:
-    /// the portable lanes decode the chunk). Every index then stays in its table: map
-    /// indices below `4·(w1+1)·3·span`, the map's length (nb <= w, m2 <= 3, up <= 2 for
+    /// (AVX2, AVX-512, NEON) index by, where the tables have the shapes those lanes assume
+    /// (`None`: the portable lanes decode the chunk). Every index then stays in its table:
+    /// map indices below `4·(w1+1)·3·span`, the map's length (nb <= w, m2 <= 3, up <= 2 for
     /// codes this decoder wrote; the exponent class checked against the window per step);
     /// the map below 2^31 entries and the rows below 2^19, so map indices and `row·4096 +
     /// slot` are non-negative i32 (the gathers' indices); `syms` padded with 3 bytes for
     /// 4-byte loads; and `d >= LANES`, so a step's neighbors lie in earlier steps.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub fn lane_shapes(&self, table: &JointDec, w1: usize, d: usize) -> Option<(usize, usize)> {
         let n_rows = self.fs.len() / 256;
         let span = 2 * self.window.n as usize;

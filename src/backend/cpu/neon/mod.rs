@@ -1,5 +1,6 @@
 //! Explicit aarch64 NEON paths (every Arm laptop and server: NEON is baseline on aarch64):
-//! the Joint layout's lanes (`joint.rs`: a chunk's 32 lanes as eight 4-lane `u32` vectors),
+//! the Joint layout's lanes (`joint.rs`: a chunk's 32 lanes as eight 4-lane `u32` vectors)
+//! and its neighbor form's decode lanes (`joint_near.rs`, on the same eight vectors),
 //! the Paper and Signed layouts' lane decode (`chain.rs`: B, Q1, Q2 and S on the same eight
 //! vectors, B's symbol counted for four lanes at once), every layout's codes-and-tails pass
 //! and the Paper and Signed layouts' encoding lanes (`encode.rs`), every layout's tail pass
@@ -10,7 +11,7 @@
 //!
 //! Left to the portable code: the histograms' index passes, which compile to NEON at
 //! baseline aarch64 already (vector `clz`, variable shifts; their increments are scattered,
-//! and NEON has no scatter).
+//! and NEON has no scatter); the neighbor form's encoding lanes.
 //!
 //! What NEON lacks next to AVX2, and what stands in for it:
 //! - gathers: each lane's table lookup is a scalar load (AVX2's gathers are microcoded into
@@ -29,3 +30,4 @@ pub mod chain;
 pub mod decode;
 pub mod encode;
 pub mod joint;
+pub mod joint_near;
