@@ -69,7 +69,9 @@ pub enum DeltaCmd {
 #[derive(Args, Clone, Copy)]
 pub struct ModelArgs {
     /// Symbol layout: auto picks the smaller per tensor; paper is the ULPack control; fast
-    /// codes one joint symbol per weight (about 2.5x faster decoding, a few percent larger).
+    /// codes one joint symbol per weight (about 2.5x faster decoding, a few percent larger);
+    /// fast-neighbor codes that symbol under the weight one row up too (smaller than auto on
+    /// bf16 trajectories, faster to decode, slower to encode; opt-in).
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
     /// Shorthand for `--layout fast`.
@@ -89,10 +91,9 @@ enum LayoutArg {
     Paper,
     Signed,
     Fast,
-    /// The Joint layout's neighbor form (`LayoutChoice::FastNeighbor`): opt-in and not on
-    /// every device yet (wgpu and CUDA refuse it), so unlisted in the help; `cargo xtask
-    /// cross` codes with it to check the NEON lanes' bytes against the host's.
-    #[value(name = "fast-neighbor", hide = true)]
+    /// The Joint layout's neighbor form (`LayoutChoice::FastNeighbor`); every device codes
+    /// it.
+    #[value(name = "fast-neighbor")]
     FastNeighbor,
 }
 
