@@ -55,7 +55,8 @@ pub enum Isa {
     /// Plain Rust, as built for the target.
     Portable,
     /// Explicit aarch64 NEON rANS lanes of every layout, decoding and encoding (4 per
-    /// vector, no gathers: table lookups stay scalar or lane loads), and every layout's
+    /// vector, no gathers: table lookups stay scalar or lane loads; the Joint layout's
+    /// neighbor form decodes on them and encodes on the portable lanes), and every layout's
     /// codes-and-tails pass and tail pass for 16- and 32-bit floats. Ordered below the x86
     /// levels so that `isa >= Isa::Avx2` stays false for it; NEON is baseline on aarch64,
     /// so [`Isa::detect`] picks it there.
