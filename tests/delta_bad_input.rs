@@ -264,11 +264,9 @@ fn columned_pair(rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
     (r, t)
 }
 
-/// The Joint layout's neighbor form behind a recomputed checksum: corrupt tables, maps and
-/// streams are errors (or, by chance, the right bytes), never a panic; its flag outside the
-/// joint layout, and B's or S's inside it, are refused.
-#[test]
-fn fast_neighbor_corruption_never_panics_and_flags_are_checked() {
+/// A 1024 × 64 bf16 pair coded by `backend` in the Joint layout's neighbor form (checked
+/// chosen): reference, target and blob.
+fn neighbor_sample(backend: &dyn lockstep::backend::Backend) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     let (r, t) = columned_pair(1024, 64, 5);
     let pair = TensorPair {
         dtype: DType::BF16,
@@ -276,22 +274,35 @@ fn fast_neighbor_corruption_never_panics_and_flags_are_checked() {
         reference: &r,
         target: &t,
     };
-    let cpu = lockstep::backend::cpu::CpuBackend;
     let opts = EncodeOptions {
         layout: lockstep::delta::LayoutChoice::FastNeighbor,
         ..EncodeOptions::default()
     };
-    let (blob, report) = encode_tensor(&pair, &opts, &cpu).unwrap();
+    let (blob, report) = encode_tensor(&pair, &opts, backend).unwrap();
     assert!(
         report.j_neighbor,
         "the sample did not choose the neighbor form"
     );
+    (r, t, blob)
+}
+
+/// A blob with its trailing CRC-32 recomputed over the rest, so a corruption reaches the
+/// decoder instead of the checksum.
+fn with_crc(mut b: Vec<u8>) -> Vec<u8> {
+    let body = b.len() - 4;
+    let crc = crc32fast::hash(&b[..body]);
+    b[body..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The Joint layout's neighbor form behind a recomputed checksum: corrupt tables, maps and
+/// streams are errors (or, by chance, the right bytes), never a panic; its flag outside the
+/// joint layout, and B's or S's inside it, are refused.
+#[test]
+fn fast_neighbor_corruption_never_panics_and_flags_are_checked() {
+    let cpu = lockstep::backend::cpu::CpuBackend;
+    let (r, t, blob) = neighbor_sample(&cpu);
     let body = blob.len() - 4;
-    let with_crc = |mut b: Vec<u8>| {
-        let crc = crc32fast::hash(&b[..body]);
-        b[body..].copy_from_slice(&crc.to_le_bytes());
-        b
-    };
     // The modeled payload starts with the layout and flag bytes: find them as the encoder
     // wrote them (joint = 2, flags = conditioning | bit 3).
     let at = (0..body - 1)
@@ -332,22 +343,7 @@ fn fast_neighbor_corruption_never_panics_and_flags_are_checked() {
 /// the map.
 #[test]
 fn fast_neighbor_corruption_on_the_gpus_never_panics() {
-    let (r, t) = columned_pair(1024, 64, 5);
-    let pair = TensorPair {
-        dtype: DType::BF16,
-        shape: &[1024, 64],
-        reference: &r,
-        target: &t,
-    };
-    let opts = EncodeOptions {
-        layout: lockstep::delta::LayoutChoice::FastNeighbor,
-        ..EncodeOptions::default()
-    };
-    let (blob, report) = encode_tensor(&pair, &opts, &lockstep::backend::cpu::CpuBackend).unwrap();
-    assert!(
-        report.j_neighbor,
-        "the sample did not choose the neighbor form"
-    );
+    let (r, t, blob) = neighbor_sample(&lockstep::backend::cpu::CpuBackend);
     let body = blob.len() - 4;
     for name in ["wgpu", "cuda_emulated", "cuda"] {
         let Some(d) = devices::device(name) else {
@@ -362,8 +358,7 @@ fn fast_neighbor_corruption_on_the_gpus_never_panics() {
                 let i = rng.below(body as u64) as usize;
                 b[i] = rng.next() as u8;
             }
-            let crc = crc32fast::hash(&b[..body]);
-            b[body..].copy_from_slice(&crc.to_le_bytes());
+            let b = with_crc(b);
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 decode_tensor(&b, &r, gpu)
             })) {
@@ -382,24 +377,9 @@ fn fast_neighbor_corruption_on_the_gpus_never_panics() {
 #[test]
 fn fast_neighbor_corruption_same_result_at_every_level() {
     use lockstep::backend::{Device, Isa};
-    let (r, t) = columned_pair(1024, 64, 5);
-    let pair = TensorPair {
-        dtype: DType::BF16,
-        shape: &[1024, 64],
-        reference: &r,
-        target: &t,
-    };
-    let opts = EncodeOptions {
-        layout: lockstep::delta::LayoutChoice::FastNeighbor,
-        ..EncodeOptions::default()
-    };
     let portable = Device::cpu_at(Isa::Portable).unwrap();
     let portable = portable.delta().unwrap();
-    let (blob, report) = encode_tensor(&pair, &opts, portable).unwrap();
-    assert!(
-        report.j_neighbor,
-        "the sample did not choose the neighbor form"
-    );
+    let (r, _, blob) = neighbor_sample(portable);
     let levels: Vec<Device> = Isa::ALL
         .into_iter()
         .filter(|&i| i != Isa::Portable)
@@ -416,8 +396,7 @@ fn fast_neighbor_corruption_same_result_at_every_level() {
             body / 2 + rng.below((body - body / 2) as u64) as usize
         };
         b[at] ^= 1 << rng.below(8);
-        let crc = crc32fast::hash(&b[..body]);
-        b[body..].copy_from_slice(&crc.to_le_bytes());
+        let b = with_crc(b);
         let want = decode_tensor(&b, &r, portable).map_err(|e| e.to_string());
         for level in &levels {
             let got = decode_tensor(&b, &r, level.delta().unwrap()).map_err(|e| e.to_string());
