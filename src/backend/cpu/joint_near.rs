@@ -115,18 +115,16 @@ pub fn histogram<T: Word>(
                 || {
                     codes(d, true, &mut acc.codes, None);
                     let lut = joint_of_code();
-                    // Each block's counter addresses first, then their increments with the
-                    // address a few elements ahead prefetched: the rows (some 2 MiB for
-                    // the GPT-2 embedding) miss cache, and the increments waited on them.
+                    // (Out of `acc` while its rows grow.)
+                    let all = std::mem::take(&mut acc.codes);
                     const BLOCK: usize = 1024;
-                    const AHEAD: usize = 16;
                     let mut at = [0u32; BLOCK];
                     for b in (0..d.len()).step_by(BLOCK) {
                         let m = BLOCK.min(d.len() - b);
                         // Map indices: a branch-free loop (it vectorizes) where every element
                         // of the block has its neighbor. Every class is in the window.
                         if b >= distance {
-                            let (info, nbs) = (&info[b..b + m], &acc.codes[b - distance..]);
+                            let (info, nbs) = (&info[b..b + m], &all[b - distance..]);
                             for ((o, &i), &c) in at[..m].iter_mut().zip(info).zip(nbs) {
                                 // (No outside check: the window is the data's classes.)
                                 let nr = near_of(i as u32, c, w1 as u32);
@@ -134,22 +132,22 @@ pub fn histogram<T: Word>(
                             }
                         } else {
                             for (o, j) in at[..m].iter_mut().zip(b..) {
-                                *o = map_index(info, &acc.codes, j, distance, w1, window);
+                                *o = map_index(info, &all, j, distance, w1, window);
                             }
                         }
-                        for (o, j) in at[..m].iter_mut().zip(b..) {
-                            let k = *o as usize;
-                            let ctx = || k / per_near * 2 * EXP_CLASSES + k % per_near + 2 * lo;
-                            let row = acc.row(k, a, ctx);
-                            *o = (row + lut[acc.codes[j] as usize] as usize) as u32;
-                        }
-                        for (q, &o) in at[..m].iter().enumerate() {
-                            if let Some(&next) = at[..m].get(q + AHEAD) {
-                                prefetch(acc.rows.as_ptr().wrapping_add(next as usize));
+                        // Then the counts: one loop, the row's start straight from the map
+                        // (a new context's row made on the cold path).
+                        for (&k, &c) in at[..m].iter().zip(&all[b..b + m]) {
+                            let k = k as usize;
+                            let mut start = acc.slot[k];
+                            if start == u32::MAX {
+                                let ctx = k / per_near * 2 * EXP_CLASSES + k % per_near + 2 * lo;
+                                start = acc.new_row(k, a, ctx);
                             }
-                            acc.rows[o as usize] += 1;
+                            acc.rows[start as usize + lut[c as usize & 1023] as usize] += 1;
                         }
                     }
+                    acc.codes = all;
                 },
             );
             acc
@@ -157,7 +155,7 @@ pub fn histogram<T: Word>(
         .reduce_with(|mut x, y| {
             for (&k, row) in y.ks.iter().zip(y.rows.chunks_exact(a)) {
                 let at = x.row(k as usize, a, || {
-                    y.ctxs[y.slot[k as usize] as usize] as usize
+                    y.ctxs[y.slot[k as usize] as usize / a] as usize
                 });
                 x.rows[at..at + a]
                     .iter_mut()
@@ -172,7 +170,7 @@ pub fn histogram<T: Word>(
 
 /// One thread's neighbor-form counts: a row per occupied context, in first-seen order.
 struct Counts {
-    /// Map index -> row number, `u32::MAX` for none yet.
+    /// Map index -> where its row starts in `rows`, `u32::MAX` for none yet.
     slot: Vec<u32>,
     /// Per row: its map index and its primary context id.
     ks: Vec<u32>,
@@ -197,12 +195,20 @@ impl Counts {
     #[inline(always)]
     fn row(&mut self, k: usize, a: usize, ctx: impl FnOnce() -> usize) -> usize {
         if self.slot[k] == u32::MAX {
-            self.slot[k] = self.ks.len() as u32;
-            self.ks.push(k as u32);
-            self.ctxs.push(ctx() as u32);
-            self.rows.resize(self.rows.len() + a, 0);
+            self.new_row(k, a, ctx());
         }
-        self.slot[k] as usize * a
+        self.slot[k] as usize
+    }
+    /// A row for map index `k` (context `ctx`), zeroed; where it starts.
+    #[cold]
+    #[inline(never)]
+    fn new_row(&mut self, k: usize, a: usize, ctx: usize) -> u32 {
+        let start = self.rows.len() as u32;
+        self.slot[k] = start;
+        self.ks.push(k as u32);
+        self.ctxs.push(ctx as u32);
+        self.rows.resize(self.rows.len() + a, 0);
+        start
     }
 }
 
@@ -420,16 +426,4 @@ pub fn decode_steps(
         st.refill(xs)?;
     }
     Ok(())
-}
-
-/// A hint to bring `p`'s line into cache (nothing where the target has no such hint).
-#[inline(always)]
-fn prefetch(p: *const u32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults, whatever the address.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
