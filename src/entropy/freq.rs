@@ -208,6 +208,42 @@ pub fn cost(counts: &[u64], freqs: &[u32]) -> u64 {
         .sum()
 }
 
+/// How far [`log2_fixed`] may fall below `log2(x)·COST_ONE_BIT`: it truncates and never
+/// overestimates (test `log2_fixed_brackets_log2`).
+const LOG2_SLACK: u64 = 8;
+
+/// A floor, in [`COST_ONE_BIT`] units, under [`cost`] of `counts` for every row of
+/// frequencies summing to at most `PROB_TOTAL`: their empirical entropy `Σ c·log2(n/c)`
+/// (Gibbs' inequality), each `log2(c)` taken [`LOG2_SLACK`] high so the rounding of
+/// `log2_fixed` cannot lift it above the true entropy; `cost`'s own per-symbol bits are
+/// never below the exact ones. Lets table selection pool a row without pricing it where
+/// even its entropy would not pay for its own row.
+pub fn entropy_floor(counts: &[u64]) -> u64 {
+    static LOG2: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    let small = LOG2.get_or_init(|| {
+        (0..=PROB_TOTAL as u64)
+            .map(|x| log2_fixed(x.max(1)))
+            .collect()
+    });
+    let log2 = |x: u64| {
+        small
+            .get(x as usize)
+            .copied()
+            .unwrap_or_else(|| log2_fixed(x))
+    };
+    let n: u64 = counts.iter().sum();
+    if n == 0 {
+        return 0;
+    }
+    let ln = log2(n) as i128;
+    let sum: i128 = counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| c as i128 * (ln - (log2(c) + LOG2_SLACK) as i128))
+        .sum();
+    sum.clamp(0, u64::MAX as i128) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +371,69 @@ mod tests {
             }
         }
         assert!(normalize(&[0, 0]).iter().all(|&f| f == 0));
+    }
+
+    #[test]
+    fn log2_fixed_brackets_log2() {
+        // Never above log2(x) (its squarings truncate), at most LOG2_SLACK units below:
+        // what `entropy_floor` relies on. Every x up to 2^16, then a spread to 2^64.
+        let mut lcg = crate::test_lcg(0x0001_062F_1EED);
+        let xs = (1u64..=1 << 16).chain((0..20_000).map(|_| {
+            let v = lcg();
+            (v >> (v % 64)).max(1)
+        }));
+        for x in xs {
+            let got = log2_fixed(x) as f64;
+            let exact = (x as f64).log2() * COST_ONE_BIT as f64;
+            // (f64's own error at 64 · 2^16 is far below 0.01 units.)
+            assert!(got <= exact + 0.01, "{x}: {got} above {exact}");
+            assert!(
+                got >= exact - LOG2_SLACK as f64,
+                "{x}: {got} too far below {exact}"
+            );
+        }
+    }
+
+    #[test]
+    fn entropy_floor_is_below_every_rows_cost() {
+        // Rows normalized at every precision (scaled to PROB_BITS, as selection prices
+        // them) and rows of one symbol, for counts small and large: never below the floor,
+        // and the floor within a bit per symbol of the best of them (it is not zero).
+        let mut lcg = crate::test_lcg(0x00F1_004E);
+        let mut next = || lcg() >> 33;
+        let mut row = Vec::new();
+        for _ in 0..3000 {
+            let len = 1 + next() as usize % 120;
+            let scale = [2, 40, 5_000, 1 << 30][next() as usize % 4];
+            let counts: Vec<u64> = (0..len)
+                .map(|_| if next() % 3 == 0 { 0 } else { next() % scale })
+                .collect();
+            let floor = entropy_floor(&counts);
+            let n: u64 = counts.iter().sum();
+            let seen = counts.iter().filter(|&&c| c > 0).count() as u64;
+            if n == 0 {
+                assert_eq!(floor, 0);
+                continue;
+            }
+            let mut best = u64::MAX;
+            for bits in [PROB_BITS, 10, 8, 6] {
+                if bits < PROB_BITS && 1u64 << bits < seen {
+                    continue;
+                }
+                normalize_into(&counts, bits, &mut row);
+                row.iter_mut().for_each(|f| *f <<= PROB_BITS - bits);
+                let c = cost(&counts, &row);
+                assert!(
+                    floor <= c,
+                    "{counts:?} at {bits} bits: floor {floor} above {c}"
+                );
+                best = best.min(c);
+            }
+            assert!(
+                best - floor <= n * COST_ONE_BIT,
+                "{counts:?}: floor {floor} vs {best}"
+            );
+        }
     }
 
     #[test]

@@ -30,8 +30,8 @@ use super::symbols::{joint_alphabet, joint_symbol, Neighbor, RefInfo, Sym, EXP_C
 
 use crate::bytes::{varint_len, ByteReader, ByteWriter};
 use crate::entropy::freq::{
-    cost, full_quotients, normalize_from_quotients, normalize_into, normalize_to, COST_ONE_BIT,
-    PROB_BITS, PROB_TOTAL,
+    cost, entropy_floor, full_quotients, normalize_from_quotients, normalize_into, normalize_to,
+    COST_ONE_BIT, PROB_BITS, PROB_TOTAL,
 };
 use crate::Result;
 
@@ -630,9 +630,9 @@ impl Selection {
         // work of a few percent of its encode, which a second thread could not share.
         // Whether a row keeps its own row, and at which precision (None: pooled). Pruning,
         // a row whose pooled cost is within the least its own row could cost (its bytes,
-        // `least_row_bytes`, and a byte of id) is pooled without pricing it: the decision
-        // pricing would make, for most rows of a small tensor (their pricing was a fifth of
-        // a small tensor's default-layout encode on a Zen 2).
+        // `least_row_bytes`, a byte of id, and its data at their entropy) is pooled without
+        // pricing it: the decision pricing would make, for most rows of a small tensor
+        // (their pricing was a fifth of a small tensor's default-layout encode on a Zen 2).
         let decide = |ctx: usize, counts: RowCounts, s: &mut RowScratch| -> Option<u32> {
             if !prune {
                 return Some(row_price(counts, s).1);
@@ -641,7 +641,10 @@ impl Selection {
                 counts.counts,
                 &group_freqs[at[ctx % nb] as usize][counts.lo..],
             );
-            if pooled <= (least_row_bytes(counts) as u64 + 1) * 8 * COST_ONE_BIT {
+            let least = (least_row_bytes(counts) as u64 + 1) * 8 * COST_ONE_BIT;
+            // Nor where its own row could not pay even at its entropy (`row_price` is at
+            // least that plus the row's least bytes): the same decision, unpriced.
+            if pooled <= least || pooled <= least + entropy_floor(counts.counts) {
                 return None;
             }
             // The row's own cost: its data, its bytes and one byte of context id.
