@@ -6,8 +6,8 @@ use lockstep::{Error, Result};
 
 #[derive(ValueEnum, Clone, Copy, Debug, Default)]
 pub enum BackendArg {
-    /// A CUDA GPU for checkpoints, else a discrete GPU through wgpu, else the CPU; text on
-    /// the CPU (-v says which).
+    /// The CPU, for both codecs (faster than this build's GPU paths where measured; -v says
+    /// so); cuda or wgpu asks for a GPU.
     #[default]
     Auto,
     Cpu,

@@ -47,8 +47,9 @@ pub enum DeltaCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Bits per weight by stage, paper layout against lockstep's default, with and without
-    /// reference-exponent conditioning, beside zstd -19 on byte-grouped XOR.
+    /// Bits per weight by stage, the paper's layout against lockstep's, with and without
+    /// reference-exponent conditioning, and the default's total, beside zstd -19 on
+    /// byte-grouped XOR.
     Stats {
         #[arg(long)]
         reference: PathBuf,
@@ -68,10 +69,9 @@ pub enum DeltaCmd {
 
 #[derive(Args, Clone, Copy)]
 pub struct ModelArgs {
-    /// Symbol layout: auto picks the smaller per tensor; paper is the ULPack control; fast
-    /// codes one joint symbol per weight (about 2.5x faster decoding, a few percent larger);
-    /// fast-neighbor codes that symbol under the weight one row up too (smaller than auto on
-    /// bf16 trajectories, faster to decode, slower to encode; opt-in).
+    /// Symbol layout; readers need no flag (each tensor records its own). fast decodes about
+    /// 2.5x faster than signed for a few percent more bytes; fast-neighbor is smaller than
+    /// signed on large tensors and faster to decode.
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
     /// Shorthand for `--layout fast`.
@@ -87,12 +87,17 @@ pub struct ModelArgs {
 
 #[derive(ValueEnum, Clone, Copy)]
 enum LayoutArg {
+    /// Large tensors (2^20 elements or more) in fast-neighbor, small ones in the smaller of
+    /// signed and paper.
     Auto,
+    /// The ULPack paper's layout and models (the measured control).
     Paper,
+    /// Bit length, refinement bits and sign as stages of their own, with the weight one row
+    /// up as context where it pays.
     Signed,
+    /// One joint symbol per weight under the reference's exponent and sign.
     Fast,
-    /// The Joint layout's neighbor form (`LayoutChoice::FastNeighbor`); every device codes
-    /// it.
+    /// The joint symbol under the weight one row up too.
     #[value(name = "fast-neighbor")]
     FastNeighbor,
 }

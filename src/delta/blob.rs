@@ -316,6 +316,15 @@ fn encode_with(
     Ok((w.buf, report))
 }
 
+/// Elements from which `auto` codes a tensor in the Joint layout's neighbor form rather
+/// than choosing between the Signed and Paper layouts. Where the time goes (the GPT-2
+/// trajectory's 6.4M-element embedding) the neighbor form is the smaller (bf16 -1.4%,
+/// fp32 -0.1%, fp16 -0.8% against Signed) and decodes faster (docs/BENCHMARKS.md,
+/// 2026-12-06); below, its contexts do not pay for their tables (every tensor of 65,536
+/// elements or fewer there folds back to the plain Joint form, larger than Signed), so
+/// small tensors keep the smaller Signed layout.
+pub const AUTO_NEIGHBOR_MIN: usize = 1 << 20;
+
 fn encode_modeled(
     pair: &TensorPair,
     fl: FloatLayout,
@@ -330,18 +339,23 @@ fn encode_modeled(
         target: pair.target,
         condition: opts.condition_on_exponent,
     })?;
+    let joint = fl.width <= JOINT_MAX_WIDTH;
+    let large = pair.target.len() / pair.dtype.size() >= AUTO_NEIGHBOR_MIN;
     let layouts: &[Layout] = match opts.layout {
         LayoutChoice::Paper => &[Layout::Paper],
         LayoutChoice::Signed => &[Layout::Signed],
-        LayoutChoice::Fast | LayoutChoice::FastNeighbor if fl.width <= JOINT_MAX_WIDTH => {
-            &[Layout::Joint]
-        }
+        LayoutChoice::Fast | LayoutChoice::FastNeighbor if joint => &[Layout::Joint],
         // The Joint layout stops at 32-bit floats; wider ones take the Signed layout.
         LayoutChoice::Fast | LayoutChoice::FastNeighbor => &[Layout::Signed],
+        LayoutChoice::Auto if joint && large => &[Layout::Joint],
         // Whichever is estimated smaller; Signed wins ties.
         LayoutChoice::Auto => &[Layout::Signed, Layout::Paper],
     };
-    let joint_neighbor = opts.layout == LayoutChoice::FastNeighbor;
+    let joint_neighbor = match opts.layout {
+        LayoutChoice::FastNeighbor => true,
+        LayoutChoice::Auto => layouts == [Layout::Joint],
+        _ => false,
+    };
     let requests: Vec<HistRequest> = layouts
         .iter()
         .map(|&l| request(l, pair.shape, joint_neighbor))

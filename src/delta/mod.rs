@@ -33,7 +33,10 @@ pub use blob::{BlobHeader, Mode};
 /// Which symbol layout to use for float tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum LayoutChoice {
-    /// Per tensor, whichever of the two is estimated smaller (the default).
+    /// The default. Tensors of [`blob::AUTO_NEIGHBOR_MIN`] elements or more (where the
+    /// time and most bytes go), floats up to 32 bits: the Joint layout's neighbor form
+    /// (`FastNeighbor`), smaller than Signed there and faster to decode. Smaller tensors
+    /// and wider floats: whichever of Signed and Paper is estimated smaller.
     #[default]
     Auto,
     /// The paper's layout and models, every occupied context with its own row (the control).

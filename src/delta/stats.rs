@@ -48,18 +48,25 @@ impl Totals {
     }
 }
 
-/// The encoder configurations compared by `delta stats`.
-pub const CONFIGS: [(&str, LayoutChoice, bool); 5] = [
+/// The encoder configurations compared by `delta stats`: the paper's layout and the Signed
+/// layout stage by stage (each with and without the reference-exponent context), `--fast`,
+/// and the default (`auto`: the neighbor form on large tensors, Signed or Paper on small).
+pub const CONFIGS: [(&str, LayoutChoice, bool); 6] = [
     ("paper", LayoutChoice::Paper, true),
     ("paper, no e_r", LayoutChoice::Paper, false),
-    ("lockstep", LayoutChoice::Auto, true),
-    ("lockstep, no e_r", LayoutChoice::Auto, false),
-    ("lockstep --fast", LayoutChoice::Fast, true),
+    ("signed", LayoutChoice::Signed, true),
+    ("signed, no e_r", LayoutChoice::Signed, false),
+    ("--fast", LayoutChoice::Fast, true),
+    ("default", LayoutChoice::Auto, true),
 ];
 
 /// Index in [`CONFIGS`] of the fast (Joint) layout, whose one stage's bits are in
 /// `stage_bits[0]`.
 pub const FAST_CONFIG: usize = 4;
+
+/// Index in [`CONFIGS`] of the default, whose tensors mix layouts (its stage bits are not
+/// one layout's stages).
+pub const DEFAULT_CONFIG: usize = 5;
 
 /// Stats of one dtype within a checkpoint pair.
 #[derive(Clone, Debug, Default)]
@@ -167,7 +174,7 @@ pub fn pair_stats(
             name: name.clone(),
             dtype: p.dtype,
             paper: per_config[0][i].1.clone(),
-            default: per_config[2][i].1.clone(),
+            default: per_config[DEFAULT_CONFIG][i].1.clone(),
         })
         .collect();
     Ok(PairStats { by_dtype, tensors })

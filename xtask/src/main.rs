@@ -56,7 +56,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask ci | cross | gpu-check [--prebuilt BINDIR] [DIR] | gpu-pack [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default|fast-neighbor] [--isa L] [--scaling] | bench text [--quick]"
+                "usage: cargo xtask ci | cross | gpu-check [--prebuilt BINDIR] [DIR] | gpu-pack [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default|signed|fast-neighbor] [--isa L] [--scaling] | bench text [--quick]"
             );
             return ExitCode::from(2);
         }
@@ -453,8 +453,10 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
     };
     let layout = match args.iter().position(|a| a == "--layout") {
         Some(i) => match args.get(i + 1).map(String::as_str) {
-            Some(l @ ("default" | "fast" | "fast-neighbor")) => l,
-            _ => return Err("--layout needs `default`, `fast` or `fast-neighbor`".into()),
+            Some(l @ ("default" | "signed" | "fast" | "fast-neighbor")) => l,
+            _ => {
+                return Err("--layout needs `default`, `signed`, `fast` or `fast-neighbor`".into())
+            }
         },
         None => "fast",
     };

@@ -44,7 +44,7 @@ options:
   --dtype T       bf16 or fp32: which 600 -> 800 pair (default bf16; `table` runs both)
   --isa L         portable, neon, avx2 or avx512 (default: the best this CPU runs; `stages`
                   runs every level unless one is given)
-  --layout L      fast or default (default: fast; `stages` runs both unless one is given)
+  --layout L      fast, default, signed or fast-neighbor (default: fast; `stages` runs both unless one is given)
   --threads N     rayon threads (default 1)
   --rounds N      repetitions (default per command)
 ";
@@ -102,10 +102,11 @@ impl Opts {
                     o.layout = Some(match value()?.as_str() {
                         "fast" => LayoutChoice::Fast,
                         "default" => LayoutChoice::Auto,
+                        "signed" => LayoutChoice::Signed,
                         "fast-neighbor" => LayoutChoice::FastNeighbor,
                         v => {
                             return Err(format!(
-                                "unknown layout {v} (fast, default, fast-neighbor)"
+                                "unknown layout {v} (fast, default, signed, fast-neighbor)"
                             ))
                         }
                     })

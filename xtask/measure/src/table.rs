@@ -111,6 +111,7 @@ pub fn run(o: &Opts) -> Result<(), String> {
             let name = match paired_layout {
                 LayoutChoice::Fast => "--fast",
                 LayoutChoice::FastNeighbor => "fast-neighbor",
+                LayoutChoice::Signed => "signed",
                 _ => "default",
             };
             let cpu = o.cpu()?;
