@@ -473,10 +473,15 @@ impl<T: Word> Resident for CpuResident<'_, T> {
                         let (dr, info) = (&all_d[r.clone()], &all_info[r]);
                         #[cfg(target_arch = "x86_64")]
                         if self.isa >= Isa::Avx2 {
+                            let t = &stages[0];
                             // SAFETY: `isa` is only ever a level `Isa::available` confirmed
                             // on this CPU; AVX-512 implies AVX2.
                             return unsafe {
-                                avx2::joint_near::encode_chunk(dr, info, &stages[0], d, w1, scratch)
+                                if self.isa == Isa::Avx512 {
+                                    avx512::joint_near::encode_chunk(dr, info, t, d, w1, scratch)
+                                } else {
+                                    avx2::joint_near::encode_chunk(dr, info, t, d, w1, scratch)
+                                }
                             };
                         }
                         fast(

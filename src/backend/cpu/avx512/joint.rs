@@ -178,7 +178,7 @@ pub unsafe fn encode_chunk<T: Word>(
     // (a context from the facts, a `vpmulld`) ran at 820-960 MB/s, AVX2's at 1,490.
     // SAFETY (both): the caller guarantees the features, AVX2's included (`Isa::available`).
     unsafe { super::super::avx2::joint::slots_and_tails(d, info, flat, s) };
-    let (states, at) = unsafe { lanes(&s.codes, flat, &mut s.words) };
+    let (states, at) = unsafe { lanes(&s.codes, &flat.packed, &mut s.words) };
     EncodedChunk {
         words: s.words[at..s.codes.len()].to_vec(),
         states,
@@ -187,14 +187,19 @@ pub unsafe fn encode_chunk<T: Word>(
     }
 }
 
-/// The interleaved lanes of one chunk of slots in `flat`; the words are left in
-/// `words[at..slots.len()]` in stream order (filled from the end backwards, as
-/// `super::encode::lanes` does), `at` returned with the final states.
+/// The interleaved lanes of one chunk of slots in `packed` (a flat table's, or the neighbor
+/// form's rows); the words are left in `words[at..slots.len()]` in stream order (filled from
+/// the end backwards, as `super::encode::lanes` does), `at` returned with the final states.
+/// A slot past the table codes its last entry (the neighbor form's is the identity's).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL.
 #[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vl")]
-unsafe fn lanes(slots: &[u32], flat: &JointFlat, words: &mut Vec<u16>) -> ([u32; LANES], usize) {
+pub(super) unsafe fn lanes(
+    slots: &[u32],
+    packed: &[u32],
+    words: &mut Vec<u16>,
+) -> ([u32; LANES], usize) {
     let n = slots.len();
     // At most one word per symbol. Grown, never cleared: every slot from the final cursor
     // up is written.
@@ -218,7 +223,7 @@ unsafe fn lanes(slots: &[u32], flat: &JointFlat, words: &mut Vec<u16>) -> ([u32;
                 // masked-off lanes are not accessed. Features as this function's (indices
                 // clamped inside the gather).
                 let idx = unsafe { _mm512_maskz_loadu_epi32(valid, slots.as_ptr().add(at).cast()) };
-                *p = unsafe { gather_flat(&flat.packed, valid, idx) };
+                *p = unsafe { gather_flat(packed, valid, idx) };
             }
             p
         },

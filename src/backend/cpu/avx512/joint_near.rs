@@ -2,20 +2,24 @@
 //! two 16-lane state vectors per step, each lane's row from its facts and the code of the
 //! element `d` back (an earlier step's, stored) by one gather, then its symbol and its
 //! frequency and start by two more. The AVX2 lanes (`super::super::avx2::joint_near`) load
-//! each lookup separately (gathers are slow on the AMD cores that run them); the encoder's
-//! lanes stay those.
+//! each lookup separately (gathers are slow on the AMD cores that run them). Encoding: the
+//! AVX2 pass's codes, tails and table entries, then the `--fast` AVX-512 lanes.
 
 #![cfg(target_arch = "x86_64")]
 
 use core::arch::x86_64::*;
 
+use super::super::avx2::encode::codes_and_tails;
 use super::super::decode::{no_row, Stream};
+use super::super::encode::Scratch;
 use super::super::joint::{small_codes, JointDec};
-use super::super::joint_near::NearSlots;
+use super::super::joint_near::{packed_indices, NearSlots};
+use super::super::tables::EncStage;
+use super::super::word::Word;
 use super::decode::{overrun, refill};
-use super::joint::code_of;
+use super::joint::{code_of, lanes};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
-use crate::format::chunk::LANES;
+use crate::format::chunk::{EncodedChunk, LANES};
 use crate::Result;
 
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
@@ -136,4 +140,32 @@ pub unsafe fn decode_steps(
     _mm512_storeu_si512(states.as_mut_ptr().add(16).cast(), x[1]);
     st.pos = pos;
     Ok(step)
+}
+
+/// Code one chunk of the neighbor form: codes and tails by the AVX2 pass, each element's
+/// entry in `table.packed` (its row's, from its context, and its symbol), then the `--fast`
+/// AVX-512 lanes over those entries (as `super::super::avx2::joint_near::encode_chunk`, whose
+/// AVX2 lanes measured slower at this level).
+///
+/// # Safety
+/// AVX-512 F, BW, VL, CD with AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx512` available).
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl,avx512cd")]
+pub unsafe fn encode_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    // SAFETY (both): the caller guarantees the features, AVX2's included (`Isa::available`).
+    unsafe { codes_and_tails(d, true, s) };
+    packed_indices(info, table, distance, w1, &mut s.codes, &mut s.idx);
+    let (states, at) = unsafe { lanes(&s.codes, &table.packed, &mut s.words) };
+    EncodedChunk {
+        words: s.words[at..s.codes.len()].to_vec(),
+        states,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
 }
