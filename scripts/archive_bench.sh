@@ -15,7 +15,7 @@ run() { # name files...
   $L pack "$@" -o "$T/$name-k1.lstp" -k 1 --json > /dev/null
   local last; last=$($L list "$T/$name.lstp" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["checkpoints"][-1]["step"])')
   local e0 e1
-  e0=$(date +%s.%N); $L extract "$T/$name.lstp" --step "$last" -o "$T/x.safetensors" > /dev/null; e1=$(date +%s.%N)
+  e0=$(date +%s.%N); $L extract "$T/$name.lstp" --step "$last" -o "$T/x.safetensors" --force > /dev/null; e1=$(date +%s.%N)
   local v0 v1
   v0=$(date +%s.%N); $L verify "$T/$name.lstp" > /dev/null; v1=$(date +%s.%N)
   local input=0 z=0
