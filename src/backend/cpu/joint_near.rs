@@ -136,8 +136,10 @@ pub fn histogram<T: Word>(
                             }
                         }
                         // Then the counts: one loop, the row's start straight from the map
-                        // (a new context's row made on the cold path).
-                        for (&k, &c) in at[..m].iter().zip(&all[b..b + m]) {
+                        // (a new context's row made on the cold path), the block's halves
+                        // interleaved: neighbors often share a counter, and an increment
+                        // waits for the one before it to the same counter (bf16 +5-10%).
+                        let mut count = |k: u32, c: u32| {
                             let k = k as usize;
                             let mut start = acc.slot[k];
                             if start == u32::MAX {
@@ -145,6 +147,16 @@ pub fn histogram<T: Word>(
                                 start = acc.new_row(k, a, ctx);
                             }
                             acc.rows[start as usize + lut[c as usize & 1023] as usize] += 1;
+                        };
+                        let h = m / 2;
+                        let (a0, a1) = at[..m].split_at(h);
+                        let (c0, c1) = all[b..b + m].split_at(h);
+                        for ((&k0, &x0), (&k1, &x1)) in a0.iter().zip(c0).zip(a1.iter().zip(c1)) {
+                            count(k0, x0);
+                            count(k1, x1);
+                        }
+                        if m % 2 == 1 {
+                            count(at[m - 1], all[b + m - 1]);
                         }
                     }
                     acc.codes = all;
