@@ -318,11 +318,11 @@ fn encode_with(
 
 /// Elements from which `auto` codes a tensor in the Joint layout's neighbor form rather
 /// than choosing between the Signed and Paper layouts. Where the time goes (the GPT-2
-/// trajectory's 6.4M-element embedding) the neighbor form is the smaller (bf16 -1.4%,
-/// fp32 -0.1%, fp16 -0.8% against Signed) and decodes faster (docs/BENCHMARKS.md,
-/// 2026-12-06); below, its contexts do not pay for their tables (every tensor of 65,536
-/// elements or fewer there folds back to the plain Joint form, larger than Signed), so
-/// small tensors keep the smaller Signed layout.
+/// trajectory's 6.4M-element embedding) the neighbor form is the smaller and decodes
+/// faster: with it the 600 -> 800 files are 1.7% (bf16), 0.3% (fp32) and 1.1% (fp16)
+/// smaller than Signed's (docs/BENCHMARKS.md, 2026-12-06). Below, its contexts do not pay
+/// for their tables (every tensor of 65,536 elements or fewer there folds back to the plain
+/// Joint form, larger than Signed), so small tensors keep the Signed/Paper choice.
 pub const AUTO_NEIGHBOR_MIN: usize = 1 << 20;
 
 fn encode_modeled(

@@ -643,7 +643,8 @@ impl Selection {
             );
             let least = (least_row_bytes(counts) as u64 + 1) * 8 * COST_ONE_BIT;
             // Nor where its own row could not pay even at its entropy (`row_price` is at
-            // least that plus the row's least bytes): the same decision, unpriced.
+            // least that plus the row's least bytes): the same decision, unpriced (the
+            // first test spares most rows the floor's logarithms).
             if pooled <= least || pooled <= least + entropy_floor(counts.counts) {
                 return None;
             }
