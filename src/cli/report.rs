@@ -17,27 +17,18 @@ pub fn print_pair_stats(s: &PairStats, per_tensor: bool) {
             "coder", "b", "q1", "q2", "sign", "tail", "framing", "total", "bytes", "ratio"
         );
         for (i, ((name, _, _), t)) in CONFIGS.iter().zip(&d.configs).enumerate() {
-            if i == DEFAULT_CONFIG {
-                // Its large tensors' one joint symbol and its small tensors' stages: only
-                // the totals are one thing.
+            if i == FAST_CONFIG || i == DEFAULT_CONFIG {
+                // One column for b, q1, q2 and sign: `--fast` codes them as one joint
+                // symbol; the default mixes that (large tensors) with stages (small ones),
+                // so only its totals are one thing and the column stays empty.
+                let joint = match i {
+                    FAST_CONFIG => format!("{:.3}", t.bpw(t.stage_bits[0])),
+                    _ => String::new(),
+                };
                 println!(
                     "  {:<18} {:>31} {:>7.3} {:>8.3} {:>8.3} {:>10} {:>7.4}",
                     name,
-                    "",
-                    t.bpw(t.tail_bits as f64),
-                    t.bpw(t.framing_bits()),
-                    t.total_bpw(),
-                    t.blob_bytes,
-                    t.blob_bytes as f64 / t.raw_bytes.max(1) as f64
-                );
-                continue;
-            }
-            if i == FAST_CONFIG {
-                // One joint symbol: its bits are b, q1, q2 and sign together.
-                println!(
-                    "  {:<18} {:>31.3} {:>7.3} {:>8.3} {:>8.3} {:>10} {:>7.4}",
-                    name,
-                    t.bpw(t.stage_bits[0]),
+                    joint,
                     t.bpw(t.tail_bits as f64),
                     t.bpw(t.framing_bits()),
                     t.total_bpw(),

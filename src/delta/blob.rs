@@ -340,20 +340,20 @@ fn encode_modeled(
         condition: opts.condition_on_exponent,
     })?;
     let joint = fl.width <= JOINT_MAX_WIDTH;
-    let large = pair.target.len() / pair.dtype.size() >= AUTO_NEIGHBOR_MIN;
+    let auto_near = joint && pair.target.len() / pair.dtype.size() >= AUTO_NEIGHBOR_MIN;
     let layouts: &[Layout] = match opts.layout {
         LayoutChoice::Paper => &[Layout::Paper],
         LayoutChoice::Signed => &[Layout::Signed],
         LayoutChoice::Fast | LayoutChoice::FastNeighbor if joint => &[Layout::Joint],
         // The Joint layout stops at 32-bit floats; wider ones take the Signed layout.
         LayoutChoice::Fast | LayoutChoice::FastNeighbor => &[Layout::Signed],
-        LayoutChoice::Auto if joint && large => &[Layout::Joint],
+        LayoutChoice::Auto if auto_near => &[Layout::Joint],
         // Whichever is estimated smaller; Signed wins ties.
         LayoutChoice::Auto => &[Layout::Signed, Layout::Paper],
     };
     let joint_neighbor = match opts.layout {
         LayoutChoice::FastNeighbor => true,
-        LayoutChoice::Auto => layouts == [Layout::Joint],
+        LayoutChoice::Auto => auto_near,
         _ => false,
     };
     let requests: Vec<HistRequest> = layouts
