@@ -385,13 +385,36 @@ pub fn packed_indices(
     }
     let lut = joint_of_code();
     for (c, &k) in codes[..n].iter_mut().zip(idx.iter()) {
-        let ri = table
-            .map
-            .get(k as usize)
-            .map_or(u32::MAX as usize, |&r| r as usize);
-        let at = ri * table.alphabet + lut[*c as usize & 1023] as usize;
-        *c = at.min(u32::MAX as usize) as u32;
+        *c = packed_of(table, lut, k, *c);
     }
+}
+
+/// Element `j`'s entry in `table.packed`, as [`packed_indices`] gives it.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub fn packed_index(
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    codes: &[u32],
+    j: usize,
+) -> u32 {
+    let k = map_index(info, codes, j, distance, w1, table.window);
+    packed_of(table, joint_of_code(), k, codes[j])
+}
+
+/// The entry in `table.packed` of code `c` under the context of map index `k`
+/// (`u32::MAX` where no row covers it).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn packed_of(table: &EncStage, lut: &[u8; 1024], k: u32, c: u32) -> u32 {
+    let ri = table
+        .map
+        .get(k as usize)
+        .map_or(u32::MAX as usize, |&r| r as usize);
+    let at = ri * table.alphabet + lut[c as usize & 1023] as usize;
+    at.min(u32::MAX as usize) as u32
 }
 
 /// Decode steps `steps` of one chunk's lanes into per-element codes (`info`: the chunk's

@@ -389,7 +389,12 @@ pub(in crate::backend::cpu) unsafe fn gather_flat(
 /// passes produce, are unchanged).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn gather(t: &EncStage, k: __mmask16, ctx: __m512i, sym: __m512i) -> __m512i {
+pub(in crate::backend::cpu) unsafe fn gather(
+    t: &EncStage,
+    k: __mmask16,
+    ctx: __m512i,
+    sym: __m512i,
+) -> __m512i {
     let ctx = _mm512_min_epu32(ctx, _mm512_set1_epi32(t.map.len() as i32 - 1));
     // SAFETY: the lanes in `k` read `map[ctx]` with `ctx < map.len()`.
     let row = unsafe {

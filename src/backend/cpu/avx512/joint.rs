@@ -200,7 +200,35 @@ pub(super) unsafe fn lanes(
     packed: &[u32],
     words: &mut Vec<u16>,
 ) -> ([u32; LANES], usize) {
-    let n = slots.len();
+    // SAFETY: features as this function's.
+    unsafe {
+        lanes_by(
+            slots.len(),
+            words,
+            #[inline(always)]
+            |at: usize, valid: __mmask16| {
+                // SAFETY: the lanes in `valid` are elements `at..` below `slots.len()`;
+                // indices clamped inside the gather.
+                let idx = _mm512_maskz_loadu_epi32(valid, slots.as_ptr().add(at).cast());
+                gather_flat(packed, valid, idx)
+            },
+        )
+    }
+}
+
+/// The interleaved lanes of one chunk of `n` elements whose packed symbols (`freq | start
+/// << 16`) `syms(at, valid)` gives 16 at a time: elements `at..` in the lanes of `valid`
+/// (those below `n`), the identity elsewhere. Words and states as [`lanes`].
+///
+/// # Safety
+/// Inlined into a function with the features of [`lanes`]; `syms` must be safe to call for
+/// every `at < n` with its `valid` mask.
+#[inline(always)]
+pub(super) unsafe fn lanes_by(
+    n: usize,
+    words: &mut Vec<u16>,
+    syms: impl Fn(usize, __mmask16) -> __m512i,
+) -> ([u32; LANES], usize) {
     // At most one word per symbol. Grown, never cleared: every slot from the final cursor
     // up is written.
     if words.len() < n {
@@ -208,7 +236,7 @@ pub(super) unsafe fn lanes(
     }
     let out = words.as_mut_ptr();
     let mut pos = n;
-    let syms = inlined(
+    let step_syms = inlined(
         #[inline(always)]
         |step: usize| -> [__m512i; 2] {
             let base = step * LANES;
@@ -219,11 +247,7 @@ pub(super) unsafe fn lanes(
                 let at = (base + 16 * k).min(n);
                 let cnt = lanes.saturating_sub(16 * k).min(16);
                 let valid: __mmask16 = ((1u32 << cnt) - 1) as __mmask16;
-                // SAFETY: lanes `< cnt` are elements `at..at + cnt <= n` of `slots`; the
-                // masked-off lanes are not accessed. Features as this function's (indices
-                // clamped inside the gather).
-                let idx = unsafe { _mm512_maskz_loadu_epi32(valid, slots.as_ptr().add(at).cast()) };
-                *p = unsafe { gather_flat(packed, valid, idx) };
+                *p = syms(at, valid);
             }
             p
         },
@@ -233,12 +257,12 @@ pub(super) unsafe fn lanes(
     if steps == 0 {
         return ([RANS_L; LANES], n);
     }
-    let mut next = syms(steps - 1);
+    let mut next = step_syms(steps - 1);
     for step in (0..steps).rev() {
         // The next step's lookups are issued before this step's state chain.
         let cur = next;
         if step > 0 {
-            next = syms(step - 1);
+            next = step_syms(step - 1);
         }
         // SAFETY: `pos` never drops below 0: one word at most per symbol.
         unsafe { put2(&mut x, cur, out, &mut pos) };
@@ -250,6 +274,12 @@ pub(super) unsafe fn lanes(
         _mm512_storeu_si512(states.as_mut_ptr().add(16).cast(), x[1]);
     }
     (states, pos)
+}
+
+/// `f` itself, for [`lanes_by`]'s callers (as [`inlined`]).
+#[inline(always)]
+pub(super) fn inlined_syms<F: Fn(usize, __mmask16) -> __m512i>(f: F) -> F {
+    f
 }
 
 /// `f` itself: lets a closure carry `#[inline(always)]` (and so this module's features).

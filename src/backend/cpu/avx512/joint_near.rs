@@ -12,12 +12,13 @@ use core::arch::x86_64::*;
 use super::super::avx2::encode::codes_and_tails;
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
-use super::super::joint::{small_codes, JointDec};
-use super::super::joint_near::{packed_indices, NearSlots};
+use super::super::joint::{joint_of_code, small_codes, JointDec};
+use super::super::joint_near::{packed_index, NearSlots};
 use super::super::tables::EncStage;
 use super::super::word::Word;
 use super::decode::{overrun, refill};
-use super::joint::{code_of, lanes};
+use super::encode::{gather, gather_flat};
+use super::joint::{code_of, lanes_by};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::{EncodedChunk, LANES};
 use crate::Result;
@@ -142,10 +143,13 @@ pub unsafe fn decode_steps(
     Ok(step)
 }
 
-/// Code one chunk of the neighbor form: codes and tails by the AVX2 pass, each element's
-/// entry in `table.packed` (its row's, from its context, and its symbol), then the `--fast`
-/// AVX-512 lanes over those entries (as `super::super::avx2::joint_near::encode_chunk`, whose
-/// AVX2 lanes measured slower at this level).
+/// Code one chunk of the neighbor form: codes and tails by the AVX2 pass, then the `--fast`
+/// AVX-512 lanes, each group of 16 elements' packed symbols computed where the lanes read
+/// them: the map index from the facts and the code `distance` back (as the decode lanes
+/// form it), the row by a gather from the map, the symbol by one from the code, the packed
+/// symbol by a third (a separate pass writing table indices, then read by the lanes, cost
+/// 11% of a bf16 encode's samples). The elements before `distance` (no neighbor) take
+/// their indices from the portable [`packed_index`].
 ///
 /// # Safety
 /// AVX-512 F, BW, VL, CD with AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx512` available).
@@ -158,14 +162,87 @@ pub unsafe fn encode_chunk<T: Word>(
     w1: usize,
     s: &mut Scratch,
 ) -> EncodedChunk {
-    // SAFETY (both): the caller guarantees the features, AVX2's included (`Isa::available`).
+    // SAFETY: the caller guarantees the features, AVX2's included (`Isa::available`).
     unsafe { codes_and_tails(d, true, s) };
-    packed_indices(info, table, distance, w1, &mut s.codes, &mut s.idx);
-    let (states, at) = unsafe { lanes(&s.codes, &table.packed, &mut s.words) };
+    let n = s.codes.len().min(info.len());
+    let codes = &s.codes[..n];
+    // Groups of 16 starting below `head` hold an element without its neighbor.
+    let head = distance.next_multiple_of(16).min(n);
+    s.idx.clear();
+    s.idx
+        .extend((0..head).map(|j| packed_index(info, table, distance, w1, codes, j)));
+    let first = &s.idx;
+    let lut = joint_of_code_wide();
+    let window = table.window;
+    let span = 2 * window.n as i32;
+    let (ip, cp) = (info.as_ptr(), codes.as_ptr());
+    let (lo, last_class) = (
+        _mm512_set1_epi32(window.lo as i32),
+        _mm512_set1_epi32(window.n as i32 - 1),
+    );
+    let (m2_mul, span_v, map_len) = (
+        _mm512_set1_epi32(w1 as i32 + 1),
+        _mm512_set1_epi32(span),
+        _mm512_set1_epi32(table.map.len().min(i32::MAX as usize) as i32),
+    );
+    let syms = super::joint::inlined_syms(
+        #[inline(always)]
+        |at: usize, valid: __mmask16| -> __m512i {
+            if at < head {
+                // SAFETY: the lanes in `valid` are elements below `n`, and `first` holds every
+                // element below `head`'s; indices clamped inside the gather.
+                let idx = unsafe { _mm512_maskz_loadu_epi32(valid, first.as_ptr().add(at).cast()) };
+                return unsafe { gather_flat(&table.packed, valid, idx) };
+            }
+            // SAFETY: the lanes in `valid` are elements `at..` below `n <= info.len()`, and
+            // `at >= head >= distance`: their neighbors are elements of the chunk. Gathers read
+            // `lut` at `c & 1023`, and `gather` clamps what it reads to its tables.
+            unsafe {
+                let i = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, ip.add(at).cast()));
+                let c = _mm512_maskz_loadu_epi32(valid, cp.add(at - distance).cast());
+                let own = _mm512_maskz_loadu_epi32(valid, cp.add(at).cast());
+                let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
+                let up = _mm512_add_epi32(
+                    _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
+                    _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
+                );
+                let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+                let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, m2_mul), nb);
+                let near =
+                    _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
+                let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), lo);
+                let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
+                let idx = _mm512_add_epi32(
+                    _mm512_mullo_epi32(near, span_v),
+                    _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
+                );
+                // Outside the window or past the map: no row, the identity (as
+                // `packed_index`'s `u32::MAX`).
+                let ok = valid
+                    & !(_mm512_cmpgt_epu32_mask(k, last_class)
+                        | _mm512_cmpge_epu32_mask(idx, map_len));
+                let sym = _mm512_mask_i32gather_epi32::<4>(
+                    _mm512_setzero_si512(),
+                    valid,
+                    _mm512_and_si512(own, _mm512_set1_epi32(1023)),
+                    lut.as_ptr().cast(),
+                );
+                gather(table, ok, idx, sym)
+            }
+        },
+    );
+    // SAFETY: features as this function's; `syms` reads within its tables (above).
+    let (states, at) = unsafe { lanes_by(n, &mut s.words, syms) };
     EncodedChunk {
-        words: s.words[at..s.codes.len()].to_vec(),
+        words: s.words[at..n].to_vec(),
         states,
         tail: s.tail.bytes(),
         tail_bits: s.tail.bits(),
     }
+}
+
+/// [`joint_of_code`] widened to dwords, for the gathers.
+fn joint_of_code_wide() -> &'static [u32; 1024] {
+    static LUT: std::sync::OnceLock<[u32; 1024]> = std::sync::OnceLock::new();
+    LUT.get_or_init(|| joint_of_code().map(u32::from))
 }
