@@ -6,7 +6,7 @@ use crate::backend::{Backend, EncodeJob, HistRequest};
 use crate::format::chunk::EncodedChunk;
 use crate::format::neighbor_distance;
 use crate::format::symbols::{Layout, JOINT_MAX_WIDTH};
-use crate::format::tables::{StageTable, Tables};
+use crate::format::tables::{Hist, StageTable, Tables};
 use crate::Result;
 
 /// Names of the stages, in pipeline order.
@@ -23,11 +23,12 @@ pub const STAGE_NAMES: [&str; 6] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stages {
     pub residuals: Vec<u8>,
-    /// Counts of every stage of every layout (Signed with B and S in their neighbor forms).
+    /// Counts of every stage of every layout (Signed with B and S in their neighbor forms,
+    /// then the Joint layout's neighbor form, sparse).
     pub histograms: Vec<Vec<u64>>,
     /// Signed layout under tables selected from the histograms: B and S in their neighbor
     /// forms, then B folded to its plain form, then S folded (three runs, concatenated);
-    /// then, for floats up to 32 bits, the Joint layout.
+    /// then, for floats up to 32 bits, the Joint layout and its neighbor form.
     pub chunks: Vec<EncodedChunk>,
     /// The verified blob (default options).
     pub blob: Vec<u8>,
@@ -133,12 +134,19 @@ pub fn stages(
             .collect();
         chunks.extend(resident.encode(Layout::Signed, &Tables { stages }, Some(d))?);
     }
-    // The Joint (fast) layout: its one stage's histogram and lanes.
-    let mut joint = Vec::new();
+    // The Joint (fast) layout: its one stage's histogram and lanes; then its neighbor form
+    // (the default's for large tensors), whose counts are compared sparse: its dense
+    // space is hundreds of megabytes, and a count off by one often normalizes to the same
+    // table, so the bytes alone would not show it.
+    let (mut joint, mut near) = (Vec::new(), Vec::new());
     if fl.width <= JOINT_MAX_WIDTH {
         joint = resident.histograms(Layout::Joint, None)?;
         let stages = joint.iter().map(|h| StageTable::select(h, true)).collect();
         chunks.extend(resident.encode(Layout::Joint, &Tables { stages }, None)?);
+        let hists = resident.histograms(Layout::Joint, Some(d))?;
+        let stages = hists.iter().map(|h| StageTable::select(h, true)).collect();
+        chunks.extend(resident.encode(Layout::Joint, &Tables { stages }, Some(d))?);
+        near = hists.iter().map(sparse).collect();
     }
     drop(resident);
     let (blob, report) = encode_tensor(pair, opts, backend)?;
@@ -159,6 +167,7 @@ pub fn stages(
             .chain(paper_again)
             .chain(joint))
         .map(|h| h.dense())
+        .chain(near)
         .collect(),
         chunks,
         blob,
@@ -168,6 +177,17 @@ pub fn stages(
         b_neighbor: report.b_neighbor,
         s_neighbor: report.neighbor,
     }))
+}
+
+/// A histogram's occupied rows as numbers: per row its context, first stored symbol, number
+/// of stored counts, then the counts.
+fn sparse(h: &Hist) -> Vec<u64> {
+    let mut out = Vec::new();
+    for (ctx, row) in h.rows() {
+        out.extend([ctx as u64, row.lo as u64, row.counts.len() as u64]);
+        out.extend_from_slice(row.counts);
+    }
+    out
 }
 
 /// The first stage where two backends' outputs differ, if any.
