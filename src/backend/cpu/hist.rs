@@ -364,7 +364,7 @@ pub(super) fn simd<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
 /// `word::code(word::value::<T>(d, signed))`, in 32-bit arithmetic for words of at most 32
 /// bits (twice the vector lanes of the 64-bit form; the same code).
 #[inline(always)]
-fn code_of<T: Word>(d: T, signed: bool) -> u32 {
+pub(super) fn code_of<T: Word>(d: T, signed: bool) -> u32 {
     if T::BITS > 32 {
         let (v, neg) = word::value::<T>(d.get(), signed);
         return word::code(v, neg);

@@ -113,7 +113,13 @@ pub fn histogram<T: Word>(
                 isa,
                 #[inline(always)]
                 || {
-                    codes(d, true, &mut acc.codes, None);
+                    // The codes in 32-bit arithmetic (`encode::codes` works in 64: half the
+                    // vector lanes).
+                    acc.codes.clear();
+                    acc.codes.resize(d.len(), 0);
+                    for (o, &x) in acc.codes.iter_mut().zip(d) {
+                        *o = super::hist::code_of(x, true);
+                    }
                     let lut = joint_of_code();
                     // (Out of `acc` while its rows grow.)
                     let all = std::mem::take(&mut acc.codes);
@@ -135,28 +141,36 @@ pub fn histogram<T: Word>(
                                 *o = map_index(info, &all, j, distance, w1, window);
                             }
                         }
-                        // Then the counts: one loop, the row's start straight from the map
-                        // (a new context's row made on the cold path), the block's halves
-                        // interleaved: neighbors often share a counter, and an increment
-                        // waits for the one before it to the same counter (bf16 +5-10%).
-                        let mut count = |k: u32, c: u32| {
-                            let k = k as usize;
-                            let mut start = acc.slot[k];
-                            if start == u32::MAX {
-                                let ctx = k / per_near * 2 * EXP_CLASSES + k % per_near + 2 * lo;
-                                start = acc.new_row(k, a, ctx);
-                            }
-                            acc.rows[start as usize + lut[c as usize & 1023] as usize] += 1;
-                        };
+                        // Then the counts: one loop, the row's start straight from the map,
+                        // the block's halves interleaved: neighbors often share a counter,
+                        // and an increment waits for the one before it to the same counter
+                        // (bf16 +5-10%). The tables are held as slices (in registers, not
+                        // reloaded after every increment) until a pair meets a context
+                        // without a row, which the cold path makes before going on.
                         let h = m / 2;
                         let (a0, a1) = at[..m].split_at(h);
                         let (c0, c1) = all[b..b + m].split_at(h);
-                        for ((&k0, &x0), (&k1, &x1)) in a0.iter().zip(c0).zip(a1.iter().zip(c1)) {
-                            count(k0, x0);
-                            count(k1, x1);
+                        let mut p = 0;
+                        while p < h {
+                            let (slot, rows) = (&acc.slot[..], &mut acc.rows[..]);
+                            while p < h {
+                                let (s0, s1) = (slot[a0[p] as usize], slot[a1[p] as usize]);
+                                if s0 == u32::MAX || s1 == u32::MAX {
+                                    break;
+                                }
+                                rows[s0 as usize + lut[c0[p] as usize & 1023] as usize] += 1;
+                                rows[s1 as usize + lut[c1[p] as usize & 1023] as usize] += 1;
+                                p += 1;
+                            }
+                            if p < h {
+                                acc.make_rows(&[a0[p], a1[p]], a, per_near, lo);
+                            }
                         }
                         if m % 2 == 1 {
-                            count(at[m - 1], all[b + m - 1]);
+                            let k = at[m - 1];
+                            acc.make_rows(&[k], a, per_near, lo);
+                            let start = acc.slot[k as usize] as usize;
+                            acc.rows[start + lut[all[b + m - 1] as usize & 1023] as usize] += 1;
                         }
                     }
                     acc.codes = all;
@@ -210,6 +224,19 @@ impl Counts {
             self.new_row(k, a, ctx());
         }
         self.slot[k] as usize
+    }
+    /// Rows for those of map indices `ks` that have none (`per_near` and `lo` give their
+    /// contexts, as [`histogram`]'s map lays them out).
+    #[cold]
+    #[inline(never)]
+    fn make_rows(&mut self, ks: &[u32], a: usize, per_near: usize, lo: usize) {
+        for &k in ks {
+            let k = k as usize;
+            if self.slot[k] == u32::MAX {
+                let ctx = k / per_near * 2 * EXP_CLASSES + k % per_near + 2 * lo;
+                self.new_row(k, a, ctx);
+            }
+        }
     }
     /// A row for map index `k` (context `ctx`), zeroed; where it starts.
     #[cold]
