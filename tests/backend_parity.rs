@@ -752,6 +752,20 @@ fast_neighbor_tests!(
     cuda_emulated: |b| fast_neighbor(b, usize::MAX),
 );
 
+/// The AVX2 neighbor-form decode lanes look their tables up by gathers or by scalar loads,
+/// chosen per CPU (`Avx2Lookups`): both ways, whichever this machine would pick.
+#[test]
+fn fast_neighbor_avx2_both_lookups() {
+    use lockstep::backend::cpu::{set_avx2_lookups, Avx2Lookups};
+    if let Some(d) = devices::device("avx2") {
+        for l in [Avx2Lookups::ScalarLoads, Avx2Lookups::Gathers] {
+            set_avx2_lookups(l);
+            fast_neighbor(d.delta().unwrap(), usize::MAX);
+        }
+        set_avx2_lookups(Avx2Lookups::Auto);
+    }
+}
+
 macro_rules! parity_tests {
     ($name:ident, $max_len:expr, $batch_elems:expr) => {
         parity_tests!($name, $max_len, $batch_elems, usize::MAX);

@@ -242,7 +242,11 @@ fn vector_near(isa: Isa) -> Option<VectorNear> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => Some(super::avx512::joint_near::decode_steps as VectorNear),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Some(super::avx2::joint_near::decode_steps as VectorNear),
+        Isa::Avx2 if super::avx2_gathers() => {
+            Some(super::avx2::joint_near::decode_steps::<true> as VectorNear)
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Some(super::avx2::joint_near::decode_steps::<false> as VectorNear),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => Some(super::neon::joint_near::decode_steps as VectorNear),
         _ => None,

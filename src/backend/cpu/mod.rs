@@ -48,6 +48,58 @@ impl CpuAt {
     }
 }
 
+/// How the AVX2 level's neighbor-form decode lanes look up their three tables per element.
+/// Both ways give the same bytes; which is faster depends on the CPU: a Zen 2's
+/// `vpgatherdd` of 8 dwords takes about 16.5 cycles (scalar loads were 9-13% faster there,
+/// `avx2::gather`), and the microcode mitigation of Downfall (GDS) slows gathers on the
+/// Intel cores it covers, where a Sapphire Rapids (not affected) decodes 6-14% faster
+/// with them (docs/BENCHMARKS.md, 2026-12-06).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Avx2Lookups {
+    /// Gathers on an Intel CPU the Linux kernel reports not affected by GDS, scalar loads
+    /// everywhere else (AMD, older kernels, other systems): the measured cases.
+    Auto,
+    ScalarLoads,
+    Gathers,
+}
+
+static AVX2_LOOKUPS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Pin how the AVX2 neighbor-form decode lanes look up (for tests and measurements: every
+/// choice gives the same bytes).
+pub fn set_avx2_lookups(l: Avx2Lookups) {
+    AVX2_LOOKUPS.store(l as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the AVX2 neighbor-form decode lanes use gathers ([`Avx2Lookups`]).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn avx2_gathers() -> bool {
+    match AVX2_LOOKUPS.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            static AUTO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *AUTO.get_or_init(fast_gathers)
+        }
+    }
+}
+
+/// An Intel CPU that Linux reports not affected by Gather Data Sampling.
+fn fast_gathers() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0);
+        let intel = (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e);
+        intel
+            && std::fs::read_to_string(
+                "/sys/devices/system/cpu/vulnerabilities/gather_data_sampling",
+            )
+            .is_ok_and(|s| s.trim() == "Not affected")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Instruction-set level of the fast CPU paths, for both codecs (the language model's kernels
 /// in `lm/` take the same level, so pinning one pins both). Every level gives the same bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -25,6 +25,23 @@ pub(in crate::backend::cpu) unsafe fn gather8(table: *const u32, idx: __m256i) -
     gather8_by(idx, |i| *table.add(i) as i32)
 }
 
+/// [`gather8`], or a `vpgatherdd` where `GATHER` (faster on CPUs whose gathers are fast:
+/// `super::super::avx2_gathers`).
+///
+/// # Safety
+/// As [`gather8`].
+#[inline(always)]
+pub(in crate::backend::cpu) unsafe fn gather8_as<const GATHER: bool>(
+    table: *const u32,
+    idx: __m256i,
+) -> __m256i {
+    if GATHER {
+        _mm256_i32gather_epi32::<4>(table.cast(), idx)
+    } else {
+        gather8(table, idx)
+    }
+}
+
 /// 8 lanes of `load(index)` for the lanes of `idx`, as [`gather8`] does them.
 ///
 /// # Safety

@@ -15,7 +15,7 @@ use super::super::tables::EncStage;
 use super::super::word::Word;
 use super::decode::{overrun, refill};
 use super::encode::{codes_and_tails, SLACK};
-use super::gather::{gather8, gather8_by};
+use super::gather::{gather8_as, gather8_by};
 use super::joint::code_of;
 use super::joint::lanes;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -26,12 +26,14 @@ use crate::Result;
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
 /// d`) while the stream holds a step's worth of words; returns the step it stopped at, for
 /// the portable lanes to finish. `st` must be padded with `LANES` words past its length.
+/// The three lookups per element by `vpgatherdd` where `GATHER`, else by scalar loads
+/// (`super::gather`; `super::super::avx2_gathers` chooses).
 ///
 /// # Safety
 /// AVX2 (`Isa::Avx2` available).
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn decode_steps(
+pub unsafe fn decode_steps<const GATHER: bool>(
     table: &JointDec,
     near: &NearSlots,
     info: &[u16],
@@ -99,7 +101,7 @@ pub unsafe fn decode_steps(
             );
             // An outside lane reads entry 0 instead (its row is refused below).
             let idx = _mm256_andnot_si256(outside, idx);
-            let r = gather8(map, idx);
+            let r = gather8_as::<GATHER>(map, idx);
             bad = _mm256_or_si256(bad, _mm256_or_si256(outside, _mm256_cmpeq_epi32(r, none)));
             *row = r;
         }
@@ -110,11 +112,11 @@ pub unsafe fn decode_steps(
             let slot = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
             // The slot's symbol (a 4-byte load of its byte: `syms` is padded), then its
             // frequency and start from the row's array.
-            let j = gather8_bytes(
+            let j = gather8_bytes::<GATHER>(
                 syms,
                 _mm256_or_si256(_mm256_slli_epi32::<12>(rows[v]), slot),
             );
-            let e = gather8(fs, _mm256_or_si256(_mm256_slli_epi32::<8>(rows[v]), j));
+            let e = gather8_as::<GATHER>(fs, _mm256_or_si256(_mm256_slli_epi32::<8>(rows[v]), j));
             let hi = _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v]);
             let xs = _mm256_add_epi32(
                 _mm256_mullo_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0xFFFF)), hi),
@@ -136,15 +138,19 @@ pub unsafe fn decode_steps(
 }
 
 /// The bytes at 8 indices of `table`, as dwords (a 4-byte load each, its low byte kept:
-/// one insert with the load folded in, as [`gather8`]).
+/// one insert with the load folded in, as [`gather8`]; or one `vpgatherdd` where `GATHER`).
 ///
 /// # Safety
 /// AVX2; every index `i` of `idx` with `i + 4` bytes readable at `table`.
 #[inline(always)]
-unsafe fn gather8_bytes(table: *const u8, idx: __m256i) -> __m256i {
-    let v = gather8_by(idx, |i| {
-        (table.add(i) as *const u32).read_unaligned() as i32
-    });
+unsafe fn gather8_bytes<const GATHER: bool>(table: *const u8, idx: __m256i) -> __m256i {
+    let v = if GATHER {
+        _mm256_i32gather_epi32::<1>(table.cast(), idx)
+    } else {
+        gather8_by(idx, |i| {
+            (table.add(i) as *const u32).read_unaligned() as i32
+        })
+    };
     _mm256_and_si256(v, _mm256_set1_epi32(255))
 }
 
