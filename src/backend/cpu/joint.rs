@@ -44,6 +44,13 @@ pub fn joint_of_code() -> &'static [u8; 1024] {
     })
 }
 
+/// [`joint_of_code`] widened to dwords, for gathers.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub fn joint_of_code_wide() -> &'static [u32; 1024] {
+    static LUT: std::sync::OnceLock<[u32; 1024]> = std::sync::OnceLock::new();
+    LUT.get_or_init(|| joint_of_code().map(u32::from))
+}
+
 /// Per-element code of every joint symbol (the inverse of [`joint_of_code`]).
 pub fn code_of_joint() -> &'static [u32; 256] {
     static LUT: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();

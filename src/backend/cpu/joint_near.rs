@@ -12,6 +12,8 @@ use rayon::prelude::*;
 
 use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
+#[cfg(target_arch = "x86_64")]
+use super::joint::joint_of_code_wide;
 use super::joint::{code_of_joint, joint_of_code, JointDec};
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
 use super::word::Word;
@@ -127,6 +129,38 @@ pub fn histogram<T: Word>(
                     let mut at = [0u32; BLOCK];
                     for b in (0..d.len()).step_by(BLOCK) {
                         let m = BLOCK.min(d.len() - b);
+                        // At AVX-512 each element's counter (its row's start plus its
+                        // symbol) in the vector, map lookups by gathers; a context without
+                        // a row yet sends the block to the loops below.
+                        #[cfg(target_arch = "x86_64")]
+                        if isa >= Isa::Avx512 && b >= distance {
+                            // SAFETY: the level's features (`hist::simd` runs this closure
+                            // with them); every element of the block has its neighbor.
+                            let found = unsafe {
+                                super::avx512::joint_near::counters(
+                                    &info[b..b + m],
+                                    &all[b - distance..b - distance + m],
+                                    &all[b..b + m],
+                                    (w1, window),
+                                    &acc.slot,
+                                    joint_of_code_wide(),
+                                    &mut at[..m],
+                                )
+                            };
+                            if found {
+                                let rows = &mut acc.rows[..];
+                                let h = m / 2;
+                                let (a0, a1) = at[..m].split_at(h);
+                                for (&k0, &k1) in a0.iter().zip(a1) {
+                                    rows[k0 as usize] += 1;
+                                    rows[k1 as usize] += 1;
+                                }
+                                if m % 2 == 1 {
+                                    rows[at[m - 1] as usize] += 1;
+                                }
+                                continue;
+                            }
+                        }
                         // Map indices: a branch-free loop (it vectorizes) where every element
                         // of the block has its neighbor. Every class is in the window.
                         if b >= distance {

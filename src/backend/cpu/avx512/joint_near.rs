@@ -12,7 +12,7 @@ use core::arch::x86_64::*;
 use super::super::avx2::encode::codes_and_tails;
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
-use super::super::joint::{joint_of_code, small_codes, JointDec};
+use super::super::joint::{joint_of_code_wide, small_codes, JointDec};
 use super::super::joint_near::{packed_index, NearSlots};
 use super::super::tables::EncStage;
 use super::super::word::Word;
@@ -21,6 +21,7 @@ use super::encode::{gather, gather_flat};
 use super::joint::{code_of, lanes_by};
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::{EncodedChunk, LANES};
+use crate::format::tables::Window;
 use crate::Result;
 
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
@@ -241,8 +242,84 @@ pub unsafe fn encode_chunk<T: Word>(
     }
 }
 
-/// [`joint_of_code`] widened to dwords, for the gathers.
-fn joint_of_code_wide() -> &'static [u32; 1024] {
-    static LUT: std::sync::OnceLock<[u32; 1024]> = std::sync::OnceLock::new();
-    LUT.get_or_init(|| joint_of_code().map(u32::from))
+/// The neighbor-form histogram's counters of one block whose elements all have their
+/// neighbor (`nbs`: the codes `d` back, `own`: their codes): each element's row start from
+/// `slot` (by its map index over `window`, formed as the decode lanes form it) plus its
+/// joint symbol (`lut`, [`joint_of_code_wide`]), into `at`. False where some context has no
+/// row yet (`u32::MAX` in `slot`): `at` is then not all counters, and the caller makes the
+/// block's rows and counts it its portable way. Map indices are clamped to `slot` (those of
+/// codes from `hist::code_of` are inside it: the window is the data's classes).
+///
+/// # Safety
+/// AVX-512 F, BW, VL (`Isa::Avx512` available).
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+pub unsafe fn counters(
+    info: &[u16],
+    nbs: &[u32],
+    own: &[u32],
+    (w1, window): (usize, Window),
+    slot: &[u32],
+    lut: &[u32; 1024],
+    at: &mut [u32],
+) -> bool {
+    let m = at.len().min(info.len()).min(nbs.len()).min(own.len());
+    let Some(last) = slot.len().checked_sub(1) else {
+        return false;
+    };
+    let last = _mm512_set1_epi32(last.min(i32::MAX as usize) as i32);
+    let lo = _mm512_set1_epi32(window.lo as i32);
+    let (m2_mul, span) = (
+        _mm512_set1_epi32(w1 as i32 + 1),
+        _mm512_set1_epi32(2 * window.n as i32),
+    );
+    let none = _mm512_set1_epi32(-1);
+    let mut missing: __mmask16 = 0;
+    for j in (0..m).step_by(16) {
+        let valid: __mmask16 = if m - j >= 16 {
+            !0
+        } else {
+            (1u16 << (m - j)) - 1
+        };
+        // SAFETY: the lanes in `valid` are below `m`, inside every slice; the gathers'
+        // indices are clamped to `slot` and masked to `lut`.
+        unsafe {
+            let i =
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, info.as_ptr().add(j).cast()));
+            let c = _mm512_maskz_loadu_epi32(valid, nbs.as_ptr().add(j).cast());
+            let x = _mm512_maskz_loadu_epi32(valid, own.as_ptr().add(j).cast());
+            let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
+            let up = _mm512_add_epi32(
+                _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
+                _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
+            );
+            let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+            let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, m2_mul), nb);
+            let near = _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
+            let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), lo);
+            let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
+            let idx = _mm512_add_epi32(
+                _mm512_mullo_epi32(near, span),
+                _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
+            );
+            let start = _mm512_mask_i32gather_epi32::<4>(
+                _mm512_setzero_si512(),
+                valid,
+                _mm512_min_epu32(idx, last),
+                slot.as_ptr().cast(),
+            );
+            missing |= _mm512_mask_cmpeq_epi32_mask(valid, start, none);
+            let sym = _mm512_mask_i32gather_epi32::<4>(
+                _mm512_setzero_si512(),
+                valid,
+                _mm512_and_si512(x, _mm512_set1_epi32(1023)),
+                lut.as_ptr().cast(),
+            );
+            _mm512_mask_storeu_epi32(
+                at.as_mut_ptr().add(j).cast(),
+                valid,
+                _mm512_add_epi32(start, sym),
+            );
+        }
+    }
+    missing == 0
 }
