@@ -424,7 +424,10 @@ impl NearSlots {
 /// built from these counts) gets an index past the table, which the lanes clamp: the
 /// encoder's verify catches what that codes.
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub fn packed_indices(
     info: &[u16],
     table: &EncStage,
@@ -468,7 +471,10 @@ pub fn packed_index(
 /// The entry in `table.packed` of code `c` under the context of map index `k`
 /// (`u32::MAX` where no row covers it).
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 fn packed_of(table: &EncStage, lut: &[u8; 1024], k: u32, c: u32) -> u32 {
     let ri = table
         .map

@@ -108,7 +108,7 @@ pub enum Isa {
     Portable,
     /// Explicit aarch64 NEON rANS lanes of every layout, decoding and encoding (4 per
     /// vector, no gathers: table lookups stay scalar or lane loads; the Joint layout's
-    /// neighbor form decodes on them and encodes on the portable lanes), and every layout's
+    /// neighbor form too, over its packed-table entries), and every layout's
     /// codes-and-tails pass and tail pass for 16- and 32-bit floats. Ordered below the x86
     /// levels so that `isa >= Isa::Avx2` stays false for it; NEON is baseline on aarch64,
     /// so [`Isa::detect`] picks it there.
@@ -534,6 +534,14 @@ impl<T: Word> Resident for CpuResident<'_, T> {
                                 } else {
                                     avx2::joint_near::encode_chunk(dr, info, t, d, w1, scratch)
                                 }
+                            };
+                        }
+                        #[cfg(target_arch = "aarch64")]
+                        if self.isa == Isa::Neon {
+                            // SAFETY: `isa` is only ever a level `Isa::available` confirmed
+                            // on this CPU.
+                            return unsafe {
+                                neon::joint::encode_near_chunk(dr, info, &stages[0], d, w1, scratch)
                             };
                         }
                         fast(

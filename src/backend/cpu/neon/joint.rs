@@ -1,5 +1,6 @@
 //! NEON lanes of the Joint layout (`--fast`): `super::super::joint`'s decode and encode
-//! lanes, eight 4-lane vectors per chunk. The encoder's division by the frequency is exact
+//! lanes, eight 4-lane vectors per chunk (the encode lanes also code the layout's neighbor
+//! form, over its packed-table entries). The encoder's division by the frequency is exact
 //! integer arithmetic: a 32-bit reciprocal, one widening multiply (`vmull_u32`), one
 //! correction by the remainder.
 
@@ -10,7 +11,8 @@ use core::arch::aarch64::*;
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
 use super::super::joint::{code_of_joint, context, JointDec, JointFlat, FLAT_STRIDE};
-use super::super::tables::PACKED_IDENTITY;
+use super::super::joint_near::packed_indices;
+use super::super::tables::{EncStage, PACKED_IDENTITY};
 use super::super::word::Word;
 use super::encode::codes_and_tails;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
@@ -187,6 +189,40 @@ pub unsafe fn encode_chunk<T: Word>(
     }
 }
 
+/// One chunk of the Joint layout's neighbor form (`super::super::joint_near`): codes and
+/// tails by the NEON pass, each element's entry in `table.packed` by the portable
+/// `packed_indices` (map indices by a loop that vectorizes, then rows and symbols), then
+/// these lanes over those entries, as the AVX2 encoder does.
+///
+/// # Safety
+/// The CPU must have NEON (`Isa::Neon` available).
+#[target_feature(enable = "neon")]
+pub unsafe fn encode_near_chunk<T: Word>(
+    d: &[T],
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    s: &mut Scratch,
+) -> EncodedChunk {
+    codes_and_tails(d, true, s);
+    packed_indices(info, table, distance, w1, &mut s.codes, &mut s.idx);
+    let packed = &table.packed;
+    let (states, at) = lanes_by(s.codes.len(), &mut s.words, |j| {
+        // An entry past the table codes the identity (the last row's), as on x86.
+        packed
+            .get(s.codes[j] as usize)
+            .copied()
+            .unwrap_or(PACKED_IDENTITY)
+    });
+    EncodedChunk {
+        words: s.words[at..SLACK + s.codes.len()].to_vec(),
+        states,
+        tail: s.tail.bytes(),
+        tail_bits: s.tail.bits(),
+    }
+}
+
 /// `min(2^32 / f, 2^32 - 1)` for every frequency `f` (index 0 unused): `(y · r) >> 32` is
 /// `y / f` or one below it for every `y < 2^32` (the error `y·(2^32/f - r) / 2^32` is
 /// below one), which one remainder test corrects.
@@ -211,6 +247,25 @@ unsafe fn lanes(
 ) -> ([u32; LANES], usize) {
     let n = codes.len();
     assert!(info.len() >= n);
+    let lo2 = 2 * flat.lo as usize;
+    lanes_by(n, words, |j| {
+        let (c, i) = (codes[j] as usize, info[j]);
+        // ((er - lo)·2 + rs)·FLAT_STRIDE + b·8 + (code >> 7 & 7)
+        let idx = (context(i).wrapping_sub(lo2))
+            .wrapping_mul(FLAT_STRIDE)
+            .wrapping_add((c & 127) * 8 + (c >> 7 & 7));
+        flat.packed.get(idx).copied().unwrap_or(PACKED_IDENTITY)
+    })
+}
+
+/// The interleaved lanes of one chunk of `n` elements whose packed symbols (`freq | start
+/// << 16`) `packed(j)` gives; words and states as [`lanes`].
+#[inline(always)]
+unsafe fn lanes_by(
+    n: usize,
+    words: &mut Vec<u16>,
+    packed: impl Fn(usize) -> u32,
+) -> ([u32; LANES], usize) {
     // At most one word per symbol, and the slack below. Grown, never cleared: every slot
     // from the final cursor up is written.
     let end = SLACK + n;
@@ -219,20 +274,14 @@ unsafe fn lanes(
     }
     let out = words.as_mut_ptr();
     let mut pos = end;
-    let lo2 = 2 * flat.lo as usize;
     let mut x = [vdupq_n_u32(RANS_L); NV];
     for step in (0..n.div_ceil(LANES)).rev() {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
         // Lanes past the chunk's end code the identity.
         let (mut p, mut r) = ([PACKED_IDENTITY; LANES], [0u32; LANES]);
-        for k in 0..lanes {
-            let (c, i) = (codes[base + k] as usize, info[base + k]);
-            // ((er - lo)·2 + rs)·FLAT_STRIDE + b·8 + (code >> 7 & 7)
-            let idx = (context(i).wrapping_sub(lo2))
-                .wrapping_mul(FLAT_STRIDE)
-                .wrapping_add((c & 127) * 8 + (c >> 7 & 7));
-            p[k] = flat.packed.get(idx).copied().unwrap_or(PACKED_IDENTITY);
+        for (k, p) in p[..lanes].iter_mut().enumerate() {
+            *p = packed(base + k);
         }
         for (r, &p) in r.iter_mut().zip(&p) {
             *r = RECIP[((p & 0xFFFF) as usize).min(PROB_TOTAL as usize)];
