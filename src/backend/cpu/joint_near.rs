@@ -148,16 +148,7 @@ pub fn histogram<T: Word>(
                                 )
                             };
                             if found {
-                                let rows = &mut acc.rows[..];
-                                let h = m / 2;
-                                let (a0, a1) = at[..m].split_at(h);
-                                for (&k0, &k1) in a0.iter().zip(a1) {
-                                    rows[k0 as usize] += 1;
-                                    rows[k1 as usize] += 1;
-                                }
-                                if m % 2 == 1 {
-                                    rows[at[m - 1] as usize] += 1;
-                                }
+                                increment(&mut acc.rows, &at[..m]);
                                 continue;
                             }
                         }
@@ -226,6 +217,20 @@ pub fn histogram<T: Word>(
         })
         .unwrap_or_else(new);
     Hist::from_rows(space, &counts.ctxs, &counts.rows)
+}
+
+/// One increment per counter in `at`, the halves interleaved (as [`histogram`]'s loop).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn increment(rows: &mut [u32], at: &[u32]) {
+    let (a0, a1) = at.split_at(at.len() / 2);
+    for (&k0, &k1) in a0.iter().zip(a1) {
+        rows[k0 as usize] += 1;
+        rows[k1 as usize] += 1;
+    }
+    if a1.len() > a0.len() {
+        rows[at[at.len() - 1] as usize] += 1;
+    }
 }
 
 /// One thread's neighbor-form counts: a row per occupied context, in first-seen order.
