@@ -52,8 +52,9 @@ impl CpuAt {
 /// Both ways give the same bytes; which is faster depends on the CPU: a Zen 2's
 /// `vpgatherdd` of 8 dwords takes about 16.5 cycles (scalar loads were 9-13% faster there,
 /// `avx2::gather`), and the microcode mitigation of Downfall (GDS) slows gathers on the
-/// Intel cores it covers, where a Sapphire Rapids (not affected) decodes 6-14% faster
-/// with them (docs/BENCHMARKS.md, 2026-12-06).
+/// Intel cores it covers, where an Intel Xeon of family 6 model 207 (Emerald Rapids class,
+/// not affected) decodes bf16 9-13% and fp32 0-11% faster with them (docs/BENCHMARKS.md,
+/// 2026-12-06).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Avx2Lookups {
     /// Gathers on an Intel CPU the Linux kernel reports not affected by GDS, scalar loads
