@@ -113,9 +113,34 @@ pub struct Scratch {
     pub codes: Vec<u32>,
     pub(super) words: Vec<u16>,
     pub(super) tail: BitWriter,
-    /// Per-element map indices (the Joint layout's neighbor form, AVX2 encoder).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// Per-element map indices or packed-table entries (the Joint layout's neighbor form:
+    /// the AVX2 and NEON encoders, the AVX-512 one's first elements).
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(super) idx: Vec<u32>,
+}
+
+impl Scratch {
+    /// The chunk a vector encoder left here: `words` of the word buffer (in stream order),
+    /// its final states and the packed tails.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    pub(super) fn chunk(
+        &self,
+        words: std::ops::Range<usize>,
+        states: [u32; LANES],
+    ) -> EncodedChunk {
+        EncodedChunk {
+            words: self.words[words].to_vec(),
+            states,
+            tail: self.tail.bytes(),
+            tail_bits: self.tail.bits(),
+        }
+    }
 }
 
 thread_local! {

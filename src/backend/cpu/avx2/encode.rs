@@ -91,12 +91,7 @@ pub unsafe fn chunk<T: Word>(
     unsafe { codes_and_tails(d, signed, s) };
     // SAFETY: the caller guarantees the features.
     let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, flat, distance, &mut s.words) };
-    EncodedChunk {
-        words: s.words[at..SLACK + s.codes.len() * stages.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..SLACK + s.codes.len() * stages.len(), states)
 }
 
 /// All-ones in lanes `0..cnt`, zero above.

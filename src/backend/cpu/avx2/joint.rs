@@ -378,12 +378,7 @@ pub unsafe fn encode_chunk<T: Word>(
     // SAFETY (both): the caller guarantees the features.
     unsafe { slots_and_tails(d, info, flat, s) };
     let (states, at) = unsafe { lanes(&s.codes, &flat.packed, &mut s.words) };
-    EncodedChunk {
-        words: s.words[at..SLACK + s.codes.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..SLACK + s.codes.len(), states)
 }
 
 /// Each element's slot in `flat` (not its code) into `s.codes`, and the raw tails into

@@ -173,10 +173,5 @@ pub unsafe fn encode_chunk<T: Word>(
     unsafe { codes_and_tails(d, true, s) };
     packed_indices(info, table, distance, w1, &mut s.codes, &mut s.idx);
     let (states, at) = unsafe { lanes(&s.codes, &table.packed, &mut s.words) };
-    EncodedChunk {
-        words: s.words[at..SLACK + s.codes.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..SLACK + s.codes.len(), states)
 }

@@ -47,12 +47,7 @@ pub unsafe fn chunk<T: Word>(
     unsafe { super::super::avx2::encode::codes_and_tails(d, signed, s) };
     // SAFETY: the caller guarantees the features.
     let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, flat, distance, &mut s.words) };
-    EncodedChunk {
-        words: s.words[at..s.codes.len() * stages.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..s.codes.len() * stages.len(), states)
 }
 
 /// Bit `s` of each lane.

@@ -179,12 +179,7 @@ pub unsafe fn encode_chunk<T: Word>(
     // SAFETY (both): the caller guarantees the features, AVX2's included (`Isa::available`).
     unsafe { super::super::avx2::joint::slots_and_tails(d, info, flat, s) };
     let (states, at) = unsafe { lanes(&s.codes, &flat.packed, &mut s.words) };
-    EncodedChunk {
-        words: s.words[at..s.codes.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..s.codes.len(), states)
 }
 
 /// The interleaved lanes of one chunk of slots in `packed` (a flat table's, or the neighbor

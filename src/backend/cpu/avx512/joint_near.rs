@@ -24,6 +24,49 @@ use crate::format::chunk::{EncodedChunk, LANES};
 use crate::format::tables::Window;
 use crate::Result;
 
+/// The map indices of 16 elements over a window (`Window::index`), as the portable
+/// `joint_near::index_of(near_of(..))` forms them: from their facts `i` and the codes `c`
+/// of the elements `d` back. What the decode lanes, the encoder and the histogram share.
+struct MapIndex {
+    lo: __m512i,
+    m2_mul: __m512i,
+    span: __m512i,
+}
+
+impl MapIndex {
+    #[inline(always)]
+    unsafe fn new(window: Window, w1: usize) -> Self {
+        MapIndex {
+            lo: _mm512_set1_epi32(window.lo as i32),
+            m2_mul: _mm512_set1_epi32(w1 as i32 + 1),
+            span: _mm512_set1_epi32(2 * window.n as i32),
+        }
+    }
+
+    /// `(k, index)`: each element's exponent class less the window's first (wrapped below
+    /// it: above `n - 1` unsigned where outside, for the callers to refuse), and its map
+    /// index.
+    #[inline(always)]
+    unsafe fn of(&self, i: __m512i, c: __m512i) -> (__m512i, __m512i) {
+        let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
+        // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
+        let up = _mm512_add_epi32(
+            _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
+            _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
+        );
+        let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+        let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, self.m2_mul), nb);
+        let near = _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
+        let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), self.lo);
+        let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
+        let index = _mm512_add_epi32(
+            _mm512_mullo_epi32(near, self.span),
+            _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
+        );
+        (k, index)
+    }
+}
+
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
 /// d`) while the stream holds a step's worth of words; returns the step it stopped at, for
 /// the portable lanes to finish (`from` itself where the tables do not have the shapes the
@@ -60,12 +103,9 @@ pub unsafe fn decode_steps(
     let small = _mm512_loadu_si512(small_codes().as_ptr().cast());
     let (map, syms, fs) = (table.map.as_ptr(), near.syms.as_ptr(), near.fs.as_ptr());
     let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
-    let lo = _mm512_set1_epi32(window.lo as i32);
+    debug_assert_eq!(span, 2 * window.n as usize);
+    let index = MapIndex::new(window, w1);
     let last_class = _mm512_set1_epi32(window.n as i32 - 1);
-    let (m2_mul, span_v) = (
-        _mm512_set1_epi32(w1 as i32 + 1),
-        _mm512_set1_epi32(span as i32),
-    );
     let (map_len, rows_v) = (
         _mm512_set1_epi32(table.map.len() as i32),
         _mm512_set1_epi32(n_rows as i32),
@@ -82,21 +122,7 @@ pub unsafe fn decode_steps(
             let j = base + 16 * h;
             let i = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(j).cast()));
             let c = _mm512_loadu_si512(cp.add(j - d).cast());
-            let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
-            // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
-            let up = _mm512_add_epi32(
-                _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
-                _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
-            );
-            let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
-            let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, m2_mul), nb);
-            let near = _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
-            let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), lo);
-            let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
-            let idx = _mm512_add_epi32(
-                _mm512_mullo_epi32(near, span_v),
-                _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
-            );
+            let (k, idx) = index.of(i, c);
             // Outside the window (k above the last class, unsigned): no row covers it. An
             // index past the map cannot come from codes this decoder wrote; refused, not
             // read, as is a row past the rows (`JointDec::NONE` among them).
@@ -175,17 +201,10 @@ pub unsafe fn encode_chunk<T: Word>(
     let first = &s.idx;
     let lut = joint_of_code_wide();
     let window = table.window;
-    let span = 2 * window.n as i32;
     let (ip, cp) = (info.as_ptr(), codes.as_ptr());
-    let (lo, last_class) = (
-        _mm512_set1_epi32(window.lo as i32),
-        _mm512_set1_epi32(window.n as i32 - 1),
-    );
-    let (m2_mul, span_v, map_len) = (
-        _mm512_set1_epi32(w1 as i32 + 1),
-        _mm512_set1_epi32(span),
-        _mm512_set1_epi32(table.map.len().min(i32::MAX as usize) as i32),
-    );
+    let index = MapIndex::new(window, w1);
+    let last_class = _mm512_set1_epi32(window.n as i32 - 1);
+    let map_len = _mm512_set1_epi32(table.map.len().min(i32::MAX as usize) as i32);
     let syms = super::joint::inlined_syms(
         #[inline(always)]
         |at: usize, valid: __mmask16| -> __m512i {
@@ -202,21 +221,7 @@ pub unsafe fn encode_chunk<T: Word>(
                 let i = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, ip.add(at).cast()));
                 let c = _mm512_maskz_loadu_epi32(valid, cp.add(at - distance).cast());
                 let own = _mm512_maskz_loadu_epi32(valid, cp.add(at).cast());
-                let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
-                let up = _mm512_add_epi32(
-                    _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
-                    _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
-                );
-                let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
-                let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, m2_mul), nb);
-                let near =
-                    _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
-                let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), lo);
-                let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
-                let idx = _mm512_add_epi32(
-                    _mm512_mullo_epi32(near, span_v),
-                    _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
-                );
+                let (k, idx) = index.of(i, c);
                 // Outside the window or past the map: no row, the identity (as
                 // `packed_index`'s `u32::MAX`).
                 let ok = valid
@@ -234,12 +239,7 @@ pub unsafe fn encode_chunk<T: Word>(
     );
     // SAFETY: features as this function's; `syms` reads within its tables (above).
     let (states, at) = unsafe { lanes_by(n, &mut s.words, syms) };
-    EncodedChunk {
-        words: s.words[at..n].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..n, states)
 }
 
 /// The neighbor-form histogram's counters of one block whose elements all have their
@@ -267,11 +267,7 @@ pub unsafe fn counters(
         return false;
     };
     let last = _mm512_set1_epi32(last.min(i32::MAX as usize) as i32);
-    let lo = _mm512_set1_epi32(window.lo as i32);
-    let (m2_mul, span) = (
-        _mm512_set1_epi32(w1 as i32 + 1),
-        _mm512_set1_epi32(2 * window.n as i32),
-    );
+    let index = MapIndex::new(window, w1);
     let none = _mm512_set1_epi32(-1);
     let mut missing: __mmask16 = 0;
     for j in (0..m).step_by(16) {
@@ -287,20 +283,7 @@ pub unsafe fn counters(
                 _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, info.as_ptr().add(j).cast()));
             let c = _mm512_maskz_loadu_epi32(valid, nbs.as_ptr().add(j).cast());
             let x = _mm512_maskz_loadu_epi32(valid, own.as_ptr().add(j).cast());
-            let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
-            let up = _mm512_add_epi32(
-                _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
-                _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
-            );
-            let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
-            let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, m2_mul), nb);
-            let near = _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
-            let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), lo);
-            let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
-            let idx = _mm512_add_epi32(
-                _mm512_mullo_epi32(near, span),
-                _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
-            );
+            let (_, idx) = index.of(i, c);
             let start = _mm512_mask_i32gather_epi32::<4>(
                 _mm512_setzero_si512(),
                 valid,

@@ -67,12 +67,7 @@ pub unsafe fn chunk<T: Word>(
     unsafe { codes_and_tails(d, signed, s) };
     // SAFETY: the caller guarantees NEON.
     let (states, at) = unsafe { lanes(&s.codes, info, w1, stages, distance, &mut s.words) };
-    EncodedChunk {
-        words: s.words[at..SLACK + s.codes.len() * stages.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..SLACK + s.codes.len() * stages.len(), states)
 }
 
 /// `super::super::encode::lanes` (the function this must equal, word for word and state

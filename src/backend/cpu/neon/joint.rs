@@ -181,12 +181,7 @@ pub unsafe fn encode_chunk<T: Word>(
 ) -> EncodedChunk {
     codes_and_tails(d, true, s);
     let (states, at) = lanes(&s.codes, info, flat, &mut s.words);
-    EncodedChunk {
-        words: s.words[at..SLACK + s.codes.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..SLACK + s.codes.len(), states)
 }
 
 /// One chunk of the Joint layout's neighbor form (`super::super::joint_near`): codes and
@@ -215,12 +210,7 @@ pub unsafe fn encode_near_chunk<T: Word>(
             .copied()
             .unwrap_or(PACKED_IDENTITY)
     });
-    EncodedChunk {
-        words: s.words[at..SLACK + s.codes.len()].to_vec(),
-        states,
-        tail: s.tail.bytes(),
-        tail_bits: s.tail.bits(),
-    }
+    s.chunk(at..SLACK + s.codes.len(), states)
 }
 
 /// `min(2^32 / f, 2^32 - 1)` for every frequency `f` (index 0 unused): `(y · r) >> 32` is
