@@ -21,7 +21,7 @@ mod table;
 
 use std::time::Instant;
 
-use lockstep::backend::cpu::{CpuAt, Isa};
+use lockstep::backend::cpu::{set_avx2_lookups, Avx2Lookups, CpuAt, Isa};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::{LayoutChoice, TensorPair};
 
@@ -46,6 +46,8 @@ options:
                   runs every level unless one is given)
   --layout L      fast, default, signed or fast-neighbor (default: fast; `stages` runs both unless one is given)
   --threads N     rayon threads (default 1)
+  --lookups L     auto, scalar or gather: how the AVX2 neighbor-form decode looks up
+                  (default auto: gathers on an Intel CPU not affected by GDS)
   --rounds N      repetitions (default per command)
 ";
 
@@ -112,6 +114,12 @@ impl Opts {
                     })
                 }
                 "--threads" => o.threads = number(&value()?)?,
+                "--lookups" => set_avx2_lookups(match value()?.as_str() {
+                    "auto" => Avx2Lookups::Auto,
+                    "scalar" => Avx2Lookups::ScalarLoads,
+                    "gather" => Avx2Lookups::Gathers,
+                    v => return Err(format!("unknown lookups {v} (auto, scalar, gather)")),
+                }),
                 "--rounds" => o.rounds = Some(number(&value()?)?),
                 "--quick" => o.quick = true,
                 "--paired" => o.paired = true,
