@@ -220,8 +220,9 @@ pub fn chunk<T: Word>(
     finish::<T>(c, codes, j_codes, reference, out, isa, signed, crc)
 }
 
-/// A level's vector lanes of the neighbor form (`avx2::joint_near::decode_steps`,
-/// AVX-512's and NEON's): whole steps from the given one; returns the step they stopped at.
+/// A level's vector lanes of the neighbor form (AVX-512's and NEON's; AVX2's run with the
+/// tail pass fused, [`joint_near_avx2`]): whole steps from the given one; returns the step
+/// they stopped at.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 type VectorNear = unsafe fn(
     &JointDec,
@@ -241,12 +242,6 @@ fn vector_near(isa: Isa) -> Option<VectorNear> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => Some(super::avx512::joint_near::decode_steps as VectorNear),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if super::avx2_gathers() => {
-            Some(super::avx2::joint_near::decode_steps::<true> as VectorNear)
-        }
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Some(super::avx2::joint_near::decode_steps::<false> as VectorNear),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => Some(super::neon::joint_near::decode_steps as VectorNear),
         _ => None,
@@ -274,9 +269,6 @@ fn joint_near_chunk<T: Word>(
     let (info, codes, padded) = (&mut scratch.0, &mut scratch.1, &mut scratch.2);
     codes.truncate(n);
     codes.resize(n, 0);
-    info_fn.fill::<T>(reference, info);
-    let mut states = c.states;
-    let mut st = Stream::padded(&c.words, padded);
     let Some(near_slots) = table.near.as_ref() else {
         return Err(no_row());
     };
@@ -284,6 +276,27 @@ fn joint_near_chunk<T: Word>(
     // The steps before the first whole step with neighbors, portable; then the vector
     // lanes where the level has them; the portable lanes finish what they leave.
     let first = distance.div_ceil(LANES).min(steps);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && matches!(T::BITS, 16 | 32) && !info_fn.wide() {
+        // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it.
+        return unsafe {
+            joint_near_avx2::<T>(
+                c,
+                reference,
+                out,
+                info_fn,
+                table,
+                near_slots,
+                (distance, w1),
+                (info, codes, padded),
+                first,
+                crc,
+            )
+        };
+    }
+    info_fn.fill::<T>(reference, info);
+    let mut states = c.states;
+    let mut st = Stream::padded(&c.words, padded);
     let near = super::joint_near::decode_steps;
     near(
         table,
@@ -329,6 +342,172 @@ fn joint_near_chunk<T: Word>(
     check_end(&st, &states)?;
     // Plain codes in the shared tail pass, whatever the level's Joint lanes store.
     finish::<T>(c, codes, false, reference, out, isa, true, crc)
+}
+
+/// [`joint_near_chunk`] at AVX2: the steps before `first` portable, then the vector lanes
+/// with the tail pass inside their loop (`Fused16`, `Fused32`, over the codes they store, a
+/// step behind) and the portable lanes on what they leave ([`near_avx2_lanes`]), then the
+/// tail pass from where the fused one stopped. The same bytes as the lanes then
+/// [`finish`]: the tails' bit order does not depend on which pass reads them.
+///
+/// # Safety
+/// AVX2 (`Isa::Avx2` available); `T` of 16 or 32 bits, `info_fn` not wide.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn joint_near_avx2<T: Word>(
+    c: &DecodeChunk,
+    reference: &[u8],
+    out: &mut [MaybeUninit<u8>],
+    info_fn: InfoFn,
+    table: &JointDec,
+    near_slots: &super::joint_near::NearSlots,
+    (distance, w1): (usize, usize),
+    (info, codes, padded): (&mut Vec<u16>, &mut [u32], &mut Vec<u16>),
+    first: usize,
+    crc: Option<&mut crc32fast::Hasher>,
+) -> Result<()> {
+    use super::avx2::decode::{AfterStep, Fused16, Fused32};
+    debug_assert!(matches!(T::BITS, 16 | 32) && !info_fn.wide());
+    let n = reference.len() / T::SIZE;
+    let mut states = c.states;
+    // The portable steps before `first`: each lane reads at most a word a step, so a padded
+    // copy of that many words serves them (their facts from `info`, filled where they run).
+    info_fn.fill_range::<T>(reference, info, 0..(first * LANES).min(n));
+    let at = {
+        let head = &c.words[..c.words.len().min(first * LANES)];
+        let mut st = Stream::padded(head, padded);
+        super::joint_near::decode_steps(
+            table,
+            near_slots,
+            info,
+            codes,
+            &mut states,
+            &mut st,
+            distance,
+            w1,
+            0..first,
+        )?;
+        st.pos
+    };
+    let mut unused = crc32fast::Hasher::new();
+    let h = crc.unwrap_or(&mut unused);
+    let mut fold = super::avx2::crc::Fold::new(h);
+    let lanes = (info_fn, table, near_slots, (distance, w1));
+    let scratch = (info, &mut *codes, padded);
+    let (done, bits) = if T::BITS == 16 {
+        let mut f = Fused16::<false>::new(reference, out, c.tail, 0, true, &mut fold);
+        near_avx2_lanes::<T, _>(
+            &mut f,
+            c,
+            reference,
+            lanes,
+            scratch,
+            (&mut states, at, first),
+        )?;
+        f.progress()
+    } else {
+        let mut f = Fused32::<false, true>::new(reference, out, c.tail, 0, &mut fold);
+        near_avx2_lanes::<T, _>(
+            &mut f,
+            c,
+            reference,
+            lanes,
+            scratch,
+            (&mut states, at, first),
+        )?;
+        f.progress()
+    };
+    let mut tail = BitReader::new(c.tail);
+    tail.consumed = bits;
+    let avail = c.tail_bits.min(c.tail.len() as u64 * 8);
+    avx2_tail_rest::<T>(
+        &mut codes[done..],
+        false,
+        &reference[done * T::SIZE..],
+        &mut out[done * T::SIZE..],
+        (&mut tail, avail),
+        true,
+        &mut fold,
+        h,
+    )?;
+    fold.flush(h);
+    // Bytes past the last whole element (none for a well-formed reference) read as zeros.
+    for o in &mut out[n * T::SIZE..] {
+        o.write(0);
+    }
+    // SAFETY: just written.
+    let past = &out[n * T::SIZE..];
+    h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
+    if tail.consumed != c.tail_bits {
+        return Err(bad("raw tail longer than the bit lengths require"));
+    }
+    Ok(())
+}
+
+/// The neighbor form's AVX2 lanes from step `first` (the words from `at`) to the chunk's
+/// end, `after` run before each vector step: the vector lanes, by gathers or scalar loads
+/// (`super::avx2_gathers`), read each element's facts from the reference (no facts pass)
+/// and the words in place while a step's worth is left, then from a padded copy of the
+/// rest; the portable lanes finish what they leave.
+///
+/// # Safety
+/// AVX2 (`Isa::Avx2` available); `T` of 16 or 32 bits, `info_fn` not wide.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::type_complexity)]
+unsafe fn near_avx2_lanes<T: Word, A: super::avx2::decode::AfterStep>(
+    after: &mut A,
+    c: &DecodeChunk,
+    reference: &[u8],
+    (info_fn, table, near_slots, (distance, w1)): (
+        InfoFn,
+        &JointDec,
+        &super::joint_near::NearSlots,
+        (usize, usize),
+    ),
+    (info, codes, padded): (&mut Vec<u16>, &mut [u32], &mut Vec<u16>),
+    (states, at, first): (&mut [u32; LANES], usize, usize),
+) -> Result<()> {
+    use super::avx2::joint_near::decode_steps;
+    let n = reference.len() / T::SIZE;
+    let params = info_fn.joint_params();
+    let gathers = super::avx2_gathers();
+    let mut lanes = |st: &mut Stream, guarded: bool, from: usize| {
+        let (s, dw) = (&mut *states, (distance, w1));
+        // SAFETY: the caller's; unless `guarded`, `st` is padded.
+        unsafe {
+            if gathers {
+                decode_steps::<T, true, A>(
+                    after, table, near_slots, reference, params, codes, s, st, guarded, dw, from,
+                )
+            } else {
+                decode_steps::<T, false, A>(
+                    after, table, near_slots, reference, params, codes, s, st, guarded, dw, from,
+                )
+            }
+        }
+    };
+    let mut st = Stream {
+        words: &c.words,
+        len: c.words.len(),
+        pos: at,
+    };
+    let k = lanes(&mut st, true, first)?;
+    let mut st = Stream::padded(&c.words[st.pos..], padded);
+    let k = lanes(&mut st, false, k)?;
+    info_fn.fill_range::<T>(reference, info, k * LANES..n);
+    let steps = n.div_ceil(LANES);
+    super::joint_near::decode_steps(
+        table,
+        near_slots,
+        info,
+        codes,
+        states,
+        &mut st,
+        distance,
+        w1,
+        k..steps,
+    )?;
+    check_end(&st, states)
 }
 
 /// Every lane back in its initial state and every word read: what the encoder started from.
@@ -493,15 +672,15 @@ fn joint_blocked<T: Word>(
                 let fo = &mut fold;
                 (k, fused, tail.consumed) = match (T::BITS, signed) {
                     (16, _) => {
-                        let f = Fused16::new(r, o, tb, bits, signed, fo);
+                        let f = Fused16::<true>::new(r, o, tb, bits, signed, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, true) => {
-                        let f = Fused32::<true>::new(r, o, tb, bits, fo);
+                        let f = Fused32::<true, true>::new(r, o, tb, bits, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, false) => {
-                        let f = Fused32::<false>::new(r, o, tb, bits, fo);
+                        let f = Fused32::<true, false>::new(r, o, tb, bits, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                 };
@@ -532,65 +711,19 @@ fn joint_blocked<T: Word>(
             }
         }
         // The rest of the block: what the lanes' loop left.
-        let (codes, r_rest, o_rest) = (
-            &mut codes[fused..],
-            &r[fused * T::SIZE..],
-            &mut o[fused * T::SIZE..],
-        );
-        // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it; the passes
-        // read inside the tail whatever the codes.
-        let (done, bits) = unsafe {
-            if T::BITS == 16 {
-                super::avx2::decode::finish_u16(
-                    codes,
-                    j_codes,
-                    r_rest,
-                    o_rest,
-                    tail.bytes(),
-                    tail.consumed,
-                    signed,
-                    &mut fold,
-                )
-            } else {
-                super::avx2::decode::finish_u32(
-                    codes,
-                    j_codes,
-                    r_rest,
-                    o_rest,
-                    tail.bytes(),
-                    tail.consumed,
-                    signed,
-                    &mut fold,
-                )
-            }
-        };
-        tail.consumed = bits;
-        let rest = &mut codes[done..];
-        if T::BITS == 16 {
-            // u back to per-element codes for the scalar pass.
-            for c in rest.iter_mut() {
-                *c = super::joint::code_of_u(*c);
-            }
-        }
-        let rest_j = j_codes && T::BITS != 16;
-        if tail.consumed + tail_need(rest, rest_j) > avail {
-            return Err(bad("raw tail shorter than the bit lengths require"));
-        }
-        if !rest.is_empty() {
-            let o = &mut o_rest[done * T::SIZE..];
-            finish_scalar::<T>(
-                rest,
-                rest_j,
-                &r_rest[done * T::SIZE..],
-                o,
-                &mut tail,
+        // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it.
+        unsafe {
+            avx2_tail_rest::<T>(
+                &mut codes[fused..],
+                j_codes,
+                &r[fused * T::SIZE..],
+                &mut o[fused * T::SIZE..],
+                (&mut tail, avail),
                 signed,
-            );
-            // SAFETY: SSE2; the fold continued `h`.
-            unsafe { fold.flush(h) };
-            // SAFETY: just written.
-            h.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
-        }
+                &mut fold,
+                h,
+            )?
+        };
     }
     check_end(near_end.as_ref().unwrap_or(&st), &states)?;
     // SAFETY: as above.
@@ -604,6 +737,75 @@ fn joint_blocked<T: Word>(
     h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
     if tail.consumed != c.tail_bits {
         return Err(bad("raw tail longer than the bit lengths require"));
+    }
+    Ok(())
+}
+
+/// The AVX2 tail pass over what a fused one left (`Fused16`, `Fused32`): the vector pass
+/// from `tail.consumed` while its windows fit, then the scalar pass, its lengths checked
+/// against `avail` first (the vector pass reads inside the tail whatever the codes). Codes
+/// as the lanes stored them: `u` of joint symbols for 16-bit floats or joint symbols where
+/// `j_codes`, else per-element codes.
+///
+/// # Safety
+/// AVX2 (`Isa::Avx2` available).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_tail_rest<T: Word>(
+    codes: &mut [u32],
+    j_codes: bool,
+    r: &[u8],
+    o: &mut [MaybeUninit<u8>],
+    (tail, avail): (&mut BitReader, u64),
+    signed: bool,
+    fold: &mut super::avx2::crc::Fold,
+    h: &mut crc32fast::Hasher,
+) -> Result<()> {
+    // SAFETY: the caller's; the passes read inside the tail whatever the codes.
+    let (done, bits) = unsafe {
+        if T::BITS == 16 {
+            super::avx2::decode::finish_u16(
+                codes,
+                j_codes,
+                r,
+                o,
+                tail.bytes(),
+                tail.consumed,
+                signed,
+                fold,
+            )
+        } else {
+            super::avx2::decode::finish_u32(
+                codes,
+                j_codes,
+                r,
+                o,
+                tail.bytes(),
+                tail.consumed,
+                signed,
+                fold,
+            )
+        }
+    };
+    tail.consumed = bits;
+    let rest = &mut codes[done..];
+    if j_codes && T::BITS == 16 {
+        // u back to per-element codes for the scalar pass.
+        for c in rest.iter_mut() {
+            *c = super::joint::code_of_u(*c);
+        }
+    }
+    let rest_j = j_codes && T::BITS != 16;
+    if tail.consumed + tail_need(rest, rest_j) > avail {
+        return Err(bad("raw tail shorter than the bit lengths require"));
+    }
+    if !rest.is_empty() {
+        let o = &mut o[done * T::SIZE..];
+        finish_scalar::<T>(rest, rest_j, &r[done * T::SIZE..], o, tail, signed);
+        // SAFETY: SSE2; the fold continued `h`.
+        unsafe { fold.flush(h) };
+        // SAFETY: just written.
+        h.update(unsafe { std::slice::from_raw_parts(o.as_ptr().cast::<u8>(), o.len()) });
     }
     Ok(())
 }

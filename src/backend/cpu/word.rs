@@ -156,6 +156,24 @@ impl InfoFn {
         }
     }
 
+    /// [`InfoFn::fill`] for elements `range` only: `out` holds at least the reference's
+    /// elements afterwards (grown with zeros where shorter), those outside `range` as they
+    /// were.
+    pub fn fill_range<T: Word>(
+        &self,
+        reference: &[u8],
+        out: &mut Vec<u16>,
+        range: std::ops::Range<usize>,
+    ) {
+        let n = reference.len() / T::SIZE;
+        if out.len() < n {
+            out.resize(n, 0);
+        }
+        for j in range {
+            out[j] = self.info::<T>(T::read(&reference[j * T::SIZE..(j + 1) * T::SIZE])) as u16;
+        }
+    }
+
     /// `(mant, emask)` with which an element `r` of a float up to 32 bits wide has the J
     /// context `((r >> mant) & emask)·2 + sign` (`joint::context` of its facts): for the
     /// vector joint decoders, which read contexts straight from the reference.

@@ -472,9 +472,10 @@ impl AfterStep for () {
 /// [`finish_u16`] run inside the lanes' loop, two groups per step, a step behind the lanes:
 /// on a Zen 5 the lanes wait on their state chain (gathers, 2-cycle vector operations) and
 /// the tail pass's independent work fills the gaps, where as a pass of its own it was a
-/// third of a bf16 decode. Stops where [`group16`] does; the caller finishes from `done`
-/// and `bits` with [`finish_u16`].
-pub(in crate::backend::cpu) struct Fused16<'a> {
+/// third of a bf16 decode. `U_CODES`: the lanes store `u` of joint symbols (the `--fast`
+/// lanes), else per-element codes (the neighbor form's). Stops where [`group16`] does; the
+/// caller finishes from `done` and `bits` with [`finish_u16`].
+pub(in crate::backend::cpu) struct Fused16<'a, const U_CODES: bool> {
     tb: Tails16,
     fold: &'a mut Fold,
     reference: &'a [u8],
@@ -487,7 +488,7 @@ pub(in crate::backend::cpu) struct Fused16<'a> {
     signed: bool,
 }
 
-impl<'a> Fused16<'a> {
+impl<'a, const U_CODES: bool> Fused16<'a, U_CODES> {
     /// # Safety
     /// AVX2 (inlined into code built for it).
     #[inline(always)]
@@ -513,7 +514,7 @@ impl<'a> Fused16<'a> {
     }
 }
 
-impl AfterStep for Fused16<'_> {
+impl<const U_CODES: bool> AfterStep for Fused16<'_, U_CODES> {
     fn progress(&self) -> (usize, u64) {
         (self.done, self.bits)
     }
@@ -531,7 +532,7 @@ impl AfterStep for Fused16<'_> {
             self.live = group16(
                 &self.tb,
                 codes.add(j),
-                true,
+                U_CODES,
                 self.reference.as_ptr().add(2 * j),
                 self.out.as_mut_ptr().add(2 * j).cast(),
                 self.tail,
@@ -830,10 +831,11 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     (full, bits)
 }
 
-/// [`finish_u32`] from joint symbols run inside the lanes' loop, as [`Fused16`]: four
-/// groups per step, a step behind the lanes. Does nothing where the tail is shorter than a
+/// [`finish_u32`] run inside the lanes' loop, as [`Fused16`]: four groups per step, a step
+/// behind the lanes, from joint symbols where `J_CODES` (the `--fast` lanes), else from
+/// per-element codes (the neighbor form's). Does nothing where the tail is shorter than a
 /// group's 32 bytes.
-pub(in crate::backend::cpu) struct Fused32<'a, const SIGNED: bool> {
+pub(in crate::backend::cpu) struct Fused32<'a, const J_CODES: bool, const SIGNED: bool> {
     k: Option<Tails32>,
     fold: &'a mut Fold,
     reference: &'a [u8],
@@ -844,7 +846,7 @@ pub(in crate::backend::cpu) struct Fused32<'a, const SIGNED: bool> {
     pub bits: u64,
 }
 
-impl<'a, const SIGNED: bool> Fused32<'a, SIGNED> {
+impl<'a, const J_CODES: bool, const SIGNED: bool> Fused32<'a, J_CODES, SIGNED> {
     /// # Safety
     /// AVX2 (inlined into code built for it).
     #[inline(always)]
@@ -867,7 +869,7 @@ impl<'a, const SIGNED: bool> Fused32<'a, SIGNED> {
     }
 }
 
-impl<const SIGNED: bool> AfterStep for Fused32<'_, SIGNED> {
+impl<const J_CODES: bool, const SIGNED: bool> AfterStep for Fused32<'_, J_CODES, SIGNED> {
     fn progress(&self) -> (usize, u64) {
         (self.done, self.bits)
     }
@@ -885,7 +887,7 @@ impl<const SIGNED: bool> AfterStep for Fused32<'_, SIGNED> {
             let j = self.done;
             // In bounds: `j + 8 <= upto`, within the codes stored, the reference and the
             // output.
-            if !group8::<true, SIGNED>(
+            if !group8::<J_CODES, SIGNED>(
                 k,
                 codes.add(j),
                 self.reference.as_ptr().add(4 * j),

@@ -13,7 +13,7 @@ use super::super::joint_near::packed_indices;
 use super::super::joint_near::NearSlots;
 use super::super::tables::EncStage;
 use super::super::word::Word;
-use super::decode::{overrun, refill};
+use super::decode::{overrun, refill, AfterStep};
 use super::encode::{codes_and_tails, SLACK};
 use super::gather::{gather8_as, gather8_by};
 use super::joint::code_of;
@@ -24,34 +24,42 @@ use crate::format::chunk::LANES;
 use crate::Result;
 
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
-/// d`) while the stream holds a step's worth of words; returns the step it stopped at, for
-/// the portable lanes to finish. `st` must be padded with `LANES` words past its length.
-/// The three lookups per element by `vpgatherdd` where `GATHER`, else by scalar loads
-/// (`super::gather`; `super::super::avx2_gathers` chooses).
+/// d`); returns the step it stopped at, for the portable lanes to finish. Each element's
+/// facts come straight from the reference (`(mant, emask)`: `InfoFn::joint_params`), not
+/// from a facts array written by a pass before. Where `guarded`, the words are read in place
+/// and it stops while less than a step's worth is left; otherwise `st` must be padded with
+/// `LANES` words past its length and it runs while whole steps remain. The three lookups
+/// per element by `vpgatherdd` where `GATHER`, else by scalar loads (`super::gather`;
+/// `super::super::avx2_gathers` chooses). Before each step, `after` gets the codes stored so
+/// far (the tail pass, fused: its work fills the gaps while the lanes wait on lookups).
 ///
 /// # Safety
-/// AVX2 (`Isa::Avx2` available).
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+/// AVX2, BMI1, BMI2, LZCNT, POPCNT and PCLMULQDQ (`Isa::Avx2` available); `T` of 16 or 32
+/// bits.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn decode_steps<const GATHER: bool>(
+pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
+    after: &mut A,
     table: &JointDec,
     near: &NearSlots,
-    info: &[u16],
+    reference: &[u8],
+    (mant, emask): (u32, u32),
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
-    d: usize,
-    w1: usize,
+    guarded: bool,
+    (d, w1): (usize, usize),
     from: usize,
 ) -> Result<usize> {
-    let n = codes.len().min(info.len());
+    debug_assert!(matches!(T::BITS, 16 | 32));
+    let n = codes.len().min(reference.len() / T::SIZE);
     let window = near.window;
     // Every index below stays in its table (`NearSlots::lane_shapes`; rows are checked
     // against `JointDec::NONE` per step, slots are below `PROB_TOTAL`).
     let Some((_, span)) = near.lane_shapes(table, w1, d) else {
         return Ok(from);
     };
-    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    assert!(st.words.len() >= st.len + if guarded { 0 } else { LANES } && st.pos <= st.len);
     let words = st.words.as_ptr();
     let mut pos = st.pos;
     let mut x = [_mm256_setzero_si256(); 4];
@@ -60,7 +68,12 @@ pub unsafe fn decode_steps<const GATHER: bool>(
     }
     let small = _mm256_loadu_si256(small_codes().as_ptr().cast());
     let (map, syms, fs) = (table.map.as_ptr(), near.syms.as_ptr(), near.fs.as_ptr());
-    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    let (rp, cp) = (reference.as_ptr(), codes.as_mut_ptr());
+    let (mant, mant2, emask) = (
+        _mm_cvtsi32_si128(mant as i32),
+        _mm_cvtsi32_si128(mant as i32 - 2),
+        _mm256_set1_epi32(emask as i32),
+    );
     let lo = _mm256_set1_epi32(window.lo as i32);
     let last_class = _mm256_set1_epi32(window.n as i32 - 1);
     let (m2_mul, span_v) = (
@@ -70,14 +83,29 @@ pub unsafe fn decode_steps<const GATHER: bool>(
     let none = _mm256_set1_epi32(JointDec::NONE as i32);
     let mut step = from;
     while (step + 1) * LANES <= n {
+        if guarded && st.len - pos < LANES {
+            break;
+        }
         let base = step * LANES;
         debug_assert!(base >= d);
+        after.after(cp, base);
         // Rows first: they depend on the facts and earlier steps' codes, not on the states.
         let mut rows = [_mm256_setzero_si256(); 4];
         let mut bad = _mm256_setzero_si256();
         for (v, row) in rows.iter_mut().enumerate() {
             let j = base + 8 * v;
-            let i = _mm256_cvtepu16_epi32(_mm_loadu_si128(ip.add(j).cast()));
+            // The element's facts (`InfoFn::info`): exponent class, sign, the two mantissa
+            // bits below the class.
+            let r = if T::BITS == 16 {
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(rp.add(2 * j).cast()))
+            } else {
+                _mm256_loadu_si256(rp.add(4 * j).cast())
+            };
+            let rs = if T::BITS == 16 {
+                _mm256_srli_epi32::<15>(r)
+            } else {
+                _mm256_srli_epi32::<31>(r)
+            };
             let c = _mm256_loadu_si256(cp.add(j - d).cast());
             let nb = _mm256_and_si256(c, _mm256_set1_epi32(127));
             // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
@@ -85,16 +113,15 @@ pub unsafe fn decode_steps<const GATHER: bool>(
                 _mm256_min_epu32(nb, _mm256_set1_epi32(1)),
                 _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
             );
-            let m2 = _mm256_and_si256(_mm256_srli_epi32::<9>(i), _mm256_set1_epi32(3));
+            let m2 = _mm256_and_si256(_mm256_srl_epi32(r, mant2), _mm256_set1_epi32(3));
             let near = _mm256_add_epi32(_mm256_mullo_epi32(m2, m2_mul), nb);
             let near = _mm256_add_epi32(_mm256_add_epi32(near, _mm256_add_epi32(near, near)), up);
-            let k = _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(255)), lo);
+            let k = _mm256_sub_epi32(_mm256_and_si256(_mm256_srl_epi32(r, mant), emask), lo);
             // Outside the window (k above the last class, unsigned): no row covers it.
             let outside = _mm256_xor_si256(
                 _mm256_cmpeq_epi32(_mm256_max_epu32(k, last_class), last_class),
                 _mm256_set1_epi32(-1),
             );
-            let rs = _mm256_and_si256(_mm256_srli_epi32::<8>(i), _mm256_set1_epi32(1));
             let idx = _mm256_add_epi32(
                 _mm256_mullo_epi32(near, span_v),
                 _mm256_add_epi32(_mm256_add_epi32(k, k), rs),
