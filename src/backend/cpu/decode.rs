@@ -220,34 +220,6 @@ pub fn chunk<T: Word>(
     finish::<T>(c, codes, j_codes, reference, out, isa, signed, crc)
 }
 
-/// A level's vector lanes of the neighbor form (AVX-512's and NEON's; AVX2's run with the
-/// tail pass fused, [`joint_near_avx2`]): whole steps from the given one; returns the step
-/// they stopped at.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-type VectorNear = unsafe fn(
-    &JointDec,
-    &super::joint_near::NearSlots,
-    &[u16],
-    &mut [u32],
-    &mut [u32; LANES],
-    &mut Stream,
-    usize,
-    usize,
-    usize,
-) -> Result<usize>;
-
-/// The neighbor form's vector lanes at `isa`, where that level has them.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn vector_near(isa: Isa) -> Option<VectorNear> {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => Some(super::avx512::joint_near::decode_steps as VectorNear),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon => Some(super::neon::joint_near::decode_steps as VectorNear),
-        _ => None,
-    }
-}
-
 /// A chunk of the Joint layout's neighbor form (`joint_near`): its lanes into per-element
 /// codes (the level's vector lanes where it has them, the portable ones around them), then
 /// the tail pass every layout shares.
@@ -277,13 +249,14 @@ fn joint_near_chunk<T: Word>(
     // lanes where the level has them; the portable lanes finish what they leave.
     let first = distance.div_ceil(LANES).min(steps);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && matches!(T::BITS, 16 | 32) && !info_fn.wide() {
-        // SAFETY: `Isa::Avx2` is only used where `Isa::available` confirmed it.
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && matches!(T::BITS, 16 | 32) && !info_fn.wide() {
+        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU.
         return unsafe {
-            joint_near_avx2::<T>(
+            joint_near_x86::<T>(
                 c,
                 reference,
                 out,
+                isa,
                 info_fn,
                 table,
                 near_slots,
@@ -309,13 +282,12 @@ fn joint_near_chunk<T: Word>(
         w1,
         0..first,
     )?;
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    let first = vector_near(isa).map_or(Ok(first), |lanes| {
-        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this CPU, and
-        // each function wants its own level's features; `padded` holds `LANES` words past
-        // the stream.
+    #[cfg(target_arch = "aarch64")]
+    let first = if isa == Isa::Neon {
+        // SAFETY: `Isa::Neon` is only used where `Isa::available` confirmed it; `padded`
+        // holds `LANES` words past the stream.
         unsafe {
-            lanes(
+            super::neon::joint_near::decode_steps(
                 table,
                 near_slots,
                 info,
@@ -325,9 +297,13 @@ fn joint_near_chunk<T: Word>(
                 distance,
                 w1,
                 first,
-            )
+            )?
         }
-    })?;
+    } else {
+        first
+    };
+    #[cfg(not(target_arch = "aarch64"))]
+    let _ = isa;
     near(
         table,
         near_slots,
@@ -344,20 +320,23 @@ fn joint_near_chunk<T: Word>(
     finish::<T>(c, codes, false, reference, out, isa, true, crc)
 }
 
-/// [`joint_near_chunk`] at AVX2: the steps before `first` portable, then the vector lanes
-/// with the tail pass inside their loop (`Fused16`, `Fused32`, over the codes they store, a
-/// step behind) and the portable lanes on what they leave ([`near_avx2_lanes`]), then the
-/// tail pass from where the fused one stopped. The same bytes as the lanes then
-/// [`finish`]: the tails' bit order does not depend on which pass reads them.
+/// [`joint_near_chunk`] at AVX2 and AVX-512: the steps before `first` portable, then the
+/// vector lanes ([`near_x86_lanes`]: facts from the reference, words in place) and the
+/// portable lanes on what they leave, then the tail pass. At AVX2 the tail pass runs inside
+/// the lanes' loop (`Fused16`, `Fused32`, over the codes they store, a step behind: the
+/// lanes wait on their lookups and the tail pass's work fills the gaps) and finishes from
+/// where it stopped; the same bytes as the lanes then [`finish`], which AVX-512 runs: the
+/// tails' bit order does not depend on which pass reads them.
 ///
 /// # Safety
-/// AVX2 (`Isa::Avx2` available); `T` of 16 or 32 bits, `info_fn` not wide.
+/// `isa` (AVX2 or AVX-512) available; `T` of 16 or 32 bits, `info_fn` not wide.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn joint_near_avx2<T: Word>(
+unsafe fn joint_near_x86<T: Word>(
     c: &DecodeChunk,
     reference: &[u8],
     out: &mut [MaybeUninit<u8>],
+    isa: Isa,
     info_fn: InfoFn,
     table: &JointDec,
     near_slots: &super::joint_near::NearSlots,
@@ -389,14 +368,26 @@ unsafe fn joint_near_avx2<T: Word>(
         )?;
         st.pos
     };
+    let lanes = (isa, info_fn, table, near_slots, (distance, w1));
+    if isa == Isa::Avx512 {
+        let scratch = (info, &mut *codes, padded);
+        near_x86_lanes::<T, ()>(
+            &mut (),
+            c,
+            reference,
+            lanes,
+            scratch,
+            (&mut states, at, first),
+        )?;
+        return finish::<T>(c, codes, false, reference, out, isa, true, crc);
+    }
     let mut unused = crc32fast::Hasher::new();
     let h = crc.unwrap_or(&mut unused);
     let mut fold = super::avx2::crc::Fold::new(h);
-    let lanes = (info_fn, table, near_slots, (distance, w1));
     let scratch = (info, &mut *codes, padded);
     let (done, bits) = if T::BITS == 16 {
         let mut f = Fused16::<false>::new(reference, out, c.tail, 0, true, &mut fold);
-        near_avx2_lanes::<T, _>(
+        near_x86_lanes::<T, _>(
             &mut f,
             c,
             reference,
@@ -407,7 +398,7 @@ unsafe fn joint_near_avx2<T: Word>(
         f.progress()
     } else {
         let mut f = Fused32::<false, true>::new(reference, out, c.tail, 0, &mut fold);
-        near_avx2_lanes::<T, _>(
+        near_x86_lanes::<T, _>(
             &mut f,
             c,
             reference,
@@ -444,21 +435,22 @@ unsafe fn joint_near_avx2<T: Word>(
     Ok(())
 }
 
-/// The neighbor form's AVX2 lanes from step `first` (the words from `at`) to the chunk's
-/// end, `after` run before each vector step: the vector lanes, by gathers or scalar loads
-/// (`super::avx2_gathers`), read each element's facts from the reference (no facts pass)
-/// and the words in place while a step's worth is left, then from a padded copy of the
-/// rest; the portable lanes finish what they leave.
+/// The neighbor form's AVX2 or AVX-512 lanes from step `first` (the words from `at`) to
+/// the chunk's end, `after` run before each AVX2 vector step: the vector lanes (AVX2's by
+/// gathers or scalar loads, `super::avx2_gathers`) read each element's facts from the
+/// reference (no facts pass) and the words in place while a step's worth is left, then
+/// from a padded copy of the rest; the portable lanes finish what they leave.
 ///
 /// # Safety
-/// AVX2 (`Isa::Avx2` available); `T` of 16 or 32 bits, `info_fn` not wide.
+/// `isa` (AVX2 or AVX-512) available; `T` of 16 or 32 bits, `info_fn` not wide.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::type_complexity)]
-unsafe fn near_avx2_lanes<T: Word, A: super::avx2::decode::AfterStep>(
+unsafe fn near_x86_lanes<T: Word, A: super::avx2::decode::AfterStep>(
     after: &mut A,
     c: &DecodeChunk,
     reference: &[u8],
-    (info_fn, table, near_slots, (distance, w1)): (
+    (isa, info_fn, table, near_slots, (distance, w1)): (
+        Isa,
         InfoFn,
         &JointDec,
         &super::joint_near::NearSlots,
@@ -475,7 +467,11 @@ unsafe fn near_avx2_lanes<T: Word, A: super::avx2::decode::AfterStep>(
         let (s, dw) = (&mut *states, (distance, w1));
         // SAFETY: the caller's; unless `guarded`, `st` is padded.
         unsafe {
-            if gathers {
+            if isa == Isa::Avx512 {
+                super::avx512::joint_near::decode_steps::<T>(
+                    table, near_slots, reference, params, codes, s, st, guarded, dw, from,
+                )
+            } else if gathers {
                 decode_steps::<T, true, A>(
                     after, table, near_slots, reference, params, codes, s, st, guarded, dw, from,
                 )

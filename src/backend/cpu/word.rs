@@ -159,6 +159,7 @@ impl InfoFn {
     /// [`InfoFn::fill`] for elements `range` only: `out` holds at least the reference's
     /// elements afterwards (grown with zeros where shorter), those outside `range` as they
     /// were.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn fill_range<T: Word>(
         &self,
         reference: &[u8],

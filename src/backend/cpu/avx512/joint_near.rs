@@ -1,8 +1,9 @@
 //! AVX-512 lanes of the Joint layout's neighbor form (`super::super::joint_near`), decoding:
-//! two 16-lane state vectors per step, each lane's row from its facts and the code of the
-//! element `d` back (an earlier step's, stored) by one gather, then its symbol and its
-//! frequency and start by two more. The AVX2 lanes (`super::super::avx2::joint_near`) load
-//! each lookup separately (gathers are slow on the AMD cores that run them). Encoding: the
+//! two 16-lane state vectors per step, each lane's row from its facts (formed from the
+//! reference) and the code of the element `d` back (an earlier step's, stored) by one
+//! gather, then its symbol and its frequency and start by two more. The AVX2 lanes
+//! (`super::super::avx2::joint_near`) gather only on Intel CPUs without the GDS
+//! mitigation, and load each lookup separately elsewhere. Encoding: the
 //! AVX2 pass's codes, tails and table entries, then the `--fast` AVX-512 lanes.
 
 #![cfg(target_arch = "x86_64")]
@@ -45,20 +46,32 @@ impl MapIndex {
 
     /// `(k, index)`: each element's exponent class less the window's first (wrapped below
     /// it: above `n - 1` unsigned where outside, for the callers to refuse), and its map
-    /// index.
+    /// index, from its facts `i` packed as `InfoFn::info` packs them.
     #[inline(always)]
     unsafe fn of(&self, i: __m512i, c: __m512i) -> (__m512i, __m512i) {
+        let er = _mm512_and_si512(i, _mm512_set1_epi32(255));
+        let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
+        let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
+        self.of_parts((er, rs, m2), c)
+    }
+
+    /// [`MapIndex::of`] from the facts' parts: exponent class, reference sign, the two
+    /// mantissa bits below the class.
+    #[inline(always)]
+    unsafe fn of_parts(
+        &self,
+        (er, rs, m2): (__m512i, __m512i, __m512i),
+        c: __m512i,
+    ) -> (__m512i, __m512i) {
         let nb = _mm512_and_si512(c, _mm512_set1_epi32(127));
         // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
         let up = _mm512_add_epi32(
             _mm512_min_epu32(nb, _mm512_set1_epi32(1)),
             _mm512_and_si512(_mm512_srli_epi32::<9>(c), _mm512_set1_epi32(1)),
         );
-        let m2 = _mm512_and_si512(_mm512_srli_epi32::<9>(i), _mm512_set1_epi32(3));
         let near = _mm512_add_epi32(_mm512_mullo_epi32(m2, self.m2_mul), nb);
         let near = _mm512_add_epi32(_mm512_add_epi32(near, _mm512_add_epi32(near, near)), up);
-        let k = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(255)), self.lo);
-        let rs = _mm512_and_si512(_mm512_srli_epi32::<8>(i), _mm512_set1_epi32(1));
+        let k = _mm512_sub_epi32(er, self.lo);
         let index = _mm512_add_epi32(
             _mm512_mullo_epi32(near, self.span),
             _mm512_add_epi32(_mm512_add_epi32(k, k), rs),
@@ -67,33 +80,72 @@ impl MapIndex {
     }
 }
 
+/// 16 elements' facts (`InfoFn::info`'s parts: exponent class, reference sign, the two
+/// mantissa bits below the class) from the reference, for [`MapIndex::of_parts`].
+struct Facts {
+    mant: __m128i,
+    mant2: __m128i,
+    emask: __m512i,
+}
+
+impl Facts {
+    #[inline(always)]
+    unsafe fn new((mant, emask): (u32, u32)) -> Self {
+        Facts {
+            mant: _mm_cvtsi32_si128(mant as i32),
+            mant2: _mm_cvtsi32_si128(mant as i32 - 2),
+            emask: _mm512_set1_epi32(emask as i32),
+        }
+    }
+
+    /// The facts of elements `j..j + 16` of the reference at `rp`.
+    #[inline(always)]
+    unsafe fn of<T: Word>(&self, rp: *const u8, j: usize) -> (__m512i, __m512i, __m512i) {
+        let (r, rs) = if T::BITS == 16 {
+            let r = _mm512_cvtepu16_epi32(_mm256_loadu_si256(rp.add(2 * j).cast()));
+            (r, _mm512_srli_epi32::<15>(r))
+        } else {
+            let r = _mm512_loadu_si512(rp.add(4 * j).cast());
+            (r, _mm512_srli_epi32::<31>(r))
+        };
+        let er = _mm512_and_si512(_mm512_srl_epi32(r, self.mant), self.emask);
+        let m2 = _mm512_and_si512(_mm512_srl_epi32(r, self.mant2), _mm512_set1_epi32(3));
+        (er, rs, m2)
+    }
+}
+
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
-/// d`) while the stream holds a step's worth of words; returns the step it stopped at, for
-/// the portable lanes to finish (`from` itself where the tables do not have the shapes the
-/// gathers assume). `st` must be padded with `LANES` words past its length.
+/// d`); returns the step it stopped at, for the portable lanes to finish (`from` itself
+/// where the tables do not have the shapes the gathers assume). Each element's facts come
+/// straight from the reference (`(mant, emask)`: `InfoFn::joint_params`), not from a facts
+/// array written by a pass before. Where `guarded`, the words are read in place and it
+/// stops while less than a step's worth is left; otherwise `st` must be padded with `LANES`
+/// words past its length and it runs while whole steps remain.
 ///
 /// # Safety
-/// AVX-512 F, BW, VL (`Isa::Avx512` available).
+/// AVX-512 F, BW, VL (`Isa::Avx512` available); `T` of 16 or 32 bits.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn decode_steps(
+pub unsafe fn decode_steps<T: Word>(
     table: &JointDec,
     near: &NearSlots,
-    info: &[u16],
+    reference: &[u8],
+    params: (u32, u32),
     codes: &mut [u32],
     states: &mut [u32; LANES],
     st: &mut Stream,
-    d: usize,
-    w1: usize,
+    guarded: bool,
+    (d, w1): (usize, usize),
     from: usize,
 ) -> Result<usize> {
-    let n = codes.len().min(info.len());
+    debug_assert!(matches!(T::BITS, 16 | 32));
+    let n = codes.len().min(reference.len() / T::SIZE);
     let window = near.window;
     // Indices as signed dwords inside their tables (`NearSlots::lane_shapes`).
     let Some((n_rows, span)) = near.lane_shapes(table, w1, d) else {
         return Ok(from);
     };
-    assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
+    assert!(st.words.len() >= st.len + if guarded { 0 } else { LANES } && st.pos <= st.len);
     let words = st.words.as_ptr();
     let mut pos = st.pos;
     let mut x = [
@@ -102,7 +154,8 @@ pub unsafe fn decode_steps(
     ];
     let small = _mm512_loadu_si512(small_codes().as_ptr().cast());
     let (map, syms, fs) = (table.map.as_ptr(), near.syms.as_ptr(), near.fs.as_ptr());
-    let (ip, cp) = (info.as_ptr(), codes.as_mut_ptr());
+    let (rp, cp) = (reference.as_ptr(), codes.as_mut_ptr());
+    let facts = Facts::new(params);
     debug_assert_eq!(span, 2 * window.n as usize);
     let index = MapIndex::new(window, w1);
     let last_class = _mm512_set1_epi32(window.n as i32 - 1);
@@ -113,6 +166,9 @@ pub unsafe fn decode_steps(
     let zero = _mm512_setzero_si512();
     let mut step = from;
     while (step + 1) * LANES <= n {
+        if guarded && st.len - pos < LANES {
+            break;
+        }
         let base = step * LANES;
         debug_assert!(base >= d);
         // Rows first: they depend on the facts and earlier steps' codes, not on the states.
@@ -120,9 +176,8 @@ pub unsafe fn decode_steps(
         let mut bad: __mmask16 = 0;
         for (h, row) in rows.iter_mut().enumerate() {
             let j = base + 16 * h;
-            let i = _mm512_cvtepu16_epi32(_mm256_loadu_si256(ip.add(j).cast()));
             let c = _mm512_loadu_si512(cp.add(j - d).cast());
-            let (k, idx) = index.of(i, c);
+            let (k, idx) = index.of_parts(facts.of::<T>(rp, j), c);
             // Outside the window (k above the last class, unsigned): no row covers it. An
             // index past the map cannot come from codes this decoder wrote; refused, not
             // read, as is a row past the rows (`JointDec::NONE` among them).
