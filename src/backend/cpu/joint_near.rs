@@ -117,11 +117,16 @@ pub fn histogram<T: Word>(
                 || {
                     // The codes in 32-bit arithmetic (`encode::codes` works in 64: half the
                     // vector lanes).
+                    // Written in place, not zeroed first (the zeroing was 2% of a bf16
+                    // encode's samples at AVX2).
                     acc.codes.clear();
-                    acc.codes.resize(d.len(), 0);
-                    for (o, &x) in acc.codes.iter_mut().zip(d) {
-                        *o = super::hist::code_of(x, true);
+                    acc.codes.reserve(d.len());
+                    let spare = &mut acc.codes.spare_capacity_mut()[..d.len()];
+                    for (o, &x) in spare.iter_mut().zip(d) {
+                        o.write(super::hist::code_of(x, true));
                     }
+                    // SAFETY: the loop wrote all `d.len()`.
+                    unsafe { acc.codes.set_len(d.len()) };
                     let lut = joint_of_code();
                     // (Out of `acc` while its rows grow.)
                     let all = std::mem::take(&mut acc.codes);
@@ -443,15 +448,19 @@ pub fn packed_indices(
 ) {
     let n = codes.len().min(info.len());
     let w = table.window;
+    // Written in place, not zeroed first.
     idx.clear();
-    idx.resize(n, 0);
+    idx.reserve(n);
+    let spare = &mut idx.spare_capacity_mut()[..n];
     let head = distance.min(n);
-    for (j, o) in idx[..head].iter_mut().enumerate() {
-        *o = map_index(info, codes, j, distance, w1, w);
+    for (j, o) in spare[..head].iter_mut().enumerate() {
+        o.write(map_index(info, codes, j, distance, w1, w));
     }
-    for ((o, &i), &c) in idx[head..].iter_mut().zip(&info[head..n]).zip(&codes[..]) {
-        *o = index_of(near_of(i as u32, c, w1 as u32), i as u32, w);
+    for ((o, &i), &c) in spare[head..].iter_mut().zip(&info[head..n]).zip(&codes[..]) {
+        o.write(index_of(near_of(i as u32, c, w1 as u32), i as u32, w));
     }
+    // SAFETY: the two loops wrote all `n` (the second's `codes` are at least `n - head`).
+    unsafe { idx.set_len(n) };
     let lut = joint_of_code();
     for (c, &k) in codes[..n].iter_mut().zip(idx.iter()) {
         *c = packed_of(table, lut, k, *c);
