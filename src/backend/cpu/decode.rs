@@ -421,18 +421,7 @@ unsafe fn joint_near_x86<T: Word>(
         &mut fold,
         h,
     )?;
-    fold.flush(h);
-    // Bytes past the last whole element (none for a well-formed reference) read as zeros.
-    for o in &mut out[n * T::SIZE..] {
-        o.write(0);
-    }
-    // SAFETY: just written.
-    let past = &out[n * T::SIZE..];
-    h.update(unsafe { std::slice::from_raw_parts(past.as_ptr().cast::<u8>(), past.len()) });
-    if tail.consumed != c.tail_bits {
-        return Err(bad("raw tail longer than the bit lengths require"));
-    }
-    Ok(())
+    avx2_chunk_end::<T>(c, out, n, &tail, &mut fold, h)
 }
 
 /// The neighbor form's AVX2 or AVX-512 lanes from step `first` (the words from `at`) to
@@ -723,8 +712,26 @@ fn joint_blocked<T: Word>(
     }
     check_end(near_end.as_ref().unwrap_or(&st), &states)?;
     // SAFETY: as above.
+    unsafe { avx2_chunk_end::<T>(c, out, n, &tail, &mut fold, h) }
+}
+
+/// The end of an AVX2 chunk decode whose tail passes folded the output's CRC-32: the fold
+/// handed to the hasher, the bytes past the reference's `n` whole elements (none for a
+/// well-formed reference) written as zeros and hashed, and the tail checked read to its end.
+///
+/// # Safety
+/// SSE2 and PCLMULQDQ (`Isa::Avx2` available); `out`'s first `n` elements written.
+#[cfg(target_arch = "x86_64")]
+unsafe fn avx2_chunk_end<T: Word>(
+    c: &DecodeChunk,
+    out: &mut [MaybeUninit<u8>],
+    n: usize,
+    tail: &BitReader,
+    fold: &mut super::avx2::crc::Fold,
+    h: &mut crc32fast::Hasher,
+) -> Result<()> {
+    // SAFETY: the caller's.
     unsafe { fold.flush(h) };
-    // Bytes past the last whole element (none for a well-formed reference) read as zeros.
     for o in &mut out[n * T::SIZE..] {
         o.write(0);
     }
