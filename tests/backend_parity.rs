@@ -754,8 +754,9 @@ fast_neighbor_tests!(
     cuda_emulated: |b| fast_neighbor(b, usize::MAX),
 );
 
-/// The AVX2 neighbor-form decode lanes look their tables up by gathers or by scalar loads,
-/// chosen per CPU (`Avx2Lookups`): both ways, whichever this machine would pick.
+/// The AVX2 neighbor form (decode lanes, encoder's entries and lanes) looks its tables up
+/// by gathers or by scalar loads, chosen per CPU (`Avx2Lookups`): both ways, whichever this
+/// machine would pick.
 #[test]
 fn fast_neighbor_avx2_both_lookups() {
     use lockstep::backend::cpu::{set_avx2_lookups, Avx2Lookups};

@@ -48,13 +48,14 @@ impl CpuAt {
     }
 }
 
-/// How the AVX2 level's neighbor-form decode lanes look up their three tables per element.
-/// Both ways give the same bytes; which is faster depends on the CPU: a Zen 2's
+/// How the AVX2 level's neighbor form looks its tables up: the decode lanes' three per
+/// element, the encoder's row and symbol per element and its lanes' packed entries. Both
+/// ways give the same bytes; which is faster depends on the CPU: a Zen 2's
 /// `vpgatherdd` of 8 dwords takes about 16.5 cycles (scalar loads were 9-13% faster there,
 /// `avx2::gather`), and the microcode mitigation of Downfall (GDS) slows gathers on the
 /// Intel cores it covers, where an Intel Xeon of family 6 model 207 (Emerald Rapids class,
-/// not affected) decodes bf16 9-13% and fp32 0-11% faster with them (docs/BENCHMARKS.md,
-/// 2026-12-06).
+/// not affected) decodes bf16 9-13% and fp32 0-11% faster with them, and encodes the
+/// default layout's bf16 6-13% faster (docs/BENCHMARKS.md, 2026-12-06).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Avx2Lookups {
     /// Gathers on an Intel CPU the Linux kernel reports not affected by GDS, scalar loads
@@ -66,13 +67,13 @@ pub enum Avx2Lookups {
 
 static AVX2_LOOKUPS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Pin how the AVX2 neighbor-form decode lanes look up (for tests and measurements: every
-/// choice gives the same bytes).
+/// Pin how the AVX2 neighbor form looks up (for tests and measurements: every choice gives
+/// the same bytes).
 pub fn set_avx2_lookups(l: Avx2Lookups) {
     AVX2_LOOKUPS.store(l as u8, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether the AVX2 neighbor-form decode lanes use gathers ([`Avx2Lookups`]).
+/// Whether the AVX2 neighbor form looks up by gathers ([`Avx2Lookups`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn avx2_gathers() -> bool {
     match AVX2_LOOKUPS.load(std::sync::atomic::Ordering::Relaxed) {
@@ -532,8 +533,14 @@ impl<T: Word> Resident for CpuResident<'_, T> {
                             return unsafe {
                                 if self.isa == Isa::Avx512 {
                                     avx512::joint_near::encode_chunk(dr, info, t, d, w1, scratch)
+                                } else if avx2_gathers() {
+                                    avx2::joint_near::encode_chunk::<_, true>(
+                                        dr, info, t, d, w1, scratch,
+                                    )
                                 } else {
-                                    avx2::joint_near::encode_chunk(dr, info, t, d, w1, scratch)
+                                    avx2::joint_near::encode_chunk::<_, false>(
+                                        dr, info, t, d, w1, scratch,
+                                    )
                                 }
                             };
                         }

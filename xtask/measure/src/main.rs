@@ -46,7 +46,7 @@ options:
                   runs every level unless one is given)
   --layout L      fast, default, signed or fast-neighbor (default: fast; `stages` runs both unless one is given)
   --threads N     rayon threads (default 1)
-  --lookups L     auto, scalar or gather: how the AVX2 neighbor-form decode looks up
+  --lookups L     auto, scalar or gather: how the AVX2 neighbor form (decode, encode) looks up
                   (default auto: gathers on an Intel CPU not affected by GDS)
   --rounds N      repetitions (default per command)
 ";

@@ -8,9 +8,10 @@ use core::arch::x86_64::*;
 
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
+use super::super::joint::joint_of_code_wide;
 use super::super::joint::{small_codes, JointDec};
-use super::super::joint_near::packed_indices;
 use super::super::joint_near::NearSlots;
+use super::super::joint_near::{packed_index, packed_indices};
 use super::super::tables::EncStage;
 use super::super::word::Word;
 use super::decode::{overrun, refill, AfterStep};
@@ -183,12 +184,15 @@ unsafe fn gather8_bytes<const GATHER: bool>(table: *const u8, idx: __m256i) -> _
 
 /// Code one chunk of the neighbor form: codes and tails by the AVX2 pass, each element's
 /// entry in `table.packed` (its row's, from its context, and its symbol), then the `--fast`
-/// AVX2 lanes over those entries.
+/// AVX2 lanes over those entries. Where `GATHER` (`super::super::avx2_gathers`), the
+/// entries by one vector pass of gathers ([`entries_by_gathers`]) and the lanes' lookups by
+/// gathers; otherwise by the two passes of [`packed_indices`] and scalar loads, which suit
+/// CPUs with slow gathers.
 ///
 /// # Safety
 /// AVX2, BMI1, BMI2, LZCNT, POPCNT (`Isa::Avx2` available).
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub unsafe fn encode_chunk<T: Word>(
+pub unsafe fn encode_chunk<T: Word, const GATHER: bool>(
     d: &[T],
     info: &[u16],
     table: &EncStage,
@@ -196,9 +200,100 @@ pub unsafe fn encode_chunk<T: Word>(
     w1: usize,
     s: &mut Scratch,
 ) -> EncodedChunk {
-    // SAFETY (both): the caller guarantees the features.
+    // SAFETY (all): the caller guarantees the features.
     unsafe { codes_and_tails(d, true, s) };
+    if GATHER && !table.map.is_empty() {
+        unsafe { entries_by_gathers(info, table, distance, w1, &s.codes, &mut s.idx) };
+        let (states, at) = unsafe { lanes::<true>(&s.idx, &table.packed, &mut s.words) };
+        return s.chunk(at..SLACK + s.idx.len(), states);
+    }
     packed_indices(info, table, distance, w1, &mut s.codes, &mut s.idx);
-    let (states, at) = unsafe { lanes(&s.codes, &table.packed, &mut s.words) };
+    let (states, at) = unsafe { lanes::<false>(&s.codes, &table.packed, &mut s.words) };
     s.chunk(at..SLACK + s.codes.len(), states)
+}
+
+/// Each element's entry in `table.packed` into `out`, as [`packed_indices`] gives them
+/// (`u32::MAX` where no row covers it), from the per-element `codes`: 8 elements at a time,
+/// their map index formed in the vector, their row and symbol by gathers; the elements
+/// without their neighbor and the last few by the portable [`packed_index`].
+///
+/// # Safety
+/// AVX2 (inlined into code built for it); `table.map` not empty.
+#[inline(always)]
+unsafe fn entries_by_gathers(
+    info: &[u16],
+    table: &EncStage,
+    distance: usize,
+    w1: usize,
+    codes: &[u32],
+    out: &mut Vec<u32>,
+) {
+    let n = codes.len().min(info.len());
+    out.clear();
+    out.reserve(n);
+    let head = distance.min(n);
+    out.extend((0..head).map(|j| packed_index(info, table, distance, w1, codes, j)));
+    let lut = joint_of_code_wide();
+    let window = table.window;
+    let (lo, last_class) = (
+        _mm256_set1_epi32(window.lo as i32),
+        _mm256_set1_epi32(window.n as i32 - 1),
+    );
+    let (m2_mul, span, alphabet) = (
+        _mm256_set1_epi32(w1 as i32 + 1),
+        _mm256_set1_epi32(2 * window.n as i32),
+        _mm256_set1_epi32(table.alphabet as i32),
+    );
+    let last_index = _mm256_set1_epi32(table.map.len().min(i32::MAX as usize) as i32 - 1);
+    let (ip, cp, op) = (info.as_ptr(), codes.as_ptr(), out.as_mut_ptr());
+    let mut j = head;
+    while j + 8 <= n {
+        // SAFETY: elements `j..j + 8` below `n` and their neighbors (`j >= distance`) are
+        // read, `out` has room for `n`; the gathers' indices are `& 1023` into the 1024 of
+        // `lut`, and clamped into `map` (lanes outside it refused).
+        unsafe {
+            let i = _mm256_cvtepu16_epi32(_mm_loadu_si128(ip.add(j).cast()));
+            let c = _mm256_loadu_si256(cp.add(j - distance).cast());
+            let own = _mm256_loadu_si256(cp.add(j).cast());
+            // The map index, as `index_of(near_of(..))`.
+            let nb = _mm256_and_si256(c, _mm256_set1_epi32(127));
+            // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
+            let up = _mm256_add_epi32(
+                _mm256_min_epu32(nb, _mm256_set1_epi32(1)),
+                _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
+            );
+            let m2 = _mm256_and_si256(_mm256_srli_epi32::<9>(i), _mm256_set1_epi32(3));
+            let near = _mm256_add_epi32(_mm256_mullo_epi32(m2, m2_mul), nb);
+            let near = _mm256_add_epi32(_mm256_add_epi32(near, _mm256_add_epi32(near, near)), up);
+            let k = _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(255)), lo);
+            let rs = _mm256_and_si256(_mm256_srli_epi32::<8>(i), _mm256_set1_epi32(1));
+            let idx = _mm256_add_epi32(
+                _mm256_mullo_epi32(near, span),
+                _mm256_add_epi32(_mm256_add_epi32(k, k), rs),
+            );
+            // Inside the window and the map (unsigned compares).
+            let inside = _mm256_and_si256(
+                _mm256_cmpeq_epi32(_mm256_min_epu32(k, last_class), k),
+                _mm256_cmpeq_epi32(_mm256_min_epu32(idx, last_index), idx),
+            );
+            let row = _mm256_mask_i32gather_epi32::<4>(
+                _mm256_set1_epi32(-1),
+                table.map.as_ptr().cast(),
+                _mm256_min_epu32(idx, last_index),
+                inside,
+            );
+            let sym = _mm256_i32gather_epi32::<4>(
+                lut.as_ptr().cast(),
+                _mm256_and_si256(own, _mm256_set1_epi32(1023)),
+            );
+            // No row (outside, or the map's none): `u32::MAX`, as `packed_index`.
+            let none = _mm256_cmpeq_epi32(row, _mm256_set1_epi32(-1));
+            let entry = _mm256_add_epi32(_mm256_mullo_epi32(row, alphabet), sym);
+            _mm256_storeu_si256(op.add(j).cast(), _mm256_or_si256(entry, none));
+        }
+        j += 8;
+    }
+    // SAFETY: the loops above wrote `0..j`.
+    unsafe { out.set_len(j) };
+    out.extend((j..n).map(|j| packed_index(info, table, distance, w1, codes, j)));
 }
