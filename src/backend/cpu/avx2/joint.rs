@@ -16,7 +16,7 @@ use super::decode::{overrun, refill, u_of_joint8, AfterStep};
 use super::encode::{
     codes_and_tails, first, flat_slots16, flat_slots32, gather_flat, load_u32, put4, SLACK,
 };
-use super::gather::{gather8, gather8_as};
+use super::gather::gather8;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{EncodedChunk, LANES};
@@ -379,7 +379,7 @@ pub unsafe fn encode_chunk<T: Word>(
     unsafe { slots_and_tails(d, info, flat, s) };
     // Scalar loads even where gathers are fast: on an Intel with fast ones they measured
     // no gain here (unlike in the neighbor form's encoder, `joint_near::encode_chunk`).
-    let (states, at) = unsafe { lanes::<false>(&s.codes, &flat.packed, &mut s.words) };
+    let (states, at) = unsafe { lanes(&s.codes, &flat.packed, false, &mut s.words) };
     s.chunk(at..SLACK + s.codes.len(), states)
 }
 
@@ -420,14 +420,16 @@ pub(in crate::backend::cpu) unsafe fn slots_and_tails<T: Word>(
 /// The interleaved lanes of one chunk of indices into `packed` (a flat table's, or the
 /// Joint neighbor form's rows); the words are left in `words[at..SLACK + slots.len()]` in
 /// stream order, `at` returned with the final states. Whole vectors' lookups by `vpgatherdd`
-/// where `GATHER`, else by scalar loads ([`gather8_as`]).
+/// where `gathers`, else by scalar loads ([`gather8`]): a flag, not a const parameter, so
+/// one copy of the loop keeps [`put4`] inlined (two copies left it a call).
 ///
 /// # Safety
 /// The CPU must support AVX2 and POPCNT.
 #[target_feature(enable = "avx2,popcnt")]
-pub(super) unsafe fn lanes<const GATHER: bool>(
+pub(super) unsafe fn lanes(
     slots: &[u32],
     packed: &[u32],
+    gathers: bool,
     words: &mut Vec<u16>,
 ) -> ([u32; LANES], usize) {
     let n = slots.len();
@@ -453,14 +455,19 @@ pub(super) unsafe fn lanes<const GATHER: bool>(
                     continue;
                 }
                 let idx = load_u32(slots, at, cnt);
-                // Whole vectors as `GATHER` says (scalar loads: slow gathers on Zen 2); the
+                // Whole vectors as `gathers` says (scalar loads: slow gathers on Zen 2); the
                 // chunk's last, partial one by the masked gather that `gather_flat` shares
                 // with the AVX-512 encoder, not changed here (not measurable here).
                 // SAFETY: features as this function's; indices clamped to the table.
                 *p = unsafe {
                     if cnt == 8 {
                         let last = _mm256_set1_epi32(packed.len() as i32 - 1);
-                        gather8_as::<GATHER>(packed.as_ptr(), _mm256_min_epu32(idx, last))
+                        let idx = _mm256_min_epu32(idx, last);
+                        if gathers {
+                            _mm256_i32gather_epi32::<4>(packed.as_ptr().cast(), idx)
+                        } else {
+                            gather8(packed.as_ptr(), idx)
+                        }
                     } else {
                         gather_flat(packed, first(cnt), idx)
                     }

@@ -204,11 +204,11 @@ pub unsafe fn encode_chunk<T: Word, const GATHER: bool>(
     unsafe { codes_and_tails(d, true, s) };
     if GATHER && !table.map.is_empty() {
         unsafe { entries_by_gathers(info, table, distance, w1, &s.codes, &mut s.idx) };
-        let (states, at) = unsafe { lanes::<true>(&s.idx, &table.packed, &mut s.words) };
+        let (states, at) = unsafe { lanes(&s.idx, &table.packed, true, &mut s.words) };
         return s.chunk(at..SLACK + s.idx.len(), states);
     }
     packed_indices(info, table, distance, w1, &mut s.codes, &mut s.idx);
-    let (states, at) = unsafe { lanes::<false>(&s.codes, &table.packed, &mut s.words) };
+    let (states, at) = unsafe { lanes(&s.codes, &table.packed, false, &mut s.words) };
     s.chunk(at..SLACK + s.codes.len(), states)
 }
 
