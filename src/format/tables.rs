@@ -886,7 +886,7 @@ fn row_price(counts: RowCounts, s: &mut RowScratch) -> (u64, u32) {
 /// precision: a binary row's one; a wider row's shift, start and span (a byte each at least)
 /// and a byte per symbol from its first seen symbol to its last (every seen symbol has a
 /// frequency, so its range covers theirs), the last implied.
-fn least_row_bytes(counts: RowCounts) -> usize {
+pub fn least_row_bytes(counts: RowCounts) -> usize {
     if counts.alphabet == 2 {
         return 1;
     }
