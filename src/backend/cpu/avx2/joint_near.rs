@@ -82,15 +82,11 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
         _mm256_set1_epi32(span as i32),
     );
     let none = _mm256_set1_epi32(JointDec::NONE as i32);
-    let mut step = from;
-    while (step + 1) * LANES <= n {
-        if guarded && st.len - pos < LANES {
-            break;
-        }
-        let base = step * LANES;
-        debug_assert!(base >= d);
-        after.after(cp, base);
-        // Rows first: they depend on the facts and earlier steps' codes, not on the states.
+    // Each step's rows (and whether any is refused), from the facts and earlier steps'
+    // codes, not from the states. With gathers they are formed a step ahead, at the end of
+    // the step before, so they issue before the next step's tail-pass work (bf16 decode
+    // 1.01-1.05 on an Intel Xeon); with scalar loads that order was slower (0.93-1.00).
+    let rows_at = |base: usize| -> ([__m256i; 4], __m256i) {
         let mut rows = [_mm256_setzero_si256(); 4];
         let mut bad = _mm256_setzero_si256();
         for (v, row) in rows.iter_mut().enumerate() {
@@ -133,6 +129,22 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
             bad = _mm256_or_si256(bad, _mm256_or_si256(outside, _mm256_cmpeq_epi32(r, none)));
             *row = r;
         }
+        (rows, bad)
+    };
+    let mut step = from;
+    let mut ahead = if GATHER && (step + 1) * LANES <= n {
+        rows_at(step * LANES)
+    } else {
+        ([_mm256_setzero_si256(); 4], _mm256_setzero_si256())
+    };
+    while (step + 1) * LANES <= n {
+        if guarded && st.len - pos < LANES {
+            break;
+        }
+        let base = step * LANES;
+        debug_assert!(base >= d);
+        after.after(cp, base);
+        let (rows, bad) = if GATHER { ahead } else { rows_at(base) };
         if _mm256_testz_si256(bad, bad) == 0 {
             return Err(no_row());
         }
@@ -157,6 +169,9 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
             return Err(overrun());
         }
         step += 1;
+        if GATHER && (step + 1) * LANES <= n {
+            ahead = rows_at(step * LANES);
+        }
     }
     for (v, xv) in x.iter().enumerate() {
         _mm256_storeu_si256(states.as_mut_ptr().add(8 * v).cast(), *xv);
