@@ -22,7 +22,54 @@ use super::joint::lanes;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::EncodedChunk;
 use crate::format::chunk::LANES;
+use crate::format::tables::Window;
 use crate::Result;
+
+/// The map indices of 8 elements over a window (`Window::index`), as the portable
+/// `joint_near::index_of(near_of(..))` forms them: what the decode lanes and the encoder's
+/// entries share (the AVX-512 level's `MapIndex` on 16).
+struct MapIndex {
+    lo: __m256i,
+    m2_mul: __m256i,
+    span: __m256i,
+}
+
+impl MapIndex {
+    #[inline(always)]
+    unsafe fn new(window: Window, w1: usize) -> Self {
+        MapIndex {
+            lo: _mm256_set1_epi32(window.lo as i32),
+            m2_mul: _mm256_set1_epi32(w1 as i32 + 1),
+            span: _mm256_set1_epi32(2 * window.n as i32),
+        }
+    }
+
+    /// `(k, index)` from the facts' parts (exponent class, reference sign, the two mantissa
+    /// bits below the class) and the codes `c` of the elements `d` back: each element's
+    /// exponent class less the window's first (wrapped below it: above `n - 1` unsigned
+    /// where outside, for the callers to refuse), and its map index.
+    #[inline(always)]
+    unsafe fn of_parts(
+        &self,
+        (er, rs, m2): (__m256i, __m256i, __m256i),
+        c: __m256i,
+    ) -> (__m256i, __m256i) {
+        let nb = _mm256_and_si256(c, _mm256_set1_epi32(127));
+        // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
+        let up = _mm256_add_epi32(
+            _mm256_min_epu32(nb, _mm256_set1_epi32(1)),
+            _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
+        );
+        let near = _mm256_add_epi32(_mm256_mullo_epi32(m2, self.m2_mul), nb);
+        let near = _mm256_add_epi32(_mm256_add_epi32(near, _mm256_add_epi32(near, near)), up);
+        let k = _mm256_sub_epi32(er, self.lo);
+        let index = _mm256_add_epi32(
+            _mm256_mullo_epi32(near, self.span),
+            _mm256_add_epi32(_mm256_add_epi32(k, k), rs),
+        );
+        (k, index)
+    }
+}
 
 /// Decode whole steps from `from` (whose first element has its neighbor: `from·LANES >=
 /// d`); returns the step it stopped at, for the portable lanes to finish. Each element's
@@ -75,12 +122,9 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
         _mm_cvtsi32_si128(mant as i32 - 2),
         _mm256_set1_epi32(emask as i32),
     );
-    let lo = _mm256_set1_epi32(window.lo as i32);
+    debug_assert_eq!(span, 2 * window.n as usize);
+    let index = MapIndex::new(window, w1);
     let last_class = _mm256_set1_epi32(window.n as i32 - 1);
-    let (m2_mul, span_v) = (
-        _mm256_set1_epi32(w1 as i32 + 1),
-        _mm256_set1_epi32(span as i32),
-    );
     let none = _mm256_set1_epi32(JointDec::NONE as i32);
     // Each step's rows (and whether any is refused), from the facts and earlier steps'
     // codes, not from the states. With gathers they are formed a step ahead, at the end of
@@ -104,24 +148,13 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
                 _mm256_srli_epi32::<31>(r)
             };
             let c = _mm256_loadu_si256(cp.add(j - d).cast());
-            let nb = _mm256_and_si256(c, _mm256_set1_epi32(127));
-            // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
-            let up = _mm256_add_epi32(
-                _mm256_min_epu32(nb, _mm256_set1_epi32(1)),
-                _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
-            );
             let m2 = _mm256_and_si256(_mm256_srl_epi32(r, mant2), _mm256_set1_epi32(3));
-            let near = _mm256_add_epi32(_mm256_mullo_epi32(m2, m2_mul), nb);
-            let near = _mm256_add_epi32(_mm256_add_epi32(near, _mm256_add_epi32(near, near)), up);
-            let k = _mm256_sub_epi32(_mm256_and_si256(_mm256_srl_epi32(r, mant), emask), lo);
+            let er = _mm256_and_si256(_mm256_srl_epi32(r, mant), emask);
+            let (k, idx) = index.of_parts((er, rs, m2), c);
             // Outside the window (k above the last class, unsigned): no row covers it.
             let outside = _mm256_xor_si256(
                 _mm256_cmpeq_epi32(_mm256_max_epu32(k, last_class), last_class),
                 _mm256_set1_epi32(-1),
-            );
-            let idx = _mm256_add_epi32(
-                _mm256_mullo_epi32(near, span_v),
-                _mm256_add_epi32(_mm256_add_epi32(k, k), rs),
             );
             // An outside lane reads entry 0 instead (its row is refused below).
             let idx = _mm256_andnot_si256(outside, idx);
@@ -250,15 +283,9 @@ unsafe fn entries_by_gathers(
     out.extend((0..head).map(|j| packed_index(info, table, distance, w1, codes, j)));
     let lut = joint_of_code_wide();
     let window = table.window;
-    let (lo, last_class) = (
-        _mm256_set1_epi32(window.lo as i32),
-        _mm256_set1_epi32(window.n as i32 - 1),
-    );
-    let (m2_mul, span, alphabet) = (
-        _mm256_set1_epi32(w1 as i32 + 1),
-        _mm256_set1_epi32(2 * window.n as i32),
-        _mm256_set1_epi32(table.alphabet as i32),
-    );
+    let index = MapIndex::new(window, w1);
+    let last_class = _mm256_set1_epi32(window.n as i32 - 1);
+    let alphabet = _mm256_set1_epi32(table.alphabet as i32);
     let last_index = _mm256_set1_epi32(table.map.len().min(i32::MAX as usize) as i32 - 1);
     let (ip, cp, op) = (info.as_ptr(), codes.as_ptr(), out.as_mut_ptr());
     let mut j = head;
@@ -270,22 +297,11 @@ unsafe fn entries_by_gathers(
             let i = _mm256_cvtepu16_epi32(_mm_loadu_si128(ip.add(j).cast()));
             let c = _mm256_loadu_si256(cp.add(j - distance).cast());
             let own = _mm256_loadu_si256(cp.add(j).cast());
-            // The map index, as `index_of(near_of(..))`.
-            let nb = _mm256_and_si256(c, _mm256_set1_epi32(127));
-            // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
-            let up = _mm256_add_epi32(
-                _mm256_min_epu32(nb, _mm256_set1_epi32(1)),
-                _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
-            );
-            let m2 = _mm256_and_si256(_mm256_srli_epi32::<9>(i), _mm256_set1_epi32(3));
-            let near = _mm256_add_epi32(_mm256_mullo_epi32(m2, m2_mul), nb);
-            let near = _mm256_add_epi32(_mm256_add_epi32(near, _mm256_add_epi32(near, near)), up);
-            let k = _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(255)), lo);
+            // The facts' parts as `InfoFn::info` packs them.
+            let er = _mm256_and_si256(i, _mm256_set1_epi32(255));
             let rs = _mm256_and_si256(_mm256_srli_epi32::<8>(i), _mm256_set1_epi32(1));
-            let idx = _mm256_add_epi32(
-                _mm256_mullo_epi32(near, span),
-                _mm256_add_epi32(_mm256_add_epi32(k, k), rs),
-            );
+            let m2 = _mm256_and_si256(_mm256_srli_epi32::<9>(i), _mm256_set1_epi32(3));
+            let (k, idx) = index.of_parts((er, rs, m2), c);
             // Inside the window and the map (unsigned compares).
             let inside = _mm256_and_si256(
                 _mm256_cmpeq_epi32(_mm256_min_epu32(k, last_class), k),
