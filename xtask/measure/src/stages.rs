@@ -1,8 +1,8 @@
-//! `measure stages`: single-thread speed of the Joint (`--fast`) layout against the default
-//! (Signed, neighbor contexts) on the CPU device, per instruction-set level, in one process
-//! with the layouts' runs alternating, so a noisy machine hits both alike. Times CPU seconds
-//! of the process (`CLOCK_PROCESS_CPUTIME_ID`; wall time where that is missing) and prints
-//! MB/s of target bytes for:
+//! `measure stages`: single-thread speed of the Joint (`--fast`) layout against the Signed
+//! layout (neighbor contexts; `--layout signed`) on the CPU device, per instruction-set
+//! level, in one process with the layouts' runs alternating, so a noisy machine hits both
+//! alike. Times CPU seconds of the process (`CLOCK_PROCESS_CPUTIME_ID`; wall time where that
+//! is missing) and prints MB/s of target bytes for:
 //!
 //! - `hist`: the histogram pass (`Resident::histograms`);
 //! - `lanes`: the encoder's lanes, codes and tails (`Resident::encode`);
@@ -10,7 +10,7 @@
 //!   trial: what one layout costs on its own), with the residual and selection times;
 //! - `decode`: `Backend::decode` (tables, lanes, tails, inverse transform);
 //! - `blob enc` / `blob dec`: the whole per-tensor pipeline, `encode_unverified` (with its
-//!   layout trials: the default layout tries Signed and Paper) and `decode_tensor`.
+//!   `--layout signed` or `--fast` as the CLI takes them) and `decode_tensor`.
 //!
 //! Each round's figures, then the best and median of `--rounds` (default 5).
 
@@ -25,7 +25,7 @@ use lockstep::format::tables::{StageTable, Tables};
 
 use crate::Opts;
 
-const LAYOUTS: [(Layout, &str); 2] = [(Layout::Signed, "default"), (Layout::Joint, "fast")];
+const LAYOUTS: [(Layout, &str); 2] = [(Layout::Signed, "signed"), (Layout::Joint, "fast")];
 
 /// Process CPU seconds (all threads; the timed passes run on one rayon thread while the
 /// main thread sleeps in the pool), or wall seconds where unavailable.
@@ -94,7 +94,7 @@ pub fn run(o: &Opts) -> Result<(), String> {
     // `--layout`: one layout (for profiling).
     let only = o.layout.map(|l| match l {
         LayoutChoice::Fast => "fast",
-        _ => "default",
+        _ => "signed",
     });
     let distance = |layout: Layout, t: &Tensor| (layout == Layout::Signed).then_some(t.d);
     for isa in isas {
@@ -156,7 +156,7 @@ pub fn run(o: &Opts) -> Result<(), String> {
                     layout: if layout == Layout::Joint {
                         LayoutChoice::Fast
                     } else {
-                        LayoutChoice::Auto
+                        LayoutChoice::Signed
                     },
                     ..EncodeOptions::default()
                 };
