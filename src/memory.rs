@@ -1,4 +1,9 @@
-//! One process-wide allocator setting for a codec that allocates megabyte buffers per tensor.
+//! Memory for a codec that allocates megabyte buffers per tensor: one process-wide allocator
+//! setting, zeroed pages mapped on demand, and tables read at random backed by huge pages.
+
+use std::ops::{Deref, DerefMut};
+
+use bytemuck::Pod;
 
 /// Keep freed large buffers in the heap for the next tensor instead of returning them to the
 /// kernel. glibc maps every block above its mmap threshold (128 KiB at first) afresh and
@@ -83,9 +88,90 @@ impl<T: bytemuck::Pod> std::ops::DerefMut for ZeroedPages<T> {
     }
 }
 
+/// A huge page (Linux, x86-64 and aarch64 with 4 KiB base pages).
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// A table read at random, in memory that Linux may back with 2 MiB pages: with 4 KiB pages
+/// nearly every read of a table of megabytes also misses the TLB and walks the page tables;
+/// with huge pages it needs a few TLB entries. On the common kernel default
+/// (`transparent_hugepage=madvise`) a heap allocation does not get them: from `map_from`
+/// bytes the table is mapped on its own, 2 MiB-aligned, and advised. Elsewhere, for smaller
+/// tables, or when the mapping fails, it is an ordinary `Vec`. Where the table lives changes
+/// no value in it. Users: the text predictor's counter tables (`lm::cm::predictor`) and the
+/// delta decoder's slot table of the Joint layout's neighbor form (`backend::cpu::joint_near`).
+pub struct HugeTable<T: Pod> {
+    mem: Mem<T>,
+}
+
+enum Mem<T: Pod> {
+    Heap(Vec<T>),
+    #[cfg(target_os = "linux")]
+    Mapped {
+        map: memmap2::MmapMut,
+        /// The table's first byte in the mapping (the first 2 MiB boundary).
+        at: usize,
+        len: usize,
+    },
+}
+
+impl<T: Pod> HugeTable<T> {
+    /// `len` entries holding `fill`, mapped where they take `map_from` bytes or more.
+    pub fn new(len: usize, fill: T, map_from: usize) -> Self {
+        #[cfg(target_os = "linux")]
+        if let Some(mem) = Self::mapped(len, fill, map_from) {
+            return HugeTable { mem };
+        }
+        let _ = map_from;
+        HugeTable {
+            mem: Mem::Heap(vec![fill; len]),
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    fn mapped(len: usize, fill: T, map_from: usize) -> Option<Mem<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+        if bytes < map_from.max(1) {
+            return None;
+        }
+        // One huge page more than the table, so that it can start on a 2 MiB boundary.
+        let mut map = memmap2::MmapMut::map_anon(bytes.checked_add(HUGE_PAGE)?).ok()?;
+        // Only advice: without huge pages the table works the same.
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let at = map.as_ptr().align_offset(HUGE_PAGE);
+        let table: &mut [T] = bytemuck::try_cast_slice_mut(&mut map[at..at + bytes]).ok()?;
+        table.fill(fill);
+        Some(Mem::Mapped { map, at, len })
+    }
+}
+
+impl<T: Pod> Deref for HugeTable<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.mem {
+            Mem::Heap(v) => v,
+            #[cfg(target_os = "linux")]
+            Mem::Mapped { map, at, len } => {
+                bytemuck::cast_slice(&map[*at..*at + len * std::mem::size_of::<T>()])
+            }
+        }
+    }
+}
+
+impl<T: Pod> DerefMut for HugeTable<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.mem {
+            Mem::Heap(v) => v,
+            #[cfg(target_os = "linux")]
+            Mem::Mapped { map, at, len } => {
+                bytemuck::cast_slice_mut(&mut map[*at..*at + *len * std::mem::size_of::<T>()])
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::ZeroedPages;
+    use super::{HugeTable, ZeroedPages, HUGE_PAGE};
 
     #[test]
     fn zeroed_pages_start_zero_and_keep_what_is_written() {
@@ -103,5 +189,22 @@ mod tests {
                 .all(|(i, &x)| x == if i % 997 == 0 { i as i32 } else { 0 }));
         }
         assert!(ZeroedPages::<u8>::new(0).is_empty());
+    }
+
+    #[test]
+    fn small_and_mapped_tables_hold_what_is_written() {
+        for len in [2usize, 1000, 1 << 19, (1 << 20) + 3] {
+            let mut t = HugeTable::new(len, 1u32 << 31, HUGE_PAGE);
+            assert_eq!(t.len(), len);
+            assert!(t.iter().all(|&v| v == 1 << 31));
+            t[len - 1] = 7;
+            t[0] = 5;
+            assert_eq!((t[0], t[len - 1]), (5, 7));
+        }
+        for map_from in [HUGE_PAGE, 1 << 10] {
+            let t = HugeTable::new(1 << 21, 9u16, map_from);
+            assert_eq!(t.len(), 1 << 21);
+            assert!(t.iter().all(|&v| v == 9));
+        }
     }
 }

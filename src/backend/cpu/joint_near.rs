@@ -23,6 +23,7 @@ use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::format::symbols::EXP_CLASSES;
 use crate::format::tables::{Hist, Space, Stage, StageTable, Window};
+use crate::memory::{HugeTable, HUGE_PAGE};
 use crate::Result;
 
 /// The neighbor part of a context, `(m2·(W1+1) + nb)·3 + up`, of facts `i` and the code `c`
@@ -365,8 +366,10 @@ pub fn lanes(
 pub struct NearSlots {
     pub window: Window,
     /// The symbol of every slot, `PROB_TOTAL` per row (then 3 bytes of padding: the AVX2
-    /// lanes load 4 bytes at a time).
-    pub syms: Vec<u8>,
+    /// lanes load 4 bytes at a time). In huge pages from a quarter of one: the vector lanes'
+    /// lookups land at random in it (1.7 MB for the GPT-2 trajectory's embedding; its bf16
+    /// decode 1.04x at AVX2 on an Intel Xeon, docs/BENCHMARKS.md).
+    pub syms: HugeTable<u8>,
     /// `freq | start << 16` per row and symbol, 256 per row.
     pub fs: Vec<u32>,
 }
@@ -375,7 +378,7 @@ impl NearSlots {
     pub fn new(t: &StageTable) -> Self {
         let n_rows = t.explicit.len() + t.backoff.len();
         let total = PROB_TOTAL as usize;
-        let mut syms = vec![0u8; n_rows * total + 3];
+        let mut syms = HugeTable::new(n_rows * total + 3, 0u8, HUGE_PAGE / 4);
         let mut fs = vec![0u32; n_rows * 256];
         syms[..n_rows * total]
             .par_chunks_mut(total)

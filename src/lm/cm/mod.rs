@@ -5,7 +5,6 @@ pub mod coder;
 pub mod lm_bits;
 pub mod logistic;
 pub mod predictor;
-mod slots;
 pub mod strand_tables;
 pub mod strands;
 pub mod stream;

@@ -6,7 +6,14 @@
 //! bits, so both compute the same probability for every bit on every machine.
 
 use super::logistic::{squash, stretch, LIMIT};
-use super::slots::Slots;
+use crate::memory::{HugeTable, HUGE_PAGE};
+
+/// The predictor's big tables (counter slots, the second APM), in huge pages from 2 MiB:
+/// every coded bit reads about ten slots at random in tables of megabytes (§13.2 fixes the
+/// hashing, so the reads cannot be made local without changing the bytes).
+fn slots<T: bytemuck::Pod>(len: usize, fill: T) -> HugeTable<T> {
+    HugeTable::new(len, fill, HUGE_PAGE)
+}
 
 /// Hashed contexts: order 0, orders 1-4 and 6, the current word, the word pair.
 const ORDERS: [usize; 5] = [1, 2, 3, 4, 6];
@@ -101,7 +108,7 @@ impl Mixer {
 /// Adaptive probability map: refines a probability under a context by interpolating between
 /// 33 knots over the stretch domain; the nearer knot learns.
 struct Apm {
-    t: Slots<u16>,
+    t: HugeTable<u16>,
     idx: usize,
 }
 
@@ -110,7 +117,7 @@ impl Apm {
         let row: Vec<u16> = (0..33)
             .map(|k| (squash((k - 16) * 128) * 16) as u16)
             .collect();
-        let mut t = Slots::new(33 * contexts, 0);
+        let mut t = slots(33 * contexts, 0);
         for r in t.chunks_exact_mut(33) {
             r.copy_from_slice(&row);
         }
@@ -329,7 +336,7 @@ pub struct Predictor {
     shift: u32,
     /// Log2 of the slots per context; context k's table is `tables[k << bits..][..1 << bits]`.
     bits: u32,
-    tables: Slots<u32>,
+    tables: HugeTable<u32>,
     slot: [usize; N_CTX],
     rates: Vec<i64>,
     text: Text,
@@ -381,7 +388,7 @@ impl Predictor {
             parts,
             shift: 32 - bits,
             bits,
-            tables: Slots::new(N_CTX << bits, NEW_SLOT),
+            tables: slots(N_CTX << bits, NEW_SLOT),
             slot: [0; N_CTX],
             rates: (0..1024).map(recip).collect(),
             text: Text {
