@@ -576,6 +576,23 @@ impl StageTable {
     }
 }
 
+/// What a row of `space` costs its decoders beyond its bytes in the file, in COST_ONE_BIT
+/// units, for a tensor of `elements`: a row of the Joint layout's neighbor form is a 4 KiB
+/// slot table plus 1 KiB of frequencies in every decoder (`backend::cpu::joint_near`'s
+/// `NearSlots`, and the GPU ones), whose vector lanes read it at random; the fewer rows, the
+/// more of them stay in cache. Priced at one bit per 8,192 elements (98 bytes for the GPT-2
+/// trajectory's 6.4M-element embedding), so a large tensor's rows must save as much more as
+/// its many elements read them: on that embedding 407 rows became 245 for 0.097% more bytes
+/// (bf16; fp32 314 became 237 for 0.011%), and its decode ran about 1.1x faster at AVX2
+/// (docs/BENCHMARKS.md, 2026-12-06). Other stages' rows decode from small tables: 0.
+pub fn decode_table_price(space: Space, elements: u64) -> u64 {
+    if space.stage == Stage::J && space.neighbor {
+        (elements >> 13) * COST_ONE_BIT
+    } else {
+        0
+    }
+}
+
 /// Rows chosen for a histogram, and the data's cost under them: what candidate layouts and
 /// context forms are compared by. Only the chosen ones become [`StageTable`]s, whose context
 /// maps (up to 50,688 entries for stage S) were a good part of building the candidates.
@@ -593,6 +610,12 @@ impl Selection {
     /// Choose rows from a histogram. `prune = false` gives every occupied context its own row
     /// (the paper); `prune = true` keeps a context's own row only where it pays for itself.
     pub fn of(hist: &Hist, prune: bool) -> Selection {
+        let decoding = decode_table_price(hist.space, hist.counts.iter().sum());
+        Self::of_priced(hist, prune, decoding)
+    }
+
+    /// [`Selection::of`] with each own row also charged `decoding` ([`decode_table_price`]).
+    fn of_priced(hist: &Hist, prune: bool, decoding: u64) -> Selection {
         let space = hist.space;
         let a = space.alphabet();
         let nb = space.n_backoff();
@@ -641,16 +664,17 @@ impl Selection {
                 counts.counts,
                 &group_freqs[at[ctx % nb] as usize][counts.lo..],
             );
-            let least = (least_row_bytes(counts) as u64 + 1) * 8 * COST_ONE_BIT;
+            let least = (least_row_bytes(counts) as u64 + 1) * 8 * COST_ONE_BIT + decoding;
             // Nor where its own row could not pay even at its entropy (`row_price` is at
             // least that plus the row's least bytes): the same decision, unpriced (the
             // first test spares most rows the floor's logarithms).
             if pooled <= least || pooled <= least + entropy_floor(counts.counts) {
                 return None;
             }
-            // The row's own cost: its data, its bytes and one byte of context id.
+            // The row's own cost: its data, its bytes, one byte of context id and what its
+            // decode table costs the decoders.
             let (own, bits) = row_price(counts, s);
-            (own + 8 * COST_ONE_BIT < pooled).then_some(bits)
+            (own + 8 * COST_ONE_BIT + decoding < pooled).then_some(bits)
         };
         // A small tensor's few rows on this thread: the pool's dispatch cost more than them.
         let decided: Vec<Option<u32>> = if rows.len() < 64 {
@@ -1132,6 +1156,94 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A neighbor-form J row must also pay for its decode table: only J's neighbor form is
+    /// charged (one bit per 8,192 elements); charged, a selection keeps a subset of the rows
+    /// it keeps uncharged, at no lower data cost, and a charge above any saving pools every
+    /// context.
+    #[test]
+    fn the_decode_table_price_pools_rows_that_do_not_pay_for_it() {
+        for (stage, w, neighbor) in [
+            (Stage::B, 16, true),
+            (Stage::S, 16, true),
+            (Stage::J, 16, false),
+            (Stage::Q1, 16, false),
+        ] {
+            let space = Space::new(stage, w, neighbor);
+            assert_eq!(
+                decode_table_price(space, 1 << 30),
+                0,
+                "{stage:?} {neighbor}"
+            );
+        }
+        let space = Space::new(Stage::J, 16, true);
+        assert_eq!(decode_table_price(space, 6_432_896), 785 * COST_ONE_BIT);
+        assert_eq!(decode_table_price(space, 8191), 0);
+        let mut lcg = crate::test_lcg(0xDEC0_DE7A_B1E5_0001);
+        let mut next = || lcg() >> 33;
+        let a = space.alphabet();
+        let mut counts = vec![0u64; space.n_primary() * a];
+        // Contexts of a few exponent classes and neighbors; symbols narrow and skewed in
+        // some rows, spread over most of the alphabet in others (rows of many bytes, priced
+        // well above their floor).
+        for _ in 0..40_000 {
+            let ctx = (next() % 40) as usize * 512 + 200 + (next() % 8) as usize;
+            let sym = if ctx.is_multiple_of(3) {
+                (next() % 16 + next() % 16) as usize
+            } else {
+                (next() % 200) as usize
+            };
+            counts[ctx * a + sym] += 1 + next() % 50;
+        }
+        let h = Hist::from_dense(space, &counts);
+        let ids = |s: &Selection| s.explicit.iter().map(|&(c, _)| c).collect::<Vec<_>>();
+        // The rows the definition keeps: own cost (data, bytes, an id byte) plus the price
+        // below the cost under the group's row.
+        let nb = space.n_backoff();
+        let mut group = vec![0u64; nb * a];
+        for (ctx, row) in h.rows() {
+            row.add_to(&mut group[ctx % nb * a..][..a]);
+        }
+        let mut scratch = RowScratch::default();
+        // Per context: what its own row saves beyond its data, bytes and id byte.
+        let margins: Vec<(u32, i128)> = h
+            .rows()
+            .map(|(ctx, c)| {
+                let g = best_row(RowCounts::full(&group[ctx % nb * a..][..a]), &mut scratch);
+                let pooled = cost(c.counts, &g[c.lo..]) as i128;
+                let own = (row_price(c, &mut scratch).0 + 8 * COST_ONE_BIT) as i128;
+                (ctx as u32, pooled - own)
+            })
+            .collect();
+        let definition = |price: u64| -> Vec<u32> {
+            let kept = margins.iter().filter(|&&(_, m)| m > price as i128);
+            kept.map(|&(ctx, _)| ctx).collect()
+        };
+        let free = Selection::of_priced(&h, true, 0);
+        assert_eq!(ids(&free), definition(0));
+        // Prices at rows' exact margins (the row just no longer pays) and round ones.
+        let mut paying: Vec<u64> = margins
+            .iter()
+            .filter(|m| m.1 > 0)
+            .map(|m| m.1 as u64)
+            .collect();
+        paying.sort_unstable();
+        let at_margins = [0, paying.len() / 2, paying.len() - 1].map(|i| paying[i]);
+        let mut kept = 0;
+        for price in at_margins
+            .into_iter()
+            .chain([1, 8, 64, 512, 4096].map(|b| b * COST_ONE_BIT))
+        {
+            let charged = Selection::of_priced(&h, true, price);
+            assert_eq!(ids(&charged), definition(price), "price {price}");
+            assert!(ids(&charged).iter().all(|c| ids(&free).contains(c)));
+            assert!(charged.data_cost >= free.data_cost);
+            kept = charged.explicit.len();
+        }
+        assert!(free.explicit.len() > kept, "{} rows either way", kept);
+        let all = Selection::of_priced(&h, true, u64::MAX / 4);
+        assert!(all.explicit.is_empty());
     }
 
     /// The trimmed rows hold the counts they were given: rows of one context added up, a
