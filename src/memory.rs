@@ -139,7 +139,11 @@ impl<T: Pod> HugeTable<T> {
         let _ = map.advise(memmap2::Advice::HugePage);
         let at = map.as_ptr().align_offset(HUGE_PAGE);
         let table: &mut [T] = bytemuck::try_cast_slice_mut(&mut map[at..at + bytes]).ok()?;
-        table.fill(fill);
+        // A fresh anonymous mapping reads as zeros: a zero fill would only touch every page
+        // first (serially, before the callers' own parallel writes).
+        if bytemuck::bytes_of(&fill).iter().any(|&b| b != 0) {
+            table.fill(fill);
+        }
         Some(Mem::Mapped { map, at, len })
     }
 }
@@ -205,6 +209,8 @@ mod tests {
             let t = HugeTable::new(1 << 21, 9u16, map_from);
             assert_eq!(t.len(), 1 << 21);
             assert!(t.iter().all(|&v| v == 9));
+            let z = HugeTable::new(1 << 21, 0u8, map_from);
+            assert!(z.iter().all(|&v| v == 0));
         }
     }
 }
