@@ -55,11 +55,14 @@ impl CpuAt {
 /// `avx2::gather`), and the microcode mitigation of Downfall (GDS) slows gathers on the
 /// Intel cores it covers, where an Intel Xeon of family 6 model 207 (Emerald Rapids class,
 /// not affected) decodes bf16 9-13% and fp32 0-11% faster with them, and encodes the
-/// default layout's bf16 6-13% faster (docs/BENCHMARKS.md, 2026-12-06).
+/// default layout's bf16 6-13% faster. On a Zen 3 (AMD EPYC, family 25) the default
+/// layout's fp32 decode runs 1.26-1.41x faster with gathers (quartiles of alternated
+/// passes), bf16 and both encodes the same (docs/BENCHMARKS.md, 2026-12-06).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Avx2Lookups {
-    /// Gathers on an Intel CPU the Linux kernel reports not affected by GDS, scalar loads
-    /// everywhere else (AMD, older kernels, other systems): the measured cases.
+    /// Gathers on an Intel CPU the Linux kernel reports not affected by GDS and on AMD
+    /// from Zen 3 (family 25) on; scalar loads everywhere else (Zen 2 and older, older
+    /// kernels, other systems): the measured cases.
     Auto,
     ScalarLoads,
     Gathers,
@@ -86,12 +89,19 @@ fn avx2_gathers() -> bool {
     }
 }
 
-/// An Intel CPU that Linux reports not affected by Gather Data Sampling.
+/// An Intel CPU that Linux reports not affected by Gather Data Sampling, or an AMD CPU of
+/// family 25 (Zen 3, Zen 4) or later.
 fn fast_gathers() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let id = std::arch::x86_64::__cpuid(0);
-        let intel = (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e);
+        use std::arch::x86_64::__cpuid;
+        let id = __cpuid(0);
+        let vendor = (id.ebx, id.edx, id.ecx);
+        let intel = vendor == (0x756e_6547, 0x4965_6e69, 0x6c65_746e);
+        let amd = vendor == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+        if amd {
+            return amd_family(__cpuid(1).eax) >= 25;
+        }
         intel
             && std::fs::read_to_string(
                 "/sys/devices/system/cpu/vulnerabilities/gather_data_sampling",
@@ -100,6 +110,18 @@ fn fast_gathers() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// The family of CPUID leaf 1's `eax`: the base family, plus the extended family where the
+/// base is 15 (every AMD CPU since the K8).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn amd_family(eax: u32) -> u32 {
+    let base = (eax >> 8) & 0xF;
+    if base == 0xF {
+        base + ((eax >> 20) & 0xFF)
+    } else {
+        base
+    }
 }
 
 /// Instruction-set level of the fast CPU paths, for both codecs (the language model's kernels
@@ -834,3 +856,16 @@ impl Backend for CpuBackend {
 
 #[cfg(test)]
 use crate::test_lcg;
+
+#[cfg(test)]
+mod lookup_tests {
+    /// Families from the `eax` of CPUID leaf 1 of CPUs on each side of the line
+    /// `fast_gathers` draws.
+    #[test]
+    fn amd_families_come_from_the_extended_family() {
+        assert_eq!(super::amd_family(0x0083_0F10), 23); // EPYC 7002 (Zen 2)
+        assert_eq!(super::amd_family(0x00A0_0F11), 25); // EPYC 7003 (Zen 3)
+        assert_eq!(super::amd_family(0x00B0_0F21), 26); // Zen 5
+        assert_eq!(super::amd_family(0x0080_06F8), 6); // Intel: no extended family
+    }
+}
