@@ -56,8 +56,9 @@ impl CpuAt {
 /// Intel cores it covers, where an Intel Xeon of family 6 model 207 (Emerald Rapids class,
 /// not affected) decodes bf16 9-13% and fp32 0-11% faster with them, and encodes the
 /// default layout's bf16 6-13% faster. On a Zen 3 (AMD EPYC, family 25) the default
-/// layout's fp32 decode runs 1.26-1.41x faster with gathers (quartiles of alternated
-/// passes), bf16 and both encodes the same (docs/BENCHMARKS.md, 2026-12-06).
+/// layout's fp32 decode runs 1.34-1.36x faster with gathers (medians of per-pair ratios,
+/// passes alternated in one process: `measure lookups`), its bf16 decode 0.94-1.00x, both
+/// encodes 0.99-1.00x (docs/BENCHMARKS.md, 2026-12-06).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Avx2Lookups {
     /// Gathers on an Intel CPU the Linux kernel reports not affected by GDS and on AMD

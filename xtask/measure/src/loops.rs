@@ -121,3 +121,70 @@ pub fn small_tensors(o: &Opts) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `measure lookups`: the AVX2 neighbor form's two ways of looking up ([`Avx2Lookups`]),
+/// in one process, passes alternating (`--layout`, default the default layout; `--rounds`
+/// passes of each, default 30): every float tensor encoded, then every one decoded, one
+/// thread. On a
+/// shared VM whose speed swings from minute to minute, two binaries run one after the other
+/// read as 0.87-1.36 against themselves; passes alternated in one process, as 0.96-1.07
+/// (quartiles). Prints each way's best pass and the quartiles of gathers over scalar loads
+/// per pair of passes: what `Avx2Lookups::Auto` should choose on this CPU.
+pub fn lookups(o: &Opts) -> Result<(), String> {
+    use lockstep::backend::cpu::{set_avx2_lookups, Avx2Lookups};
+    let (r, t) = o.open_pair(&o.dtype)?;
+    let cpu = o.cpu()?;
+    let opts = options(o.layout.unwrap_or(LayoutChoice::Auto));
+    let pairs = pairs(&r, &t, |_| true);
+    let mb = pairs.iter().map(|p| p.target.len()).sum::<usize>() as f64 / 1e6;
+    let ways = [Avx2Lookups::ScalarLoads, Avx2Lookups::Gathers];
+    // Seconds per pass: [way][encode, decode][pass].
+    let mut secs = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    for pass in 0..2 * o.rounds.unwrap_or(30) {
+        let way = pass % 2;
+        set_avx2_lookups(ways[way]);
+        let (mut enc, mut dec) = (0.0, 0.0);
+        let mut blobs = Vec::with_capacity(pairs.len());
+        for p in &pairs {
+            let (s, blob) = best(1, || encode_unverified(p, &opts, &cpu));
+            blobs.push(blob.map_err(|e| e.to_string())?.0);
+            enc += s;
+        }
+        // The decodes after every encode, as `decode-loop` runs them: none finds its
+        // tensor in cache from its own encode.
+        for (p, blob) in pairs.iter().zip(&blobs) {
+            let (s, out) = best(1, || decode_tensor(blob, p.reference, &cpu));
+            dec += s;
+            assert!(
+                out.map_err(|e| e.to_string())? == p.target,
+                "decoded other bytes"
+            );
+        }
+        secs[way][0].push(enc);
+        secs[way][1].push(dec);
+    }
+    set_avx2_lookups(Avx2Lookups::Auto);
+    for (k, what) in ["encode", "decode"].iter().enumerate() {
+        let fastest = |v: &[f64]| mb / v.iter().copied().fold(f64::MAX, f64::min);
+        // Speed of gathers over scalar loads, per pair of neighboring passes.
+        let mut r: Vec<f64> = secs[0][k]
+            .iter()
+            .zip(&secs[1][k])
+            .map(|(s, g)| s / g)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        let q = |f: f64| r[((r.len() - 1) as f64 * f).round() as usize];
+        println!(
+            "{} {what}: scalar loads best {:.1} MB/s, gathers best {:.1} MB/s; gathers / scalar \
+             loads per pair: median {:.3}, quartiles {:.3}-{:.3} ({} pairs)",
+            o.dtype,
+            fastest(&secs[0][k]),
+            fastest(&secs[1][k]),
+            q(0.5),
+            q(0.25),
+            q(0.75),
+            r.len()
+        );
+    }
+    Ok(())
+}

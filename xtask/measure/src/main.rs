@@ -36,6 +36,8 @@ commands:
   encode-loop     encode every float tensor ROUNDS times, print the best pass
   decode-loop     decode every float tensor's blob ROUNDS times, print the best pass
   small-tensors   microseconds per tensor below 2^16 elements, every layout (or --layout's)
+  lookups         the AVX2 neighbor form's gathers against its scalar loads, passes
+                  alternating in one process (one thread; per-pair quartiles)
   contexts        estimated sizes of richer Joint context models next to the real blobs of
                   both layouts (what a format change would gain, before building it)
 
@@ -47,7 +49,8 @@ options:
   --layout L      fast, default, signed or fast-neighbor (default: fast; `stages` runs both unless one is given)
   --threads N     rayon threads (default 1)
   --lookups L     auto, scalar or gather: how the AVX2 neighbor form (decode, encode) looks up
-                  (default auto: gathers on an Intel CPU not affected by GDS)
+                  (default auto: gathers on an Intel CPU not affected by GDS and on AMD
+                  from Zen 3 on)
   --rounds N      repetitions (default per command)
 ";
 
@@ -211,6 +214,7 @@ fn main() {
             "encode-loop" => loops::encode(&o),
             "decode-loop" => loops::decode(&o),
             "small-tensors" => loops::small_tensors(&o),
+            "lookups" => loops::lookups(&o),
             "contexts" => contexts::run(&o),
             c => Err(format!("unknown command {c}\n{USAGE}")),
         })
