@@ -57,8 +57,8 @@ impl CpuAt {
 /// not affected) decodes bf16 9-13% and fp32 0-11% faster with them, and encodes the
 /// default layout's bf16 6-13% faster. On a Zen 3 (AMD EPYC, family 25) the default
 /// layout's fp32 decode runs 1.34-1.36x faster with gathers (medians of per-pair ratios,
-/// passes alternated in one process: `measure lookups`), its bf16 decode 0.94-1.00x, both
-/// encodes 0.99-1.00x (docs/BENCHMARKS.md, 2026-12-06).
+/// passes alternated in one process: `measure lookups`), its bf16 decode 0.94-0.99x, both
+/// encodes 0.99-1.01x (docs/BENCHMARKS.md, 2026-12-06).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Avx2Lookups {
     /// Gathers on an Intel CPU the Linux kernel reports not affected by GDS and on AMD
