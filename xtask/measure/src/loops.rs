@@ -123,11 +123,11 @@ pub fn small_tensors(o: &Opts) -> Result<(), String> {
 }
 
 /// `measure lookups`: the AVX2 neighbor form's two ways of looking up ([`Avx2Lookups`]),
-/// in one process, passes alternating (`--layout`, default the default layout; `--rounds`
-/// passes of each, default 30): every float tensor encoded, then every one decoded, one
-/// thread. On a
-/// shared VM whose speed swings from minute to minute, two binaries run one after the other
-/// read as 0.87-1.36 against themselves; passes alternated in one process, as 0.96-1.07
+/// in one process, passes alternating (`--layout`, here the default layout unless given:
+/// `--fast` has no neighbor form; `--rounds` passes of each, default 30; `--threads`,
+/// default one): every float tensor encoded, then every one decoded. On a shared VM whose
+/// speed swings from minute to minute, two binaries run one after the other read as
+/// 0.87-1.36 against themselves; passes alternated in one process, as 0.96-1.07
 /// (quartiles). Prints each way's best pass and the quartiles of gathers over scalar loads
 /// per pair of passes: what `Avx2Lookups::Auto` should choose on this CPU.
 pub fn lookups(o: &Opts) -> Result<(), String> {

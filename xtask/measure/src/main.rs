@@ -37,7 +37,8 @@ commands:
   decode-loop     decode every float tensor's blob ROUNDS times, print the best pass
   small-tensors   microseconds per tensor below 2^16 elements, every layout (or --layout's)
   lookups         the AVX2 neighbor form's gathers against its scalar loads, passes
-                  alternating in one process (one thread; per-pair quartiles)
+                  alternating in one process (the default layout unless --layout;
+                  per-pair quartiles)
   contexts        estimated sizes of richer Joint context models next to the real blobs of
                   both layouts (what a format change would gain, before building it)
 
