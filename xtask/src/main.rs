@@ -33,8 +33,9 @@
 //!   both sides of a round alike); `--layout default` pairs the default layout instead of
 //!   `--fast`, `--isa L` (portable, avx2, avx512, neon) runs lockstep's side at that level.
 //!   `bench delta [DIR] --scaling [--rounds N]`: thread scaling instead, N rounds
-//!   (default 3) of both layouts at one thread and at two (best CPU level), with each
-//!   round's two-thread speedups and their medians (needs both cores free to mean much).
+//!   (default 3) of both layouts at one thread and at two (best CPU level; within a round
+//!   the two alternate, pass by pass), with each round's two-thread speedups and their
+//!   medians (needs both cores free to mean much).
 //! - `bench text [--quick]`: bits per byte of the text codec (default and ablations) beside
 //!   xz, zstd, brotli, PPMd and zpaq on benches/text (bench_text.rs).
 

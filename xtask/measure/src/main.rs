@@ -31,7 +31,8 @@ usage: measure <command> [options]
 commands:
   table           speed table of every device and CPU level, zstd -19 in the same run
                   (--quick: one repetition; --paired: best CPU level, one thread, one
-                  layout; --scaling: best CPU level, both layouts, one thread then two)
+                  layout; --scaling: best CPU level, both layouts, one thread and two,
+                  their passes alternating)
   stages          per-stage CPU time of both layouts, alternating, per CPU level
   encode-loop     encode every float tensor ROUNDS times, print the best pass
   decode-loop     decode every float tensor's blob ROUNDS times, print the best pass
