@@ -108,8 +108,16 @@ pub fn histogram<T: Word>(
     };
     let per_near = 2 * window.n as usize;
     let new = || Counts::new(4 * (w1 + 1) * 3 * per_near);
-    let counts = chunk_ranges(d.len())
+    // Every piece rayon splits off starts a fold of its own, and a fold's rows grow to the
+    // tensor's (2,858 rows of 247 counts on the GPT-2 embedding: 2.8 MB, zeroed, then
+    // merged): unbounded, two threads split the embedding's 25 chunks into 10-11 folds,
+    // and more threads into more. About two pieces per thread keep the stealing (two
+    // threads' encode 1.01-1.04x faster on a Zen 3, docs/BENCHMARKS.md).
+    let ranges = chunk_ranges(d.len());
+    let min_len = (ranges.len() / (2 * rayon::current_num_threads())).max(1);
+    let counts = ranges
         .into_par_iter()
+        .with_min_len(min_len)
         .fold(new, |mut acc, r| {
             let (d, info) = (&d[r.clone()], &info[r]);
             super::hist::simd(
