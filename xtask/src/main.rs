@@ -127,6 +127,22 @@ fn speeds(text: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// The (encode, decode) medians of each `two threads over one per alternation` line that
+/// `measure table --scaling` prints, in order, each with its line.
+fn per_alternation(text: &str) -> Vec<((f64, f64), &str)> {
+    text.lines()
+        .filter(|l| l.starts_with("two threads over one per alternation"))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let after = |w: &str| {
+                let at = words.iter().position(|x| *x == w)?;
+                words.get(at + 1)?.parse::<f64>().ok()
+            };
+            Some(((after("encode")?, after("decode")?), l))
+        })
+        .collect()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -499,34 +515,34 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
 fn scaling(dir: &str, rounds: usize) -> Result<(), String> {
     let mut table = Vec::new();
     for round in 1..=rounds {
-        let rows = speeds(&capture(
-            "cargo",
-            &measure(&["table", "--dir", dir, "--scaling"]),
-        )?);
-        // Per pair: --fast 1 thread, --fast 2, default 1, default 2.
+        let text = capture("cargo", &measure(&["table", "--dir", dir, "--scaling"]))?;
+        let rows = speeds(&text);
+        let ratios = per_alternation(&text);
+        // Per pair: --fast 1 thread, --fast 2, default 1, default 2; a speedup line after
+        // each layout's two.
         for (k, (_, b)) in PAIRS.iter().enumerate() {
             for (l, layout) in ["--fast", "default"].into_iter().enumerate() {
-                let (Some(&one), Some(&two)) =
-                    (rows.get(4 * k + 2 * l), rows.get(4 * k + 2 * l + 1))
-                else {
+                let (Some(&one), Some(&two), Some((x, line))) = (
+                    rows.get(4 * k + 2 * l),
+                    rows.get(4 * k + 2 * l + 1),
+                    ratios.get(2 * k + l),
+                ) else {
                     return Err(format!("round {round}: no speeds parsed for {b}"));
                 };
-                table.push((round, *b, layout, one, two));
+                // With its quartiles, as measured.
+                println!("round {round}, {b}, {layout}: {line}");
+                table.push((round, *b, layout, one, two, *x));
             }
         }
     }
-    println!("\nThread scaling, lockstep on the best CPU level, MB/s:");
+    println!("\nThread scaling, lockstep on the best CPU level: each row's best MB/s, and the");
+    println!("two-thread speedup as the median over alternations (× columns):");
     println!("| round | target | layout | enc 1 thr | enc 2 thr | enc × | dec 1 thr | dec 2 thr | dec × |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for &(round, b, layout, one, two) in &table {
+    for &(round, b, layout, one, two, x) in &table {
         println!(
             "| {round} | {b} | {layout} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
-            one.0,
-            two.0,
-            two.0 / one.0,
-            one.1,
-            two.1,
-            two.1 / one.1
+            one.0, two.0, x.0, one.1, two.1, x.1
         );
     }
     for (_, b) in PAIRS {
@@ -535,11 +551,11 @@ fn scaling(dir: &str, rounds: usize) -> Result<(), String> {
                 table
                     .iter()
                     .filter(|r| r.1 == b && r.2 == layout)
-                    .map(|r| f(&r.4) / f(&r.3))
+                    .map(|r| f(&r.5))
                     .collect::<Vec<_>>()
             };
             println!(
-                "median over {rounds} rounds, {b}, {layout}: two threads encode {:.2}×, decode {:.2}× one thread",
+                "median over {rounds} rounds of the per-alternation medians, {b}, {layout}: two threads encode {:.2}×, decode {:.2}× one thread",
                 median(of(|s| s.0)),
                 median(of(|s| s.1))
             );

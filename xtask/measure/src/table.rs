@@ -77,7 +77,10 @@ fn layout_row(
 /// The `--scaling` rows of one layout, one thread and two: their passes alternate (one
 /// thread's encode, then two threads', likewise the decodes, `reps` times), so a VM whose
 /// speed drifts from minute to minute (BENCHMARKS: 0.87-1.36 between runs of one binary)
-/// slows both rows alike; each row the best of its passes.
+/// slows both rows alike; each row the best of its passes. Then the two-thread speedup read
+/// per alternation (one thread's time over two threads' in the same alternation): its median
+/// and quartiles, on a line `cargo xtask bench delta --scaling` reads (the ratio of the
+/// rows' bests can pair one row's best moment with the other's worst).
 fn scaling_rows(name: &str, pairs: &[TensorPair], reps: usize, layout: LayoutChoice) {
     let pools = [1, 2].map(|t| {
         rayon::ThreadPoolBuilder::new()
@@ -91,8 +94,10 @@ fn scaling_rows(name: &str, pairs: &[TensorPair], reps: usize, layout: LayoutCho
     };
     let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
     let (mut enc_s, mut dec_s) = ([f64::MAX; 2], [f64::MAX; 2]);
+    let (mut enc_x, mut dec_x) = (Vec::new(), Vec::new());
     let mut blobs = Vec::new();
     for _ in 0..reps {
+        let (mut enc, mut dec) = ([0.0; 2], [0.0; 2]);
         for (k, pool) in pools.iter().enumerate() {
             // Tensors in parallel as well as chunks, as `encode_batched` does.
             let (s, out) = pool.install(|| {
@@ -103,7 +108,7 @@ fn scaling_rows(name: &str, pairs: &[TensorPair], reps: usize, layout: LayoutCho
                         .collect::<Vec<_>>()
                 })
             });
-            enc_s[k] = enc_s[k].min(s);
+            enc[k] = s;
             blobs = out;
         }
         for (k, pool) in pools.iter().enumerate() {
@@ -117,8 +122,14 @@ fn scaling_rows(name: &str, pairs: &[TensorPair], reps: usize, layout: LayoutCho
                 })
             });
             assert!(decoded.iter().zip(pairs).all(|(d, p)| d == p.target));
-            dec_s[k] = dec_s[k].min(s);
+            dec[k] = s;
         }
+        for k in 0..2 {
+            enc_s[k] = enc_s[k].min(enc[k]);
+            dec_s[k] = dec_s[k].min(dec[k]);
+        }
+        enc_x.push(enc[0] / enc[1]);
+        dec_x.push(dec[0] / dec[1]);
     }
     let packed: usize = blobs.iter().map(|b| b.len()).sum();
     for (k, threads) in [1, 2].into_iter().enumerate() {
@@ -130,6 +141,15 @@ fn scaling_rows(name: &str, pairs: &[TensorPair], reps: usize, layout: LayoutCho
             Some(dec_s[k]),
         );
     }
+    let quartiles = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let at = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+        (at(0.5), at(0.25), at(0.75))
+    };
+    let ((e, e1, e3), (d, d1, d3)) = (quartiles(enc_x), quartiles(dec_x));
+    println!(
+        "two threads over one per alternation ({reps}): encode {e:.3} ({e1:.3}-{e3:.3}) decode {d:.3} ({d1:.3}-{d3:.3})"
+    );
 }
 
 /// The table's rows on both pairs (bf16 and fp32, 600 -> 800).
