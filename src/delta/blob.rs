@@ -464,9 +464,9 @@ fn encode_modeled(
 /// Every chunk's words (little-endian) and then its tail, appended to `buf`; returns how many
 /// bytes. Each chunk is copied into its own part of room reserved once, the parts on the
 /// rayon pool: one thread's copy of a large tensor's stream (19.6 MB for the fp32 GPT-2
-/// embedding, its pages mostly new, each faulted in here: 2-15 ms of a 45 ms one-thread
-/// encode on a Zen 3 VM) left the other threads idle (two threads' `--fast` fp32 encode
-/// 1.04-1.05x faster in parallel, docs/BENCHMARKS.md).
+/// embedding, its pages mostly new, each faulted in here: 2-15 ms of its 48-80 ms
+/// one-thread encode on a Zen 3 VM) left the other threads idle (two threads' `--fast` fp32
+/// encode 1.04-1.05x faster in parallel, docs/BENCHMARKS.md).
 fn put_streams(buf: &mut Vec<u8>, chunks: &[EncodedChunk]) -> u64 {
     use rayon::prelude::*;
     let sizes: Vec<usize> = chunks
