@@ -463,10 +463,10 @@ fn encode_modeled(
 
 /// Every chunk's words (little-endian) and then its tail, appended to `buf`; returns how many
 /// bytes. Each chunk is copied into its own part of room reserved once, the parts on the
-/// rayon pool: one thread's copy of a large tensor's stream (19.6 MB for the fp32 GPT-2
-/// embedding, its pages mostly new, each faulted in here: 2-15 ms of its 48-80 ms
-/// one-thread encode on a Zen 3 VM) left the other threads idle (two threads' `--fast` fp32
-/// encode 1.04-1.05x faster in parallel, docs/BENCHMARKS.md).
+/// rayon pool: one thread's copy of a large tensor's stream (most of the fp32 GPT-2 pair's
+/// 19.6 MB of blobs is the embedding's, its pages mostly new, each faulted in here: 2-15 ms
+/// of its 48-73 ms one-thread encode on a Zen 3 VM) left the other threads idle (two
+/// threads' `--fast` fp32 encode 1.04-1.05x faster in parallel, docs/BENCHMARKS.md).
 fn put_streams(buf: &mut Vec<u8>, chunks: &[EncodedChunk]) -> u64 {
     use rayon::prelude::*;
     let sizes: Vec<usize> = chunks
@@ -495,11 +495,7 @@ fn put_streams(buf: &mut Vec<u8>, chunks: &[EncodedChunk]) -> u64 {
         }
         copy_into(tail, &c.tail);
     };
-    if chunks.len() > 1 {
-        parts.into_par_iter().zip(chunks).for_each(put);
-    } else {
-        parts.into_iter().zip(chunks).for_each(put);
-    }
+    parts.into_par_iter().zip(chunks).for_each(put);
     // SAFETY: the parts cover the `total` bytes after the length, and `put` wrote each
     // of them.
     unsafe { buf.set_len(buf.len() + total) };

@@ -36,6 +36,24 @@ fn lockstep_row(name: &str, b: &dyn Backend, threads: usize, pairs: &[TensorPair
     layout_row(name, b, threads, pairs, reps, LayoutChoice::Auto)
 }
 
+/// Every pair encoded on the current pool, tensors in parallel as well as chunks, as
+/// `encode_batched` does.
+fn encode_all(pairs: &[TensorPair], opts: &EncodeOptions, b: &dyn Backend) -> Vec<Vec<u8>> {
+    pairs
+        .par_iter()
+        .map(|p| encode_unverified(p, opts, b).unwrap().0)
+        .collect()
+}
+
+/// Every blob decoded against its pair's reference on the current pool.
+fn decode_all(pairs: &[TensorPair], blobs: &[Vec<u8>], b: &dyn Backend) -> Vec<Vec<u8>> {
+    pairs
+        .par_iter()
+        .zip(blobs)
+        .map(|(p, blob)| decode_tensor(blob, p.reference, b).unwrap())
+        .collect()
+}
+
 fn layout_row(
     name: &str,
     b: &dyn Backend,
@@ -54,20 +72,8 @@ fn layout_row(
     };
     let raw: usize = pairs.iter().map(|p| p.target.len()).sum();
     pool.install(|| {
-        // Tensors in parallel as well as chunks, as `encode_batched` does.
-        let (enc_s, blobs) = best(reps, || {
-            pairs
-                .par_iter()
-                .map(|p| encode_unverified(p, &opts, b).unwrap().0)
-                .collect::<Vec<_>>()
-        });
-        let (dec_s, decoded) = best(reps, || {
-            pairs
-                .par_iter()
-                .zip(&blobs)
-                .map(|(p, blob)| decode_tensor(blob, p.reference, b).unwrap())
-                .collect::<Vec<_>>()
-        });
+        let (enc_s, blobs) = best(reps, || encode_all(pairs, &opts, b));
+        let (dec_s, decoded) = best(reps, || decode_all(pairs, &blobs, b));
         assert!(decoded.iter().zip(pairs).all(|(d, p)| d == p.target));
         let packed: usize = blobs.iter().map(|b| b.len()).sum();
         row(name, raw, packed, enc_s, Some(dec_s));
@@ -99,28 +105,12 @@ fn scaling_rows(name: &str, pairs: &[TensorPair], reps: usize, layout: LayoutCho
     for _ in 0..reps {
         let (mut enc, mut dec) = ([0.0; 2], [0.0; 2]);
         for (k, pool) in pools.iter().enumerate() {
-            // Tensors in parallel as well as chunks, as `encode_batched` does.
-            let (s, out) = pool.install(|| {
-                best(1, || {
-                    pairs
-                        .par_iter()
-                        .map(|p| encode_unverified(p, &opts, &CpuBackend).unwrap().0)
-                        .collect::<Vec<_>>()
-                })
-            });
+            let (s, out) = pool.install(|| best(1, || encode_all(pairs, &opts, &CpuBackend)));
             enc[k] = s;
             blobs = out;
         }
         for (k, pool) in pools.iter().enumerate() {
-            let (s, decoded) = pool.install(|| {
-                best(1, || {
-                    pairs
-                        .par_iter()
-                        .zip(&blobs)
-                        .map(|(p, blob)| decode_tensor(blob, p.reference, &CpuBackend).unwrap())
-                        .collect::<Vec<_>>()
-                })
-            });
+            let (s, decoded) = pool.install(|| best(1, || decode_all(pairs, &blobs, &CpuBackend)));
             assert!(decoded.iter().zip(pairs).all(|(d, p)| d == p.target));
             dec[k] = s;
         }
