@@ -35,12 +35,14 @@
 //!   `bench delta [DIR] --scaling [--rounds N]`: thread scaling instead, N rounds
 //!   (default 3) of both layouts at one thread and at two (best CPU level; within a round
 //!   the two alternate, pass by pass), with each round's two-thread speedups and their
-//!   medians (needs both cores free to mean much).
+//!   medians (needs both cores free to mean much). `bench delta [DIR] --cli [--rounds N]`:
+//!   the CLI as a user runs it, one process per file (bench_cli.rs), `zstd -3` beside it.
 //! - `bench text [--quick]`: bits per byte of the text codec (default and ablations) beside
 //!   xz, zstd, brotli, PPMd and zpaq on benches/text (bench_text.rs).
 
 use std::process::{Command, ExitCode};
 
+mod bench_cli;
 mod bench_text;
 
 fn main() -> ExitCode {
@@ -57,7 +59,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask ci | cross | gpu-check [--prebuilt BINDIR] [DIR] | gpu-pack [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default|signed|fast-neighbor] [--isa L] [--scaling] | bench text [--quick]"
+                "usage: cargo xtask ci | cross | gpu-check [--prebuilt BINDIR] [DIR] | gpu-pack [DIR] | bench delta [DIR] [--zipnn] [--rounds N] [--layout default|signed|fast-neighbor] [--isa L] [--scaling] [--cli] | bench text [--quick]"
             );
             return ExitCode::from(2);
         }
@@ -84,7 +86,6 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// Run a command, its stderr shown, and return its stdout.
 /// `cargo` arguments that run the profiling tool (xtask/measure/) with `args`.
 fn measure<'a>(args: &[&'a str]) -> Vec<&'a str> {
     let mut all = vec![
@@ -99,6 +100,7 @@ fn measure<'a>(args: &[&'a str]) -> Vec<&'a str> {
     all
 }
 
+/// Run a command, its stderr shown, and return its stdout.
 fn capture(cmd: &str, args: &[&str]) -> Result<String, String> {
     eprintln!("+ {cmd} {}", args.join(" "));
     let out = Command::new(cmd)
@@ -462,6 +464,9 @@ fn bench_delta(args: &[String]) -> Result<(), String> {
     };
     if args.iter().any(|a| a == "--scaling") {
         return scaling(&dir, rounds.unwrap_or(3));
+    }
+    if args.iter().any(|a| a == "--cli") {
+        return bench_cli::bench_cli(&dir, rounds.unwrap_or(7));
     }
     // `--isa L`: the paired rounds run lockstep at that CPU level instead of the best.
     let isa = match args.iter().position(|a| a == "--isa") {
