@@ -116,10 +116,14 @@ pub fn encode_to(
         let coded = encode_batched(&pairs, opts, usize::MAX, backend)?;
         let batch_bytes: u64 = entries.iter().map(|t| (t.end - t.start) as u64).sum();
         for (t, (blob, report)) in entries.iter().zip(coded) {
+            // The blob is written from where it was coded, behind its framing: copied into
+            // one buffer with its name, a large tensor's blob faulted in pages of its own
+            // (a fifth of a one-shot fp32 encode's page faults).
             let mut w = ByteWriter::new();
             w.blob(t.name.as_bytes());
-            w.blob(&blob);
+            w.varint(blob.len() as u64);
             f.write_all(&w.buf)?;
+            f.write_all(&blob)?;
             outcomes.push(TensorOutcome {
                 name: t.name.clone(),
                 dtype: t.dtype,
