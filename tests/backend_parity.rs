@@ -13,8 +13,8 @@ use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::blob::encode_modeled_only;
 use lockstep::delta::parity::{first_difference, stages};
 use lockstep::delta::{
-    decode_tensor, encode_batched, encode_tensor, EncodeOptions, Layout, LayoutChoice, TensorPair,
-    CHUNK_ELEMS, LANES,
+    decode_tensor, decode_tensor_pieces, encode_batched, encode_tensor, EncodeOptions, Layout,
+    LayoutChoice, TensorPair, CHUNK_ELEMS, LANES,
 };
 use lockstep::dtype::{DType, FloatLayout};
 use lockstep::format::chunk::EncodedChunk;
@@ -466,6 +466,101 @@ pub fn large_fast(backend: &dyn Backend, max_len: usize) {
     }
 }
 
+/// The piecewise decode (`decode_tensor_pieces`, what the CLI's decode and every encode's
+/// verify use): over a tensor of four chunks (the last short) in every layout a large
+/// tensor takes, pieces of 1, 2, 3 and 5 chunks join to the target, and the pieces are
+/// those sizes (where the device splits at all: by default a device hands over one piece);
+/// an identical and a raw blob too; a damaged chunk is an error however the pieces fall
+/// (nothing taken for good), and an error of the sink's own comes back as it is.
+pub fn pieces(backend: &dyn Backend, max_len: usize) {
+    let n = 3 * CHUNK_ELEMS + 48;
+    if n > max_len {
+        return;
+    }
+    for (i, dtype) in [DType::BF16, DType::F32].into_iter().enumerate() {
+        let (r, x) = pair_bytes(dtype, n, 48, 61 + i as u64);
+        let shape = [(n / 48) as u64, 48];
+        let chunk_bytes = CHUNK_ELEMS * dtype.size();
+        let pair = TensorPair {
+            dtype,
+            shape: &shape,
+            reference: &r,
+            target: &x,
+        };
+        for layout in [
+            LayoutChoice::Auto,
+            LayoutChoice::Fast,
+            LayoutChoice::FastNeighbor,
+        ] {
+            let opts = EncodeOptions {
+                layout,
+                ..EncodeOptions::default()
+            };
+            let (blob, _) = encode_tensor(&pair, &opts, backend).unwrap();
+            for per in [1, 2, 3, 5] {
+                let mut got = Vec::new();
+                let mut sizes = Vec::new();
+                decode_tensor_pieces(&blob, &r, backend, Some(per), &mut |p| {
+                    got.extend_from_slice(p);
+                    sizes.push(p.len());
+                    Ok(())
+                })
+                .unwrap();
+                assert!(got == x, "{dtype} {layout:?} {per}: other bytes");
+                let whole = sizes == [x.len()];
+                let split = sizes.iter().rev().skip(1).all(|&s| s == per * chunk_bytes);
+                assert!(whole || split, "{dtype} {layout:?} {per}: pieces {sizes:?}");
+            }
+            // A bit flipped in the middle of the chunks' data (the blob's own CRC-32
+            // mended, so the decode meets it): an error, whatever the pieces.
+            let mut bad = blob.clone();
+            let at = bad.len() / 2;
+            bad[at] ^= 0x10;
+            let body = bad.len() - 4;
+            let crc = crc32fast::hash(&bad[..body]);
+            bad[body..].copy_from_slice(&crc.to_le_bytes());
+            assert!(
+                decode_tensor(&bad, &r, backend).is_err(),
+                "{dtype} {layout:?}"
+            );
+            for per in [1, 3] {
+                let r = decode_tensor_pieces(&bad, &r, backend, Some(per), &mut |_| Ok(()));
+                assert!(r.is_err(), "{dtype} {layout:?} {per}: damage not found");
+            }
+            // The sink's own error, not the blob's.
+            let e = decode_tensor_pieces(&blob, &r, backend, Some(1), &mut |_| {
+                Err(lockstep::Error::Invalid("the sink is full".into()))
+            })
+            .unwrap_err();
+            assert_eq!(e.to_string(), "the sink is full", "{dtype} {layout:?}");
+        }
+    }
+    // Identical and raw blobs hand over their bytes in one piece.
+    let (r, _) = pair_bytes(DType::BF16, 1000, 50, 7);
+    let noise: Vec<u8> = {
+        let mut g = Rng(77);
+        (0..2000).map(|_| g.next() as u8).collect()
+    };
+    for (x, what) in [(r.clone(), "identical"), (noise, "raw")] {
+        let shape = [1000u64];
+        let pair = TensorPair {
+            dtype: DType::BF16,
+            shape: &shape,
+            reference: &r,
+            target: &x,
+        };
+        let (blob, report) = encode_tensor(&pair, &EncodeOptions::default(), backend).unwrap();
+        assert_eq!(format!("{:?}", report.mode.unwrap()).to_lowercase(), what);
+        let mut got = Vec::new();
+        decode_tensor_pieces(&blob, &r, backend, None, &mut |p| {
+            got.extend_from_slice(p);
+            Ok(())
+        })
+        .unwrap();
+        assert!(got == x, "{what}");
+    }
+}
+
 use common::golden_cases as golden;
 
 /// Encode every golden case on `backend`: exactly the golden bytes; decode every golden blob
@@ -806,6 +901,13 @@ macro_rules! parity_tests {
             fn every_bit_pattern_in_modeled_mode() {
                 if let Some(d) = device() {
                     every_pattern_modeled(d.delta().unwrap());
+                }
+            }
+
+            #[test]
+            fn decode_in_pieces() {
+                if let Some(d) = device() {
+                    pieces(d.delta().unwrap(), $max_len);
                 }
             }
 

@@ -94,6 +94,25 @@ pub trait Backend: Send + Sync {
             out,
         })
     }
+    /// [`Backend::decode_checked`] handing the output to `sink` in order, a piece of
+    /// `piece_chunks` chunks at a time (the last may be shorter), each piece in a buffer the
+    /// next one reuses: a large tensor's output need not exist whole. (A one-shot decode of
+    /// the fp32 trajectory pair faulted in a fresh page for every 4 KiB of its 26 MB
+    /// embedding; pieces of a few MiB are faulted once and still in cache when `sink` reads
+    /// them.) Returns the CRC-32 of the whole output. On an error, from the decode or from
+    /// `sink`, what `sink` got is to be discarded. By default (devices that decode a tensor
+    /// in one go) the whole output is one piece.
+    fn decode_pieces(
+        &self,
+        job: &DecodeJob,
+        piece_chunks: usize,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<u32> {
+        let _ = piece_chunks;
+        let c = self.decode_checked(job)?;
+        sink(&c.out)?;
+        Ok(c.crc)
+    }
 }
 
 /// What [`Backend::decode_checked`] returns.

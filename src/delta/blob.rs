@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 use super::{EncodeOptions, LayoutChoice, Report, TensorPair};
-use crate::backend::{Backend, Checked, DecodeJob, EncodeJob, HistRequest};
+use crate::backend::{Backend, DecodeJob, EncodeJob, HistRequest};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::dtype::{DType, FloatLayout};
 use crate::entropy::freq::{entropy_floor, COST_ONE_BIT, PROB_BITS};
@@ -511,6 +511,64 @@ fn copy_into(dst: &mut [std::mem::MaybeUninit<u8>], src: &[u8]) {
 
 /// Decode a blob against the reference tensor's bytes.
 pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<Vec<u8>> {
+    let (h, payload, raw_bytes) = open(bytes, reference)?;
+    let mut out = Vec::new();
+    let decoded = decode_payload(payload, &h, raw_bytes, reference, backend).map(|(o, crc)| {
+        let crc = crc.unwrap_or_else(|| crate::bytes::crc32(&o));
+        out = o;
+        crc
+    });
+    judge(&h, reference, decoded)?;
+    Ok(out)
+}
+
+/// [`decode`] handing the output to `sink` in order, in pieces of `piece_chunks` chunks
+/// (`Backend::decode_pieces`; default [`piece_chunks`]), so a large tensor's output need not
+/// exist whole. The blob's checks are the same, made once the last piece is out: on an
+/// error, what `sink` got is to be discarded. An error of `sink`'s own is returned as it is
+/// (after the reference's check, as any error of the decode).
+pub fn decode_pieces(
+    bytes: &[u8],
+    reference: &[u8],
+    backend: &dyn Backend,
+    piece_chunks: Option<usize>,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let (h, payload, raw_bytes) = open(bytes, reference)?;
+    let per = piece_chunks.unwrap_or_else(|| self::piece_chunks(h.dtype.size()));
+    let decoded = (|| {
+        let mut r = ByteReader::new(payload, "tensor blob payload");
+        let whole: &[u8] = match h.mode {
+            Mode::Identical => reference,
+            Mode::Raw => r.take(raw_bytes as usize)?,
+            Mode::ZstdXor => {
+                let (out, _) = decode_payload(payload, &h, raw_bytes, reference, backend)?;
+                sink(&out)?;
+                return Ok(crate::bytes::crc32(&out));
+            }
+            Mode::Modeled => {
+                let fl = modeled_layout(&r, &h)?;
+                let parsed = parse_modeled(&mut r, &h, fl)?;
+                r.expect_end()?;
+                return backend.decode_pieces(&parsed.job(reference), per, sink);
+            }
+        };
+        r.expect_end()?;
+        sink(whole)?;
+        Ok(crate::bytes::crc32(whole))
+    })();
+    judge(&h, reference, decoded)
+}
+
+/// Chunks per piece of a piecewise decode of elements of `size` bytes: two per thread, so
+/// the pool has work to share out, and at least 4 MiB, so a piece's fork and join are
+/// small beside its work; a piece's bytes stay in cache between its decode and its sink.
+pub fn piece_chunks(size: usize) -> usize {
+    (2 * rayon::current_num_threads()).max((4 << 20) / (CHUNK_ELEMS * size.max(1)))
+}
+
+/// A blob's header and payload and its output's length, checked against the reference's.
+fn open<'b>(bytes: &'b [u8], reference: &[u8]) -> Result<(BlobHeader, &'b [u8], u64)> {
     let (h, payload) = read_header(bytes)?;
     let size = h.dtype.size() as u64;
     let raw_bytes = h
@@ -526,10 +584,15 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
             h.shape
         )));
     }
-    // A wrong reference is named as such, before any other error of the decode. Only a
-    // failed decode hashes the reference to tell: a wrong reference decodes to a wrong
-    // output, which the target's CRC-32 catches, so a decode that checks out needs no pass
-    // over the reference.
+    Ok((h, payload, raw_bytes))
+}
+
+/// A decode's outcome (its output's CRC-32, or its error) as the blob's: checked against
+/// the stored CRC-32. A wrong reference is named as such, before any other error of the
+/// decode. Only a failed decode hashes the reference to tell: a wrong reference decodes to
+/// a wrong output, which the target's CRC-32 catches, so a decode that checks out needs no
+/// pass over the reference.
+fn judge(h: &BlobHeader, reference: &[u8], decoded: Result<u32>) -> Result<()> {
     let check_reference = || -> Result<()> {
         if !h.mode.uses_reference() {
             return Ok(());
@@ -543,23 +606,21 @@ pub fn decode(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<V
         }
         Ok(())
     };
-    let (out, crc) = match decode_payload(payload, &h, raw_bytes, reference, backend) {
-        Ok(decoded) => decoded,
+    match decoded {
         Err(e) => {
             check_reference()?;
-            return Err(e);
+            Err(e)
         }
-    };
-    let crc = crc.unwrap_or_else(|| crate::bytes::crc32(&out));
-    if crc != h.target_crc {
-        check_reference()?;
-        return Err(Error::checksum32(
-            "decoded tensor (CRC-32)",
-            h.target_crc,
-            crc,
-        ));
+        Ok(crc) if crc != h.target_crc => {
+            check_reference()?;
+            Err(Error::checksum32(
+                "decoded tensor (CRC-32)",
+                h.target_crc,
+                crc,
+            ))
+        }
+        Ok(_) => Ok(()),
     }
-    Ok(out)
 }
 
 /// The output of a blob's payload, with its CRC-32 where the decode computed it.
@@ -585,17 +646,22 @@ fn decode_payload(
             xor.iter().zip(reference).map(|(a, b)| a ^ b).collect()
         }
         Mode::Modeled => {
-            let fl = h
-                .dtype
-                .float_layout()
-                .ok_or_else(|| r.err(format!("modeled blob of non-float dtype {}", h.dtype)))?;
-            let checked = decode_modeled(&mut r, h, fl, reference, backend)?;
+            let fl = modeled_layout(&r, h)?;
+            let parsed = parse_modeled(&mut r, h, fl)?;
+            let checked = backend.decode_checked(&parsed.job(reference))?;
             crc = Some(checked.crc);
             checked.out
         }
     };
     r.expect_end()?;
     Ok((out, crc))
+}
+
+/// The float layout of a modeled blob's dtype.
+fn modeled_layout(r: &ByteReader, h: &BlobHeader) -> Result<FloatLayout> {
+    h.dtype
+        .float_layout()
+        .ok_or_else(|| r.err(format!("modeled blob of non-float dtype {}", h.dtype)))
 }
 
 /// Little-endian 16-bit words, copied in one go (an element-wise rebuild, or zeroing first,
@@ -615,13 +681,35 @@ fn le_words(bytes: &[u8]) -> Vec<u16> {
     words
 }
 
-fn decode_modeled(
-    r: &mut ByteReader,
+/// A modeled payload, parsed: what a backend's decode job needs but the reference.
+struct Parsed<'b> {
+    fl: FloatLayout,
+    layout: Layout,
+    condition: bool,
+    distance: Option<usize>,
+    tables: Tables,
+    chunks: Vec<DecodeChunk<'b>>,
+}
+
+impl Parsed<'_> {
+    fn job<'s>(&'s self, reference: &'s [u8]) -> DecodeJob<'s> {
+        DecodeJob {
+            fl: self.fl,
+            layout: self.layout,
+            condition: self.condition,
+            distance: self.distance,
+            tables: &self.tables,
+            chunks: &self.chunks,
+            reference,
+        }
+    }
+}
+
+fn parse_modeled<'b>(
+    r: &mut ByteReader<'b>,
     h: &BlobHeader,
     fl: FloatLayout,
-    reference: &[u8],
-    backend: &dyn Backend,
-) -> Result<Checked> {
+) -> Result<Parsed<'b>> {
     let layout = match r.u8()? {
         0 => Layout::Paper,
         1 => Layout::Signed,
@@ -703,14 +791,13 @@ fn decode_modeled(
         });
     }
 
-    backend.decode_checked(&DecodeJob {
+    Ok(Parsed {
         fl,
         layout,
         condition,
         distance,
-        tables: &tables,
-        chunks: &coded,
-        reference,
+        tables,
+        chunks: coded,
     })
 }
 

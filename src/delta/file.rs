@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
-use super::{decode_tensor, encode_batched, EncodeOptions, Report, TensorPair};
+use super::{decode_tensor_pieces, encode_batched, EncodeOptions, Report, TensorPair};
 use crate::backend::Device;
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::checkpoint::Checkpoint;
@@ -223,9 +223,14 @@ pub fn decode_to(
                 reference.path.display()
             ))
         })?;
-        let data = decode_tensor(blob, reference.data(reference_tensor), backend)
-            .map_err(|e| e.context(format!("tensor '{name}'")))?;
-        emit(&data, &mut f)?;
+        decode_tensor_pieces(
+            blob,
+            reference.data(reference_tensor),
+            backend,
+            None,
+            &mut |piece| emit(piece, &mut f),
+        )
+        .map_err(|e| e.context(format!("tensor '{name}'")))?;
     }
     if r.take(4)? != FILE_END {
         return Err(r.err("missing end marker (truncated?)"));

@@ -120,10 +120,22 @@ pub fn encode_tensor(
     backend: &dyn Backend,
 ) -> Result<(Vec<u8>, Report)> {
     let (bytes, report) = blob::encode_unverified(pair, opts, backend)?;
-    let decoded = decode_tensor(&bytes, pair.reference, backend)?;
-    if decoded != pair.target {
+    // Compared piece by piece as the decode hands them over (no whole second copy of a
+    // large tensor).
+    let mut at = 0;
+    decode_tensor_pieces(&bytes, pair.reference, backend, None, &mut |piece| {
+        if pair.target.get(at..at + piece.len()) != Some(piece) {
+            return Err(Error::Invalid(
+                "internal error: encoded tensor did not decode to the target (nothing written)"
+                    .into(),
+            ));
+        }
+        at += piece.len();
+        Ok(())
+    })?;
+    if at != pair.target.len() {
         return Err(Error::Invalid(
-            "internal error: encoded tensor did not decode to the target (nothing written)".into(),
+            "internal error: encoded tensor decoded short of the target (nothing written)".into(),
         ));
     }
     Ok((bytes, report))
@@ -132,6 +144,20 @@ pub fn encode_tensor(
 /// Decode a blob against its reference tensor's bytes, on `backend`.
 pub fn decode_tensor(bytes: &[u8], reference: &[u8], backend: &dyn Backend) -> Result<Vec<u8>> {
     blob::decode(bytes, reference, backend)
+}
+
+/// [`decode_tensor`] handing the output to `sink` in order, a piece of `piece_chunks`
+/// chunks at a time (None: as many as suit this machine, `blob::piece_chunks`), so a large
+/// tensor's output never exists whole; every check of the blob is made once the last piece
+/// is out, so on an error what `sink` got is to be discarded.
+pub fn decode_tensor_pieces(
+    bytes: &[u8],
+    reference: &[u8],
+    backend: &dyn Backend,
+    piece_chunks: Option<usize>,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    blob::decode_pieces(bytes, reference, backend, piece_chunks, sink)
 }
 
 /// Encode many tensors, batch by batch under a byte budget, tensors within a batch in parallel.

@@ -697,100 +697,197 @@ fn resident<'a>(isa: Isa, job: &EncodeJob<'a>) -> Result<Box<dyn Resident + 'a>>
     })
 }
 
-/// Decode every chunk; with `hash`, the output's CRC-32 too (0 without).
-fn decode_as<T: Word>(isa: Isa, job: &DecodeJob, hash: bool) -> Result<Checked> {
-    check_layout(job.layout, job.fl.width)?;
-    check_tables(job.layout, job.tables)?;
-    let n = job.reference.len() / T::SIZE;
-    if chunk_ranges(n).len() != job.chunks.len() {
-        return Err(Error::format(
-            "tensor blob",
-            format!("{} chunks for {n} elements", job.chunks.len()),
-        ));
-    }
-    let joint_near = job.layout == Layout::Joint && job.tables.stages[0].space.neighbor;
-    if joint_near && job.distance.is_none() {
-        return Err(Error::format(
-            "tensor blob",
-            "the joint stage's neighbor form without a distance",
-        ));
-    }
-    let joint = (job.layout == Layout::Joint).then(|| {
-        let t = joint::JointDec::new(&job.tables.stages[0]);
-        // The AVX2 lanes' context-ordered slots (see `JointDec::window_slots`): 1 MiB
-        // written per tensor, so for tensors of a million elements or more.
-        if isa == Isa::Avx2 && n >= 1 << 20 && !joint_near {
-            t.with_window_slots(&job.tables.stages[0], T::BITS == 16)
-        } else {
-            t
+/// A job's decode, its tables built once, for any run of its chunks.
+struct Decoder<'j, T> {
+    isa: Isa,
+    job: &'j DecodeJob<'j>,
+    joint: Option<joint::JointDec<'j>>,
+    stages: Vec<DecStage<'j>>,
+    info_fn: InfoFn,
+    _word: std::marker::PhantomData<T>,
+}
+
+impl<'j, T: Word> Decoder<'j, T> {
+    /// The job's checks and tables.
+    fn new(isa: Isa, job: &'j DecodeJob<'j>) -> Result<Self> {
+        check_layout(job.layout, job.fl.width)?;
+        check_tables(job.layout, job.tables)?;
+        let n = job.reference.len() / T::SIZE;
+        if chunk_ranges(n).len() != job.chunks.len() {
+            return Err(Error::format(
+                "tensor blob",
+                format!("{} chunks for {n} elements", job.chunks.len()),
+            ));
         }
-    });
-    let stages: Vec<DecStage> = if joint.is_some() {
-        Vec::new()
-    } else {
-        job.tables.stages.iter().map(DecStage::new).collect()
-    };
-    let info_fn = InfoFn::new(job.fl, job.condition);
-    let signed = job.layout.signed();
-    let w1 = job.fl.width as usize + 1;
-    // Not zeroed first (that memset was 8% of a fast-layout decode): every chunk's decode
-    // writes all of its bytes when it succeeds.
-    let len = job.reference.len();
-    let mut out: Vec<u8> = Vec::with_capacity(len);
-    // Each chunk's output is hashed by its decode (block by block while in L1, or after it).
-    let crcs = out.spare_capacity_mut()[..len]
-        .par_chunks_mut(CHUNK_ELEMS * T::SIZE)
-        .zip(job.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
-        .zip(job.chunks.par_iter())
-        .map_init(
-            || (Vec::new(), Vec::new(), Vec::new()),
-            |scratch, ((o, r), c)| -> Result<crc32fast::Hasher> {
-                let mut crc = crc32fast::Hasher::new();
-                fast(
-                    isa,
-                    #[inline(always)]
-                    || {
-                        decode::chunk::<T>(
-                            c,
-                            r,
-                            o,
-                            isa,
-                            info_fn,
-                            signed,
-                            w1,
-                            &stages,
-                            joint.as_ref(),
-                            job.distance,
-                            scratch,
-                            hash.then_some(&mut crc),
-                        )
-                    },
-                )?;
-                Ok(crc)
-            },
-        )
-        .collect::<Result<Vec<_>>>()?;
-    // SAFETY: the chunks cover `..len` and each one's successful decode wrote all its bytes
-    // (`decode::chunk`); an error returned above, before this.
-    unsafe { out.set_len(len) };
-    let mut target = crc32fast::Hasher::new();
-    for c in &crcs {
-        target.combine(c);
+        let joint_near = job.layout == Layout::Joint && job.tables.stages[0].space.neighbor;
+        if joint_near && job.distance.is_none() {
+            return Err(Error::format(
+                "tensor blob",
+                "the joint stage's neighbor form without a distance",
+            ));
+        }
+        let joint = (job.layout == Layout::Joint).then(|| {
+            let t = joint::JointDec::new(&job.tables.stages[0]);
+            // The AVX2 lanes' context-ordered slots (see `JointDec::window_slots`): 1 MiB
+            // written per tensor, so for tensors of a million elements or more.
+            if isa == Isa::Avx2 && n >= 1 << 20 && !joint_near {
+                t.with_window_slots(&job.tables.stages[0], T::BITS == 16)
+            } else {
+                t
+            }
+        });
+        let stages: Vec<DecStage> = if joint.is_some() {
+            Vec::new()
+        } else {
+            job.tables.stages.iter().map(DecStage::new).collect()
+        };
+        Ok(Decoder {
+            isa,
+            job,
+            joint,
+            stages,
+            info_fn: InfoFn::new(job.fl, job.condition),
+            _word: std::marker::PhantomData,
+        })
     }
-    Ok(Checked {
-        out,
-        crc: target.finalize(),
-    })
+
+    /// The bytes of chunks `chunks` of the output.
+    fn span(&self, chunks: &std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let (size, len) = (CHUNK_ELEMS * T::SIZE, self.job.reference.len());
+        (chunks.start * size).min(len)..(chunks.end * size).min(len)
+    }
+
+    /// Decode chunks `chunks` into `out` (exactly their bytes), on the pool; with `hash`,
+    /// the CRC-32 of what it wrote (0 without). On success every byte of `out` is written.
+    fn chunks(
+        &self,
+        chunks: std::ops::Range<usize>,
+        out: &mut [MaybeUninit<u8>],
+        hash: bool,
+    ) -> Result<crc32fast::Hasher> {
+        let (isa, info_fn, job) = (self.isa, self.info_fn, self.job);
+        let (signed, w1) = (job.layout.signed(), job.fl.width as usize + 1);
+        let bytes = self.span(&chunks);
+        assert_eq!(out.len(), bytes.len());
+        // Each chunk's output is hashed by its decode (block by block while in L1, or after it).
+        let crcs = out
+            .par_chunks_mut(CHUNK_ELEMS * T::SIZE)
+            .zip(job.reference[bytes].par_chunks(CHUNK_ELEMS * T::SIZE))
+            .zip(job.chunks[chunks].par_iter())
+            .map_init(
+                || (Vec::new(), Vec::new(), Vec::new()),
+                |scratch, ((o, r), c)| -> Result<crc32fast::Hasher> {
+                    let mut crc = crc32fast::Hasher::new();
+                    fast(
+                        isa,
+                        #[inline(always)]
+                        || {
+                            decode::chunk::<T>(
+                                c,
+                                r,
+                                o,
+                                isa,
+                                info_fn,
+                                signed,
+                                w1,
+                                &self.stages,
+                                self.joint.as_ref(),
+                                job.distance,
+                                scratch,
+                                hash.then_some(&mut crc),
+                            )
+                        },
+                    )?;
+                    Ok(crc)
+                },
+            )
+            .collect::<Result<Vec<_>>>()?;
+        let mut all = crc32fast::Hasher::new();
+        for c in &crcs {
+            all.combine(c);
+        }
+        Ok(all)
+    }
+
+    /// Every chunk into a new buffer.
+    fn whole(&self, hash: bool) -> Result<Checked> {
+        // Not zeroed first (that memset was 8% of a fast-layout decode): every chunk's
+        // decode writes all of its bytes when it succeeds.
+        let len = self.job.reference.len();
+        let mut out: Vec<u8> = Vec::with_capacity(len);
+        let crc = self.chunks(
+            0..self.job.chunks.len(),
+            &mut out.spare_capacity_mut()[..len],
+            hash,
+        )?;
+        // SAFETY: the chunks cover `..len` and their successful decode wrote all its bytes
+        // (`Decoder::chunks`); an error returned above, before this.
+        unsafe { out.set_len(len) };
+        Ok(Checked {
+            out,
+            crc: crc.finalize(),
+        })
+    }
+
+    /// Chunks `chunks` into `buf` (emptied first), with their CRC-32.
+    fn into_buf(
+        &self,
+        chunks: std::ops::Range<usize>,
+        mut buf: Vec<u8>,
+    ) -> Result<(Vec<u8>, crc32fast::Hasher)> {
+        let len = self.span(&chunks).len();
+        buf.clear();
+        buf.reserve(len);
+        let crc = self.chunks(chunks, &mut buf.spare_capacity_mut()[..len], true)?;
+        // SAFETY: `chunks` wrote all `len` bytes (it returned without error).
+        unsafe { buf.set_len(len) };
+        Ok((buf, crc))
+    }
+
+    /// The chunks `per` at a time (`Backend::decode_pieces`) through two buffers: while
+    /// `sink` takes one piece on this thread (in the CLI: hashing it and writing it to the
+    /// file, a third of a one-shot decode's time, which left the pool idle when it came
+    /// after the whole tensor), the pool decodes the next into the other.
+    fn pieces(&self, per: usize, sink: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<u32>
+    where
+        T: Sync,
+    {
+        let n = self.job.chunks.len();
+        let mut ranges = (0..n)
+            .step_by(per.max(1))
+            .map(|first| first..(first + per.max(1)).min(n));
+        let Some(first) = ranges.next() else {
+            sink(&[])?;
+            return Ok(crc32fast::Hasher::new().finalize());
+        };
+        let (mut cur, mut crc) = self.into_buf(first, Vec::new())?;
+        let mut spare = Vec::new();
+        for chunks in ranges {
+            let mut next = None;
+            let slot = &mut next;
+            let buf = std::mem::take(&mut spare);
+            let sunk = rayon::in_place_scope(|s| {
+                s.spawn(move |_| *slot = Some(self.into_buf(chunks, buf)));
+                sink(&cur)
+            });
+            sunk?;
+            let (buf, c) = next.expect("the scope ran its task")?;
+            crc.combine(&c);
+            spare = std::mem::replace(&mut cur, buf);
+        }
+        sink(&cur)?;
+        Ok(crc.finalize())
+    }
 }
 
 impl CpuAt {
     fn decode_hashing(&self, job: &DecodeJob, hash: bool) -> Result<Checked> {
         let isa = self.0;
         match job.fl.width {
-            8 => decode_as::<u8>(isa, job, hash),
-            16 => decode_as::<u16>(isa, job, hash),
-            32 => decode_as::<u32>(isa, job, hash),
-            64 => decode_as::<u64>(isa, job, hash),
+            8 => Decoder::<u8>::new(isa, job)?.whole(hash),
+            16 => Decoder::<u16>::new(isa, job)?.whole(hash),
+            32 => Decoder::<u32>::new(isa, job)?.whole(hash),
+            64 => Decoder::<u64>::new(isa, job)?.whole(hash),
             w => Err(Error::Unsupported(format!("{w}-bit floats"))),
         }
     }
@@ -825,6 +922,22 @@ impl Backend for CpuAt {
     fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
         self.decode_hashing(job, true)
     }
+
+    fn decode_pieces(
+        &self,
+        job: &DecodeJob,
+        per: usize,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<u32> {
+        let isa = self.0;
+        match job.fl.width {
+            8 => Decoder::<u8>::new(isa, job)?.pieces(per, sink),
+            16 => Decoder::<u16>::new(isa, job)?.pieces(per, sink),
+            32 => Decoder::<u32>::new(isa, job)?.pieces(per, sink),
+            64 => Decoder::<u64>::new(isa, job)?.pieces(per, sink),
+            w => Err(Error::Unsupported(format!("{w}-bit floats"))),
+        }
+    }
 }
 
 impl CpuBackend {
@@ -852,6 +965,15 @@ impl Backend for CpuBackend {
 
     fn decode_checked(&self, job: &DecodeJob) -> Result<Checked> {
         self.at().decode_checked(job)
+    }
+
+    fn decode_pieces(
+        &self,
+        job: &DecodeJob,
+        per: usize,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<u32> {
+        self.at().decode_pieces(job, per, sink)
     }
 }
 
