@@ -499,7 +499,7 @@ impl Archive {
                 computed: format!("{} B", out.len()),
             });
         }
-        let computed = blake3::hash(&out);
+        let computed = crate::bytes::blake3(&out);
         if *computed.as_bytes() != rec.hash {
             return Err(Error::hash_mismatch(
                 format!("blob {id}: BLAKE3 of the decoded bytes"),
@@ -779,7 +779,7 @@ impl Archive {
         let mut hasher = blake3::Hasher::new();
         let mut len = 0u64;
         let mut emit = |b: &[u8], sink: &mut dyn FnMut(&[u8]) -> Result<()>| -> Result<()> {
-            hasher.update(b);
+            crate::bytes::blake3_update(&mut hasher, b);
             len += b.len() as u64;
             sink(b)
         };

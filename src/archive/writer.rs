@@ -195,7 +195,7 @@ impl<'a> State<'a> {
         Ok(id)
     }
     fn add_bytes(&mut self, out: &mut Out, bytes: &[u8], reused: &mut u64) -> Result<u64> {
-        let hash = *blake3::hash(bytes).as_bytes();
+        let hash = *crate::bytes::blake3(bytes).as_bytes();
         if let Some(&id) = self.bytes_dedup.get(&hash) {
             self.check_reuse(id)?;
             *reused += 1;
@@ -397,7 +397,7 @@ fn add_checkpoint(
                 path: sf.rel.clone(),
                 blob,
                 len: bytes.len() as u64,
-                hash: *blake3::hash(&bytes).as_bytes(),
+                hash: *crate::bytes::blake3(&bytes).as_bytes(),
                 meta: file_meta(&sf.path)?,
             });
             continue;
@@ -406,7 +406,7 @@ fn add_checkpoint(
         let hashes: Vec<[u8; 32]> = ck
             .tensors
             .par_iter()
-            .map(|t| *blake3::hash(ck.data(t)).as_bytes())
+            .map(|t| *crate::bytes::blake3(ck.data(t)).as_bytes())
             .collect();
         let mut plans = Vec::with_capacity(ck.tensors.len());
         let mut in_file: HashMap<([u8; 32], u8), usize> = HashMap::new();
@@ -506,7 +506,7 @@ fn add_checkpoint(
             path: sf.rel.clone(),
             header_blob,
             len: ck.file_len() as u64,
-            hash: *blake3::hash(ck.bytes()).as_bytes(),
+            hash: *crate::bytes::blake3(ck.bytes()).as_bytes(),
             tensors,
             meta: file_meta(&sf.path)?,
         });
@@ -748,7 +748,9 @@ fn check_previous(archive: &Archive, p: &CheckpointSource, o: &Opened) -> Result
                 )
             }
             Some((ck, e)) => {
-                if *blake3::hash(ck.data(e)).as_bytes() == archive.blobs[t.blob as usize].hash {
+                if *crate::bytes::blake3(ck.data(e)).as_bytes()
+                    == archive.blobs[t.blob as usize].hash
+                {
                     return None;
                 }
                 "has different bytes".to_string()

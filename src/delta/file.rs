@@ -96,7 +96,7 @@ pub fn encode_to(
     w.bytes(FILE_MAGIC);
     w.u8(FILE_VERSION);
     w.u64(target.file_len() as u64);
-    w.bytes(blake3::hash(target.bytes()).as_bytes());
+    w.bytes(crate::bytes::blake3(target.bytes()).as_bytes());
     w.blob(target.header_bytes());
     w.varint(target.tensors.len() as u64);
     f.write_all(&w.buf)?;
@@ -206,7 +206,7 @@ pub fn decode_to(
     let mut hasher = blake3::Hasher::new();
     let mut written = 0u64;
     let mut emit = |bytes: &[u8], f: &mut Named| -> Result<()> {
-        hasher.update(bytes);
+        crate::bytes::blake3_update(&mut hasher, bytes);
         written += bytes.len() as u64;
         progress(bytes.len() as u64);
         f.write_all(bytes)
