@@ -206,7 +206,10 @@ pub fn decode_to(
     let mut hasher = blake3::Hasher::new();
     let mut written = 0u64;
     let mut emit = |bytes: &[u8], f: &mut Named| -> Result<()> {
-        crate::bytes::blake3_update(&mut hasher, bytes);
+        // On this thread, while the pool decodes the next piece (`update_rayon`'s tasks
+        // queued behind that decode: the hash took 27-48 ms of a one-shot fp32 decode, and
+        // hashed here the decode ran 1.07-1.11x faster on a 2-vCPU Zen 3).
+        hasher.update(bytes);
         written += bytes.len() as u64;
         progress(bytes.len() as u64);
         f.write_all(bytes)
