@@ -830,7 +830,7 @@ impl<'j, T: Word> Decoder<'j, T> {
     }
 
     /// Chunks `chunks` into `buf` (emptied first), with their CRC-32.
-    fn into_buf(
+    fn piece_into(
         &self,
         chunks: std::ops::Range<usize>,
         mut buf: Vec<u8>,
@@ -860,14 +860,14 @@ impl<'j, T: Word> Decoder<'j, T> {
             sink(&[])?;
             return Ok(crc32fast::Hasher::new().finalize());
         };
-        let (mut cur, mut crc) = self.into_buf(first, Vec::new())?;
+        let (mut cur, mut crc) = self.piece_into(first, Vec::new())?;
         let mut spare = Vec::new();
         for chunks in ranges {
             let mut next = None;
             let slot = &mut next;
             let buf = std::mem::take(&mut spare);
             let sunk = rayon::in_place_scope(|s| {
-                s.spawn(move |_| *slot = Some(self.into_buf(chunks, buf)));
+                s.spawn(move |_| *slot = Some(self.piece_into(chunks, buf)));
                 sink(&cur)
             });
             sunk?;
