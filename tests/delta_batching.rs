@@ -84,3 +84,39 @@ fn batches_respect_the_budget() {
     assert_eq!(b, vec![0..2, 2..3, 3..4, 4..5]);
     assert!(lockstep::delta::batches(Vec::<usize>::new(), 10).is_empty());
 }
+
+/// Whole `.lsd` files: one batch per tensor (each written while the next is coded), a few,
+/// or one, on one thread or several: the same file, and it decodes.
+#[test]
+fn lsd_files_do_not_depend_on_batch_budget_or_threads() {
+    use lockstep::checkpoint::Checkpoint;
+    use lockstep::delta::file::{decode_file, encode_file};
+    use lockstep::delta::DEFAULT_BATCH_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = common::small_pair(dir.path());
+    let (ra, rb) = (Checkpoint::open(&a).unwrap(), Checkpoint::open(&b).unwrap());
+    let device = lockstep::backend::Device::cpu();
+    let run = |threads: usize, budget: usize| {
+        let out = dir.path().join(format!("{threads}-{budget}.lsd"));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            encode_file(&ra, &rb, &out, &EncodeOptions::default(), budget, &device).unwrap()
+        });
+        std::fs::read(&out).unwrap()
+    };
+    let baseline = run(1, DEFAULT_BATCH_BYTES);
+    for threads in [1, 2, 5] {
+        for budget in [1, 20_000, DEFAULT_BATCH_BYTES] {
+            assert!(
+                run(threads, budget) == baseline,
+                "threads={threads} budget={budget}"
+            );
+        }
+    }
+    let back = dir.path().join("back.safetensors");
+    decode_file(&ra, &baseline, &back, &device).unwrap();
+    assert!(std::fs::read(&back).unwrap() == rb.bytes());
+}

@@ -101,10 +101,10 @@ pub fn encode_to(
     w.varint(target.tensors.len() as u64);
     f.write_all(&w.buf)?;
 
-    let mut outcomes = Vec::new();
-    for batch in super::batches(target.tensors.iter().map(|t| t.end - t.start), budget) {
-        let entries = &target.tensors[batch];
-        let pairs: Vec<TensorPair> = entries
+    // Each batch is coded on the pool while this thread writes the batch before: a
+    // checkpoint of many batches does not wait for the disk between them.
+    let code = |batch: std::ops::Range<usize>| -> Result<Vec<Coded>> {
+        let pairs: Vec<TensorPair> = target.tensors[batch]
             .iter()
             .map(|t| TensorPair {
                 dtype: t.dtype,
@@ -113,8 +113,11 @@ pub fn encode_to(
                 target: target.data(t),
             })
             .collect();
-        let coded = encode_batched(&pairs, opts, usize::MAX, backend)?;
-        let batch_bytes: u64 = entries.iter().map(|t| (t.end - t.start) as u64).sum();
+        encode_batched(&pairs, opts, usize::MAX, backend)
+    };
+    let mut outcomes = Vec::new();
+    let mut write = |batch: std::ops::Range<usize>, coded: Vec<Coded>| -> Result<()> {
+        let entries = &target.tensors[batch];
         for (t, (blob, report)) in entries.iter().zip(coded) {
             // The blob is written from where it was coded, behind its framing: copied into
             // one buffer with its name, a large tensor's blob faulted in pages of its own
@@ -130,12 +133,35 @@ pub fn encode_to(
                 report,
             });
         }
-        progress(batch_bytes);
+        progress(entries.iter().map(|t| (t.end - t.start) as u64).sum());
+        Ok(())
+    };
+    let mut coded: Option<(std::ops::Range<usize>, Vec<Coded>)> = None;
+    for batch in super::batches(target.tensors.iter().map(|t| t.end - t.start), budget) {
+        let mut next = None;
+        let slot = &mut next;
+        let (code, range) = (&code, batch.clone());
+        // The next batch as a task of the current pool (the caller's, if it installed one).
+        let wrote = rayon::in_place_scope(|s| {
+            s.spawn(move |_| *slot = Some(code(range)));
+            match coded.take() {
+                Some((batch, blobs)) => write(batch, blobs),
+                None => Ok(()),
+            }
+        });
+        wrote?;
+        coded = Some((batch, next.expect("the scope ran its task")?));
+    }
+    if let Some((batch, blobs)) = coded {
+        write(batch, blobs)?;
     }
     f.write_all(FILE_END)?;
     f.flush()?;
     Ok(outcomes)
 }
+
+/// A tensor's blob and its report.
+type Coded = (Vec<u8>, Report);
 
 /// A writer and the name its errors are reported against.
 struct Named<'a> {
