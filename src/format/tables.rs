@@ -578,8 +578,9 @@ impl StageTable {
 
 /// What a row of `space` costs its decoders beyond its bytes in the file, in COST_ONE_BIT
 /// units, for a tensor of `elements`: a row of the Joint layout's neighbor form is a 4 KiB
-/// slot table plus 1 KiB of frequencies in every decoder (`backend::cpu::joint_near`'s
-/// `NearSlots`, and the GPU ones), whose vector lanes read it at random; the fewer rows, the
+/// slot table (1 KiB of buckets in the AVX2 lanes that gather) plus 1 KiB of frequencies in
+/// every decoder (`backend::cpu::joint_near`'s `NearSlots`, and the GPU ones), whose vector
+/// lanes read it at random; the fewer rows, the
 /// more of them stay in cache. Priced at one bit per 8,192 elements (98 bytes for the GPT-2
 /// trajectory's 6.4M-element embedding), so a large tensor's rows must save as much more as
 /// its many elements read them: on that embedding 407 rows became 245 for 0.097% more bytes

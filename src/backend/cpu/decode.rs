@@ -460,12 +460,14 @@ unsafe fn near_x86_lanes<T: Word, A: super::avx2::decode::AfterStep>(
                 super::avx512::joint_near::decode_steps::<T>(
                     table, near_slots, reference, params, codes, s, st, guarded, dw, from,
                 )
-            } else if gathers {
-                decode_steps::<T, true, A>(
-                    after, table, near_slots, reference, params, codes, s, st, guarded, dw, from,
-                )
             } else {
-                decode_steps::<T, false, A>(
+                let f = match (gathers, near_slots.bucketed()) {
+                    (true, true) => decode_steps::<T, true, true, A>,
+                    (true, false) => decode_steps::<T, true, false, A>,
+                    (false, true) => decode_steps::<T, false, true, A>,
+                    (false, false) => decode_steps::<T, false, false, A>,
+                };
+                f(
                     after, table, near_slots, reference, params, codes, s, st, guarded, dw, from,
                 )
             }

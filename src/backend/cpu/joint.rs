@@ -546,11 +546,13 @@ pub struct JointDec<'a> {
 impl<'a> JointDec<'a> {
     pub const NONE: u32 = u32::MAX;
 
-    pub fn new(t: &'a StageTable) -> Self {
+    /// The decode tables of `t`; the neighbor form's slots `bucketed` where asked
+    /// (`joint_near::NearSlots`).
+    pub fn new(t: &'a StageTable, bucketed: bool) -> Self {
         if t.space.neighbor {
             return JointDec {
                 map: &t.map,
-                near: Some(super::joint_near::NearSlots::new(t)),
+                near: Some(super::joint_near::NearSlots::new(t, bucketed)),
                 slots: Vec::new(),
                 vector_ok: false,
                 window: 0,
@@ -814,7 +816,7 @@ mod tests {
         *f -= 100;
         *row = Row::from_freqs(row.freq.clone());
         for u_codes in [false, true] {
-            let d = JointDec::new(&t).with_window_slots(&t, u_codes);
+            let d = JointDec::new(&t, false).with_window_slots(&t, u_codes);
             let total = PROB_TOTAL as usize;
             let mut want = vec![JointDec::POISON; 64 * total];
             for (k, out) in want.chunks_exact_mut(total).enumerate() {

@@ -22,7 +22,7 @@ use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::entropy::rans::RANS_L;
 use crate::format::chunk::{chunk_ranges, EncodedChunk, LANES};
 use crate::format::symbols::EXP_CLASSES;
-use crate::format::tables::{Hist, Space, Stage, StageTable, Window};
+use crate::format::tables::{Hist, Row, Space, Stage, StageTable, Window};
 use crate::memory::{HugeTable, HUGE_PAGE};
 use crate::Result;
 
@@ -370,22 +370,58 @@ pub fn lanes(
 /// trajectory's embedding), each read by many elements: the `--fast` decoder's 16 KiB slot
 /// table per row (6.5 MiB there) missed cache on most of the AVX2 lanes' lookups. Here a
 /// slot holds only its symbol (4 KiB a row), and the symbol's frequency and start sit in a
-/// per-row array beside it, whose few hot entries stay in cache.
+/// per-row array beside it, whose few hot entries stay in cache. Or, where the lanes look
+/// up by gathers (AVX2 on CPUs with fast gathers), a quarter of that: 16-slot buckets
+/// ([`NearSlots::bucketed`]).
 pub struct NearSlots {
     pub window: Window,
+    pub n_rows: usize,
     /// The symbol of every slot, `PROB_TOTAL` per row (then 3 bytes of padding: the AVX2
     /// lanes load 4 bytes at a time). In huge pages from a quarter of one: the vector lanes'
     /// lookups land at random in it (1.7 MB for the GPT-2 trajectory's embedding; its bf16
-    /// decode 1.04x at AVX2 on an Intel Xeon, docs/BENCHMARKS.md).
+    /// decode 1.04x at AVX2 on an Intel Xeon, docs/BENCHMARKS.md). Empty where bucketed.
     pub syms: HugeTable<u8>,
-    /// `freq | start << 16` per row and symbol, 256 per row.
+    /// `freq | start << 16` per row and symbol, 256 per row. Empty where bucketed.
     pub fs: Vec<u32>,
+    /// Bucketed: 256 buckets of 16 slots per row, `base | mask << 16`: `base` the ordinal
+    /// (among the row's symbols of nonzero frequency, in symbol order) of the symbol at the
+    /// bucket's first slot, mask bit `i` set where a symbol starts at its slot `i >= 1`. A
+    /// slot's ordinal is `base` plus the bits set up to its place in the bucket. 1 KiB a
+    /// row, against the symbol per slot's 4 KiB: on a Zen 3 (L2 of 512 KiB) the default
+    /// layout's AVX2 decode 1.02-1.04x (bf16) and 1.03-1.05x (fp32) by gathers, the
+    /// popcount included; with scalar loads 0.97x (bf16), so only for gathers
+    /// (docs/BENCHMARKS.md). Empty unless bucketed.
+    pub buckets: Vec<u32>,
+    /// Bucketed: `(freq - 1) | start << 12 | symbol << 24` per row and ordinal, 256 per
+    /// row, then 16 entries of padding (a lane's ordinal is below 256 + 16 whatever the
+    /// bucket says). Empty unless bucketed.
+    pub ords: Vec<u32>,
 }
 
 impl NearSlots {
-    pub fn new(t: &StageTable) -> Self {
+    /// The slots of `t`'s rows: a symbol per slot, or `bucketed`.
+    pub fn new(t: &StageTable, bucketed: bool) -> Self {
         let n_rows = t.explicit.len() + t.backoff.len();
         let total = PROB_TOTAL as usize;
+        let mut near = NearSlots {
+            window: t.window,
+            n_rows,
+            syms: HugeTable::new(0, 0u8, HUGE_PAGE),
+            fs: Vec::new(),
+            buckets: Vec::new(),
+            ords: Vec::new(),
+        };
+        if bucketed {
+            near.buckets = vec![0u32; n_rows * 256];
+            near.ords = vec![0u32; n_rows * 256 + 16];
+            near.buckets
+                .par_chunks_mut(256)
+                .zip(near.ords.par_chunks_mut(256))
+                .with_min_len(4)
+                .enumerate()
+                .for_each(|(ri, (buckets, ords))| bucket_row(t.row(ri as u32), buckets, ords));
+            return near;
+        }
         let mut syms = HugeTable::new(n_rows * total + 3, 0u8, HUGE_PAGE / 4);
         let mut fs = vec![0u32; n_rows * 256];
         syms[..n_rows * total]
@@ -405,11 +441,27 @@ impl NearSlots {
                     at = end;
                 }
             });
-        NearSlots {
-            window: t.window,
-            syms,
-            fs,
+        near.syms = syms;
+        near.fs = fs;
+        near
+    }
+
+    /// Whether the slots are in 16-slot buckets (`buckets`, `ords`).
+    pub fn bucketed(&self) -> bool {
+        !self.ords.is_empty()
+    }
+
+    /// Row `ri`'s symbol at `slot`, with its frequency and start: `(J, freq | start << 16)`
+    /// (`None` past the rows).
+    #[inline(always)]
+    pub fn lookup(&self, ri: usize, slot: usize) -> Option<(u32, u32)> {
+        if !self.bucketed() {
+            let &sym = self.syms[..self.syms.len() - 3].get(ri * PROB_TOTAL as usize + slot)?;
+            return Some((sym as u32, *self.fs.get(ri * 256 + sym as usize)?));
         }
+        let b = *self.buckets.get(ri * 256 + slot / 16)?;
+        let e = self.ords[ri * 256 + ordinal(b, slot as u32) as usize];
+        Some((e >> 24, ((e & 0xFFF) + 1) | (e >> 12 & 0xFFF) << 16))
     }
 
     /// The rows and the classes per neighbor context (`span`) the vector decode lanes
@@ -425,16 +477,55 @@ impl NearSlots {
         allow(dead_code)
     )]
     pub fn lane_shapes(&self, table: &JointDec, w1: usize, d: usize) -> Option<(usize, usize)> {
-        let n_rows = self.fs.len() / 256;
+        let n_rows = self.n_rows;
         let span = 2 * self.window.n as usize;
         let n_near = 4 * (w1 + 1) * 3;
+        let slots = if self.bucketed() {
+            self.buckets.len() == n_rows * 256 && self.ords.len() == n_rows * 256 + 16
+        } else {
+            self.syms.len() == n_rows * PROB_TOTAL as usize + 3 && self.fs.len() == n_rows * 256
+        };
         let fits = table.map.len() == n_near * span
             && table.map.len() < 1 << 31
-            && self.syms.len() == n_rows * PROB_TOTAL as usize + 3
+            && slots
             && n_rows < 1 << 19
             && span > 0
             && d >= LANES;
         fits.then_some((n_rows, span))
+    }
+}
+
+/// A slot's ordinal from its bucket `b` (`NearSlots::buckets`): the base plus the symbols
+/// starting in the bucket up to the slot's place (below `256 + 16` whatever `b` holds).
+#[inline(always)]
+fn ordinal(b: u32, slot: u32) -> u32 {
+    let upto = ((2u32 << 16) << (slot % 16)).wrapping_sub(1 << 16);
+    (b & 255) + (b & upto).count_ones()
+}
+
+/// One row's buckets and ordinal entries (`NearSlots::bucketed`). A row's frequencies sum to
+/// its slots (`StageTable` checks them); the bounds keep a bad row inside its own slots and
+/// entries regardless.
+fn bucket_row(row: &Row, buckets: &mut [u32], ords: &mut [u32]) {
+    let total = PROB_TOTAL as usize;
+    let (mut at, mut ord) = (0usize, 0usize);
+    for (j, &f) in row.freq.iter().enumerate().take(256) {
+        if f == 0 || at >= total {
+            continue;
+        }
+        let f = (f as usize).min(total - at);
+        ords[ord] = (f as u32 - 1) | (at as u32) << 12 | (j as u32) << 24;
+        if at % 16 == 0 {
+            buckets[at / 16] = ord as u32;
+        } else {
+            buckets[at / 16] |= 1 << (16 + at % 16);
+        }
+        // The buckets whose first slot this symbol covers start with it.
+        for b in at / 16 + 1..(at + f).div_ceil(16) {
+            buckets[b] = ord as u32;
+        }
+        at += f;
+        ord += 1;
     }
 }
 
@@ -528,7 +619,6 @@ pub fn decode_steps(
 ) -> Result<()> {
     let lut = code_of_joint();
     let n = codes.len();
-    let total = PROB_TOTAL as usize;
     for step in steps {
         let base = step * LANES;
         let lanes = LANES.min(n - base);
@@ -542,15 +632,71 @@ pub fn decode_steps(
                 .unwrap_or(JointDec::NONE) as usize;
             let x = &mut xs[lane];
             let slot = (*x & (PROB_TOTAL - 1)) as usize;
-            let Some(&sym) = near.syms[..near.syms.len() - 3].get(ri * total + slot) else {
+            let Some((sym, e)) = near.lookup(ri, slot) else {
                 return Err(no_row());
             };
             // A slot's symbol has a frequency of at least one and a start at most the slot.
-            let e = near.fs[ri * 256 + sym as usize];
             *x = (e & 0xFFFF) * (*x >> PROB_BITS) + slot as u32 - (e >> 16);
             codes[j] = lut[sym as usize];
         }
         st.refill(xs)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bucket_row, ordinal};
+    use crate::entropy::freq::PROB_TOTAL;
+    use crate::format::tables::Row;
+
+    /// A bucketed row answers every slot as the symbol per slot does: the symbol whose
+    /// range holds it, with that symbol's frequency and start. Rows of one symbol, of 247
+    /// (the 32-bit floats' alphabet) with most of frequency one, with unseen symbols
+    /// between, and symbols starting on and off bucket boundaries.
+    #[test]
+    fn buckets_find_every_slots_symbol() {
+        let total = PROB_TOTAL;
+        let mut rows = vec![vec![0, 0, total], vec![total]];
+        let mut many = vec![1u32; 247];
+        many[100] = total - 246;
+        rows.push(many);
+        let mut gaps = vec![0u32; 247];
+        for (i, f) in [(3, 16), (4, 1), (9, 15), (10, 17), (200, 2000), (246, 2047)] {
+            gaps[i] = f;
+        }
+        rows.push(gaps);
+        let mut seed = 7u64;
+        for _ in 0..20 {
+            let mut freq = vec![0u32; 119];
+            let mut left = total;
+            while left > 0 {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let j = (seed >> 33) as usize % freq.len();
+                let f = ((seed >> 13) as u32 % 300).clamp(1, left);
+                freq[j] += f;
+                left -= f;
+            }
+            rows.push(freq);
+        }
+        for freq in rows {
+            assert_eq!(freq.iter().sum::<u32>(), total);
+            let row = Row::from_freqs(freq);
+            let (mut buckets, mut ords) = (vec![0u32; 256], vec![0u32; 256 + 16]);
+            bucket_row(&row, &mut buckets, &mut ords);
+            for slot in 0..total {
+                let j = (0..row.freq.len())
+                    .find(|&j| row.start[j] <= slot && slot < row.start[j] + row.freq[j])
+                    .unwrap();
+                let e = ords[ordinal(buckets[slot as usize / 16], slot) as usize];
+                assert_eq!(
+                    (e >> 24, (e & 0xFFF) + 1, e >> 12 & 0xFFF),
+                    (j as u32, row.freq[j], row.start[j]),
+                    "slot {slot}"
+                );
+            }
+        }
+    }
 }

@@ -727,7 +727,9 @@ impl<'j, T: Word> Decoder<'j, T> {
             ));
         }
         let joint = (job.layout == Layout::Joint).then(|| {
-            let t = joint::JointDec::new(&job.tables.stages[0]);
+            // The AVX2 neighbor-form lanes look up 16-slot buckets where they gather.
+            let bucketed = isa == Isa::Avx2 && joint_near && avx2_gathers();
+            let t = joint::JointDec::new(&job.tables.stages[0], bucketed);
             // The AVX2 lanes' context-ordered slots (see `JointDec::window_slots`): 1 MiB
             // written per tensor, so for tensors of a million elements or more.
             if isa == Isa::Avx2 && n >= 1 << 20 && !joint_near {

@@ -86,7 +86,7 @@ impl MapIndex {
 /// bits.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
+pub unsafe fn decode_steps<T: Word, const GATHER: bool, const BUCKETS: bool, A: AfterStep>(
     after: &mut A,
     table: &JointDec,
     near: &NearSlots,
@@ -104,7 +104,11 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
     let window = near.window;
     // Every index below stays in its table (`NearSlots::lane_shapes`; rows are checked
     // against `JointDec::NONE` per step, slots are below `PROB_TOTAL`).
-    let Some((_, span)) = near.lane_shapes(table, w1, d) else {
+    // (And in the form this build of the loop reads.)
+    let Some((_, span)) = near
+        .lane_shapes(table, w1, d)
+        .filter(|_| near.bucketed() == BUCKETS)
+    else {
         return Ok(from);
     };
     assert!(st.words.len() >= st.len + if guarded { 0 } else { LANES } && st.pos <= st.len);
@@ -116,6 +120,11 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
     }
     let small = _mm256_loadu_si256(small_codes().as_ptr().cast());
     let (map, syms, fs) = (table.map.as_ptr(), near.syms.as_ptr(), near.fs.as_ptr());
+    let (buckets, ords) = (near.buckets.as_ptr(), near.ords.as_ptr());
+    let popcount4 = _mm256_setr_epi8(
+        0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, //
+        0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
+    );
     let (rp, cp) = (reference.as_ptr(), codes.as_mut_ptr());
     let (mant, mant2, emask) = (
         _mm_cvtsi32_si128(mant as i32),
@@ -188,27 +197,65 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
         // and 1.18× (docs/BENCHMARKS.md).
         let mut slot = [_mm256_setzero_si256(); 4];
         let mut j = [_mm256_setzero_si256(); 4];
-        for v in 0..4 {
-            slot[v] = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
-            // The slot's symbol (a 4-byte load of its byte: `syms` is padded).
-            j[v] = gather8_bytes::<GATHER>(
-                syms,
-                _mm256_or_si256(_mm256_slli_epi32::<12>(rows[v]), slot[v]),
-            );
-        }
         let mut e = [_mm256_setzero_si256(); 4];
-        for v in 0..4 {
-            // Its frequency and start from the row's array.
-            e[v] = gather8_as::<GATHER>(fs, _mm256_or_si256(_mm256_slli_epi32::<8>(rows[v]), j[v]));
-        }
-        for v in 0..4 {
-            let hi = _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v]);
-            let xs = _mm256_add_epi32(
-                _mm256_mullo_epi32(_mm256_and_si256(e[v], _mm256_set1_epi32(0xFFFF)), hi),
-                _mm256_sub_epi32(slot[v], _mm256_srli_epi32::<16>(e[v])),
-            );
-            x[v] = refill(xs, words, &mut pos);
-            _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j[v], small));
+        if BUCKETS {
+            // The slot's bucket, then its ordinal's entry (`NearSlots::bucketed`).
+            for v in 0..4 {
+                slot[v] = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
+                e[v] = gather8_as::<GATHER>(
+                    buckets,
+                    _mm256_or_si256(
+                        _mm256_slli_epi32::<8>(rows[v]),
+                        _mm256_srli_epi32::<4>(slot[v]),
+                    ),
+                );
+            }
+            for v in 0..4 {
+                let ord = ordinal8(e[v], slot[v], popcount4);
+                e[v] = gather8_as::<GATHER>(
+                    ords,
+                    _mm256_add_epi32(_mm256_slli_epi32::<8>(rows[v]), ord),
+                );
+            }
+            for v in 0..4 {
+                // `(freq - 1) | start << 12 | J << 24`.
+                let hi = _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v]);
+                let f1 = _mm256_and_si256(e[v], _mm256_set1_epi32(0xFFF));
+                let start =
+                    _mm256_and_si256(_mm256_srli_epi32::<12>(e[v]), _mm256_set1_epi32(0xFFF));
+                let xs = _mm256_add_epi32(
+                    _mm256_add_epi32(_mm256_mullo_epi32(f1, hi), hi),
+                    _mm256_sub_epi32(slot[v], start),
+                );
+                x[v] = refill(xs, words, &mut pos);
+                let j = _mm256_srli_epi32::<24>(e[v]);
+                _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j, small));
+            }
+        } else {
+            for v in 0..4 {
+                slot[v] = _mm256_and_si256(x[v], _mm256_set1_epi32(PROB_TOTAL as i32 - 1));
+                // The slot's symbol (a 4-byte load of its byte: `syms` is padded).
+                j[v] = gather8_bytes::<GATHER>(
+                    syms,
+                    _mm256_or_si256(_mm256_slli_epi32::<12>(rows[v]), slot[v]),
+                );
+            }
+            for v in 0..4 {
+                // Its frequency and start from the row's array.
+                e[v] = gather8_as::<GATHER>(
+                    fs,
+                    _mm256_or_si256(_mm256_slli_epi32::<8>(rows[v]), j[v]),
+                );
+            }
+            for v in 0..4 {
+                let hi = _mm256_srli_epi32::<{ PROB_BITS as i32 }>(x[v]);
+                let xs = _mm256_add_epi32(
+                    _mm256_mullo_epi32(_mm256_and_si256(e[v], _mm256_set1_epi32(0xFFFF)), hi),
+                    _mm256_sub_epi32(slot[v], _mm256_srli_epi32::<16>(e[v])),
+                );
+                x[v] = refill(xs, words, &mut pos);
+                _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j[v], small));
+            }
         }
         if pos > st.len {
             return Err(overrun());
@@ -223,6 +270,33 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, A: AfterStep>(
     }
     st.pos = pos;
     Ok(step)
+}
+
+/// The ordinals of 8 slots from their buckets `b` (`NearSlots::bucketed`, the portable
+/// `joint_near::ordinal`): the base plus the mask's bits up to the slot's place, counted by
+/// nibble lookups (AVX2 has no vector popcount). Below `256 + 16` whatever `b` holds.
+///
+/// # Safety
+/// AVX2 (inlined into code built for it).
+#[inline(always)]
+unsafe fn ordinal8(b: __m256i, slot: __m256i, popcount4: __m256i) -> __m256i {
+    let within = _mm256_and_si256(slot, _mm256_set1_epi32(15));
+    // Bits 16 ..= 16 + within.
+    let upto = _mm256_sub_epi32(
+        _mm256_sllv_epi32(_mm256_set1_epi32(2 << 16), within),
+        _mm256_set1_epi32(1 << 16),
+    );
+    let m = _mm256_and_si256(b, upto);
+    let lo = _mm256_and_si256(m, _mm256_set1_epi8(15));
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(m), _mm256_set1_epi8(15));
+    let c = _mm256_add_epi8(
+        _mm256_shuffle_epi8(popcount4, lo),
+        _mm256_shuffle_epi8(popcount4, hi),
+    );
+    // Bytes 2 and 3 (the mask's) summed into byte 2, then alone.
+    let c = _mm256_add_epi8(c, _mm256_srli_epi32::<8>(c));
+    let count = _mm256_srli_epi32::<24>(_mm256_slli_epi32::<8>(c));
+    _mm256_add_epi32(_mm256_and_si256(b, _mm256_set1_epi32(255)), count)
 }
 
 /// The bytes at 8 indices of `table`, as dwords (a 4-byte load each, its low byte kept:

@@ -142,7 +142,8 @@ pub unsafe fn decode_steps<T: Word>(
     let n = codes.len().min(reference.len() / T::SIZE);
     let window = near.window;
     // Indices as signed dwords inside their tables (`NearSlots::lane_shapes`).
-    let Some((n_rows, span)) = near.lane_shapes(table, w1, d) else {
+    // (Symbol-per-slot tables: bucketed ones are AVX2's.)
+    let Some((n_rows, span)) = near.lane_shapes(table, w1, d).filter(|_| !near.bucketed()) else {
         return Ok(from);
     };
     assert!(st.words.len() >= st.len + if guarded { 0 } else { LANES } && st.pos <= st.len);

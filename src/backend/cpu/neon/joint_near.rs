@@ -52,7 +52,11 @@ pub unsafe fn decode_steps(
     let n = codes.len().min(info.len());
     // The neighbor loads below read `codes[j - d]` for every `j >= from·LANES`: without
     // a neighbor for every lane (only ever where no whole step is left), none decoded here.
-    let Some((n_rows, span)) = near.lane_shapes(table, w1, d).filter(|_| from * LANES >= d) else {
+    // (Symbol-per-slot tables: bucketed ones are AVX2's.)
+    let Some((n_rows, span)) = near
+        .lane_shapes(table, w1, d)
+        .filter(|_| from * LANES >= d && !near.bucketed())
+    else {
         return Ok(from);
     };
     assert!(st.words.len() >= st.len + LANES && st.pos <= st.len);
