@@ -384,9 +384,20 @@ unsafe fn joint_near_x86<T: Word>(
     let mut unused = crc32fast::Hasher::new();
     let h = crc.unwrap_or(&mut unused);
     let mut fold = super::avx2::crc::Fold::new(h);
+    // The AVX2 lanes store what the `--fast` ones do (`avx2::joint_near::stored`): the
+    // portable steps' codes before them in that form, and back after them.
+    let lut = super::joint::joint_of_code();
+    for c in &mut codes[..(first * LANES).min(n)] {
+        let j = lut[*c as usize & 1023];
+        *c = if T::BITS == 16 {
+            super::joint::u_of_joint(j as usize)
+        } else {
+            j as u32
+        };
+    }
     let scratch = (info, &mut *codes, padded);
     let (done, bits) = if T::BITS == 16 {
-        let mut f = Fused16::<false>::new(reference, out, c.tail, 0, true, &mut fold);
+        let mut f = Fused16::<true>::new(reference, out, c.tail, 0, true, &mut fold);
         near_x86_lanes::<T, _>(
             &mut f,
             c,
@@ -397,7 +408,7 @@ unsafe fn joint_near_x86<T: Word>(
         )?;
         f.progress()
     } else {
-        let mut f = Fused32::<false, true>::new(reference, out, c.tail, 0, &mut fold);
+        let mut f = Fused32::<true, true>::new(reference, out, c.tail, 0, &mut fold);
         near_x86_lanes::<T, _>(
             &mut f,
             c,
@@ -481,6 +492,20 @@ unsafe fn near_x86_lanes<T: Word, A: super::avx2::decode::AfterStep>(
     let k = lanes(&mut st, true, first)?;
     let mut st = Stream::padded(&c.words[st.pos..], padded);
     let k = lanes(&mut st, false, k)?;
+    if isa == Isa::Avx2 {
+        // Per-element codes again for the portable lanes' neighbors and the scalar tail
+        // pass, from where the fused one stopped.
+        let end = (k * LANES).min(n);
+        let from = after.progress().0.min(end.saturating_sub(distance));
+        let ours = &mut codes[from..end];
+        if T::BITS == 16 {
+            ours.iter_mut()
+                .for_each(|u| *u = super::joint::code_of_u(*u));
+        } else {
+            let lut = super::joint::code_of_joint();
+            ours.iter_mut().for_each(|j| *j = lut[*j as usize & 255]);
+        }
+    }
     info_fn.fill_range::<T>(reference, info, k * LANES..n);
     let steps = n.div_ceil(LANES);
     super::joint_near::decode_steps(

@@ -9,15 +9,14 @@ use core::arch::x86_64::*;
 use super::super::decode::{no_row, Stream};
 use super::super::encode::Scratch;
 use super::super::joint::joint_of_code_wide;
-use super::super::joint::{small_codes, JointDec};
+use super::super::joint::JointDec;
 use super::super::joint_near::NearSlots;
 use super::super::joint_near::{packed_index, packed_indices};
 use super::super::tables::EncStage;
 use super::super::word::Word;
-use super::decode::{overrun, refill, AfterStep};
+use super::decode::{overrun, refill, u_of_joint8, AfterStep};
 use super::encode::{codes_and_tails, SLACK};
 use super::gather::{gather8_as, gather8_by};
-use super::joint::code_of;
 use super::joint::lanes;
 use crate::entropy::freq::{PROB_BITS, PROB_TOTAL};
 use crate::format::chunk::EncodedChunk;
@@ -45,21 +44,17 @@ impl MapIndex {
     }
 
     /// `(k, index)` from the facts' parts (exponent class, reference sign, the two mantissa
-    /// bits below the class) and the codes `c` of the elements `d` back: each element's
-    /// exponent class less the window's first (wrapped below it: above `n - 1` unsigned
-    /// where outside, for the callers to refuse), and its map index.
+    /// bits below the class) and the bit length `nb` and sign `neg` of the elements `d`
+    /// back: each element's exponent class less the window's first (wrapped below it: above
+    /// `n - 1` unsigned where outside, for the callers to refuse), and its map index.
     #[inline(always)]
     unsafe fn of_parts(
         &self,
         (er, rs, m2): (__m256i, __m256i, __m256i),
-        c: __m256i,
+        (nb, neg): (__m256i, __m256i),
     ) -> (__m256i, __m256i) {
-        let nb = _mm256_and_si256(c, _mm256_set1_epi32(127));
-        // Sign state: 0 for b = 0, else 1 + neg (a code's neg bit is 0 where b = 0).
-        let up = _mm256_add_epi32(
-            _mm256_min_epu32(nb, _mm256_set1_epi32(1)),
-            _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
-        );
+        // Sign state: 0 for b = 0, else 1 + neg (neg is 0 where b = 0).
+        let up = _mm256_add_epi32(_mm256_min_epu32(nb, _mm256_set1_epi32(1)), neg);
         let near = _mm256_add_epi32(_mm256_mullo_epi32(m2, self.m2_mul), nb);
         let near = _mm256_add_epi32(_mm256_add_epi32(near, _mm256_add_epi32(near, near)), up);
         let k = _mm256_sub_epi32(er, self.lo);
@@ -118,7 +113,6 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, const BUCKETS: bool, A: 
     for (v, xv) in x.iter_mut().enumerate() {
         *xv = _mm256_loadu_si256(states.as_ptr().add(8 * v).cast());
     }
-    let small = _mm256_loadu_si256(small_codes().as_ptr().cast());
     let (map, syms, fs) = (table.map.as_ptr(), near.syms.as_ptr(), near.fs.as_ptr());
     let (buckets, ords) = (near.buckets.as_ptr(), near.ords.as_ptr());
     let popcount4 = _mm256_setr_epi8(
@@ -156,10 +150,17 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, const BUCKETS: bool, A: 
             } else {
                 _mm256_srli_epi32::<31>(r)
             };
+            // What the lanes stored d back (`u`, or J for 32-bit floats), as `u = 8·b + 4·q1
+            // + 2·q2 + neg`.
             let c = _mm256_loadu_si256(cp.add(j - d).cast());
+            let u = if T::BITS == 16 { c } else { u_of_joint8(c) };
+            let nb_neg = (
+                _mm256_srli_epi32::<3>(u),
+                _mm256_and_si256(u, _mm256_set1_epi32(1)),
+            );
             let m2 = _mm256_and_si256(_mm256_srl_epi32(r, mant2), _mm256_set1_epi32(3));
             let er = _mm256_and_si256(_mm256_srl_epi32(r, mant), emask);
-            let (k, idx) = index.of_parts((er, rs, m2), c);
+            let (k, idx) = index.of_parts((er, rs, m2), nb_neg);
             // Outside the window (k above the last class, unsigned): no row covers it.
             let outside = _mm256_xor_si256(
                 _mm256_cmpeq_epi32(_mm256_max_epu32(k, last_class), last_class),
@@ -229,7 +230,7 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, const BUCKETS: bool, A: 
                 );
                 x[v] = refill(xs, words, &mut pos);
                 let j = _mm256_srli_epi32::<24>(e[v]);
-                _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j, small));
+                _mm256_storeu_si256(cp.add(base + 8 * v).cast(), stored::<T>(j));
             }
         } else {
             for v in 0..4 {
@@ -254,7 +255,7 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, const BUCKETS: bool, A: 
                     _mm256_sub_epi32(slot[v], _mm256_srli_epi32::<16>(e[v])),
                 );
                 x[v] = refill(xs, words, &mut pos);
-                _mm256_storeu_si256(cp.add(base + 8 * v).cast(), code_of(j[v], small));
+                _mm256_storeu_si256(cp.add(base + 8 * v).cast(), stored::<T>(j[v]));
             }
         }
         if pos > st.len {
@@ -270,6 +271,22 @@ pub unsafe fn decode_steps<T: Word, const GATHER: bool, const BUCKETS: bool, A: 
     }
     st.pos = pos;
     Ok(step)
+}
+
+/// What the lanes store for joint symbols `j`: what the `--fast` AVX2 lanes store
+/// (`joint::stores_j`), [`u_of_joint8`] for 16-bit floats and J itself for 32-bit ones, so
+/// the fused tail passes read them as they read those, and the next rows' contexts take the
+/// bit length and sign from `u` by a shift and a mask: no per-element code.
+///
+/// # Safety
+/// AVX2 (inlined into code built for it).
+#[inline(always)]
+unsafe fn stored<T: Word>(j: __m256i) -> __m256i {
+    if T::BITS == 16 {
+        u_of_joint8(j)
+    } else {
+        j
+    }
 }
 
 /// The ordinals of 8 slots from their buckets `b` (`NearSlots::bucketed`, the portable
@@ -387,7 +404,11 @@ unsafe fn entries_by_gathers(
             let er = _mm256_and_si256(i, _mm256_set1_epi32(255));
             let rs = _mm256_and_si256(_mm256_srli_epi32::<8>(i), _mm256_set1_epi32(1));
             let m2 = _mm256_and_si256(_mm256_srli_epi32::<9>(i), _mm256_set1_epi32(3));
-            let (k, idx) = index.of_parts((er, rs, m2), c);
+            let nb_neg = (
+                _mm256_and_si256(c, _mm256_set1_epi32(127)),
+                _mm256_and_si256(_mm256_srli_epi32::<9>(c), _mm256_set1_epi32(1)),
+            );
+            let (k, idx) = index.of_parts((er, rs, m2), nb_neg);
             // Inside the window and the map (unsigned compares).
             let inside = _mm256_and_si256(
                 _mm256_cmpeq_epi32(_mm256_min_epu32(k, last_class), k),
