@@ -818,6 +818,7 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
     for j in (0..full).step_by(8) {
         if !group8::<J_CODES, SIGNED>(
             &k,
+            lens8::<J_CODES>(&k, codes.as_ptr().add(j)),
             codes.as_ptr().add(j),
             reference.as_ptr().add(4 * j),
             out.as_mut_ptr().add(4 * j).cast(),
@@ -884,22 +885,34 @@ impl<const J_CODES: bool, const SIGNED: bool> AfterStep for Fused32<'_, J_CODES,
             .min(self.reference.len() / 4)
             .min(self.out.len() / 4);
         while self.done + 8 <= upto {
-            let j = self.done;
-            // In bounds: `j + 8 <= upto`, within the codes stored, the reference and the
-            // output.
-            if !group8::<J_CODES, SIGNED>(
-                k,
-                codes.add(j),
-                self.reference.as_ptr().add(4 * j),
-                self.out.as_mut_ptr().add(4 * j).cast(),
-                self.tail,
-                &mut self.bits,
-                self.fold,
-            ) {
-                self.k = None;
-                return;
+            // The lengths of the next groups' tails first: the way from their codes to
+            // their offsets (a permute, a move to the integer unit and back) is the longest
+            // in a group, and it does not wait on `bits`; in the group itself, it kept
+            // the reorder buffer waiting.
+            let groups = ((upto - self.done) / 8).min(4);
+            let mut lens = [0u64; 4];
+            for (g, l) in lens.iter_mut().enumerate().take(groups) {
+                *l = lens8::<J_CODES>(k, codes.add(self.done + 8 * g));
             }
-            self.done += 8;
+            for &l in &lens[..groups] {
+                let j = self.done;
+                // In bounds: `j + 8 <= upto`, within the codes stored, the reference and
+                // the output.
+                if !group8::<J_CODES, SIGNED>(
+                    k,
+                    l,
+                    codes.add(j),
+                    self.reference.as_ptr().add(4 * j),
+                    self.out.as_mut_ptr().add(4 * j).cast(),
+                    self.tail,
+                    &mut self.bits,
+                    self.fold,
+                ) {
+                    self.k = None;
+                    return;
+                }
+                self.done += 8;
+            }
         }
     }
 }
@@ -956,6 +969,7 @@ impl Tails32 {
 #[inline(always)]
 unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
     k: &Tails32,
+    lens: u64,
     codes: *const u32,
     reference: *const u8,
     out: *mut u8,
@@ -1001,7 +1015,7 @@ unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
     // whatever the codes).
     let b3 = _mm256_subs_epu16(b, _mm256_set1_epi32(3));
     let len = _mm256_min_epu32(b3, _mm256_set1_epi32(29));
-    let (off, total) = tail_offsets(len, bits_in % 8, k);
+    let (off, total) = tail_offsets(lens, bits_in % 8);
     // All 8 tails and the 7 bits before the first lie in the 32 bytes from `at` (7 + 8
     // × 29 bits): one load whose address waits only on `bits`. Each lane takes the two
     // dwords holding its tail's first bit and the next (dword 6 and 7 at most) by
@@ -1045,18 +1059,38 @@ unsafe fn group8<const J_CODES: bool, const SIGNED: bool>(
     true
 }
 
-/// Bit offsets of 8 consecutive raw tails of lengths `len` (at most 29) from bit `s0` (below
-/// 8) on: `s0` plus the exclusive prefix sums; and their total. The lengths go to the
-/// integer unit as the 8 bytes of one 64-bit word (a byte shuffle, a dword permute, a
-/// `vmovq`), whose product with 0x0101_0101_0101_0101 holds the running sums in its bytes
-/// (at most 7 + 8 × 29 = 239: no carry between bytes), and come back by `vmovq` and a zero
-/// extension: 5 vector operations where prefix sums in the vector unit took 13 (on a Zen 5
-/// the tail pass is bound by vector operations, two a cycle; the integer units were idle).
+/// The tails' lengths of the 8 elements whose codes are at `codes`, as [`group8`] reads
+/// them (its `len`), as the bytes of one 64-bit word for [`tail_offsets`] (a byte shuffle,
+/// a dword permute, a `vmovq`).
+///
+/// # Safety
+/// AVX2 (inlined into code built for it); 8 codes at `codes`.
 #[inline(always)]
-unsafe fn tail_offsets(len: __m256i, s0: u64, k: &Tails32) -> (__m256i, u32) {
-    const ONES: u64 = 0x0101_0101_0101_0101;
+unsafe fn lens8<const J_CODES: bool>(k: &Tails32, codes: *const u32) -> u64 {
+    let c = _mm256_loadu_si256(codes.cast());
+    let b = if J_CODES {
+        _mm256_srli_epi32::<3>(u_of_joint8(c))
+    } else {
+        _mm256_and_si256(c, _mm256_set1_epi32(127))
+    };
+    let len = _mm256_min_epu32(
+        _mm256_subs_epu16(b, _mm256_set1_epi32(3)),
+        _mm256_set1_epi32(29),
+    );
     let bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(len, k.low_bytes), k.pair);
-    let lens = _mm_cvtsi128_si64(_mm256_castsi256_si128(bytes)) as u64;
+    _mm_cvtsi128_si64(_mm256_castsi256_si128(bytes)) as u64
+}
+
+/// Bit offsets of 8 consecutive raw tails of lengths `lens` (at most 29, [`lens8`]) from
+/// bit `s0` (below 8) on: `s0` plus the exclusive prefix sums; and their total. The
+/// lengths' product with 0x0101_0101_0101_0101 holds the running sums in its bytes (at
+/// most 7 + 8 × 29 = 239: no carry between bytes), and they come back by `vmovq` and a
+/// zero extension: with [`lens8`], 5 vector operations where prefix sums in the vector
+/// unit took 13 (on a Zen 5 the tail pass is bound by vector operations, two a cycle; the
+/// integer units were idle).
+#[inline(always)]
+unsafe fn tail_offsets(lens: u64, s0: u64) -> (__m256i, u32) {
+    const ONES: u64 = 0x0101_0101_0101_0101;
     let sums = lens.wrapping_mul(ONES);
     let off = sums - lens + s0 * ONES;
     (
