@@ -960,8 +960,10 @@ impl Tails32 {
 
 /// One group of [`finish_u32`]: the 8 elements whose codes are at `codes`, reference at
 /// `reference` and output at `out`, their tails from bit `*bits` of `tail` (advanced past
-/// them). Returns false, writing nothing, where the group's 32 bytes of tail could pass its
-/// end.
+/// them), their lengths `lens` as [`lens8`] takes them from the same codes (taken apart so
+/// that callers can take them early; each byte is at most 29 whatever it holds, so the
+/// reads stay in the group's 32 bytes). Returns false, writing nothing, where the group's
+/// 32 bytes of tail could pass its end.
 ///
 /// # Safety
 /// AVX2 (inlined into code built for it); 8 codes, 32 bytes of reference and of output at
