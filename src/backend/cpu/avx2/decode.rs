@@ -961,8 +961,9 @@ impl Tails32 {
 /// One group of [`finish_u32`]: the 8 elements whose codes are at `codes`, reference at
 /// `reference` and output at `out`, their tails from bit `*bits` of `tail` (advanced past
 /// them), their lengths `lens` as [`lens8`] takes them from the same codes (taken apart so
-/// that callers can take them early; each byte is at most 29 whatever it holds, so the
-/// reads stay in the group's 32 bytes). Returns false, writing nothing, where the group's
+/// that callers can take them early). From `lens8` each length is at most 29, so the 8
+/// tails lie in the 32 bytes loaded; whatever the word holds, every read stays in them (the
+/// permutes pick among their 8 dwords). Returns false, writing nothing, where the group's
 /// 32 bytes of tail could pass its end.
 ///
 /// # Safety
