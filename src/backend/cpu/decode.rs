@@ -397,7 +397,7 @@ unsafe fn joint_near_x86<T: Word>(
     }
     let scratch = (info, &mut *codes, padded);
     let (done, bits) = if T::BITS == 16 {
-        let mut f = Fused16::<true>::new(reference, out, c.tail, 0, true, &mut fold);
+        let mut f = Fused16::new(reference, out, c.tail, 0, true, &mut fold);
         near_x86_lanes::<T, _>(
             &mut f,
             c,
@@ -408,7 +408,7 @@ unsafe fn joint_near_x86<T: Word>(
         )?;
         f.progress()
     } else {
-        let mut f = Fused32::<true, true>::new(reference, out, c.tail, 0, &mut fold);
+        let mut f = Fused32::<true>::new(reference, out, c.tail, 0, &mut fold);
         near_x86_lanes::<T, _>(
             &mut f,
             c,
@@ -684,15 +684,15 @@ fn joint_blocked<T: Word>(
                 let fo = &mut fold;
                 (k, fused, tail.consumed) = match (T::BITS, signed) {
                     (16, _) => {
-                        let f = Fused16::<true>::new(r, o, tb, bits, signed, fo);
+                        let f = Fused16::new(r, o, tb, bits, signed, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, true) => {
-                        let f = Fused32::<true, true>::new(r, o, tb, bits, fo);
+                        let f = Fused32::<true>::new(r, o, tb, bits, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                     (_, false) => {
-                        let f = Fused32::<true, false>::new(r, o, tb, bits, fo);
+                        let f = Fused32::<false>::new(r, o, tb, bits, fo);
                         avx2_lanes::<T, _>(f, table, r, info_fn, codes, s, c)?
                     }
                 };

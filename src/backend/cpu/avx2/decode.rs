@@ -472,10 +472,10 @@ impl AfterStep for () {
 /// [`finish_u16`] run inside the lanes' loop, two groups per step, a step behind the lanes:
 /// on a Zen 5 the lanes wait on their state chain (gathers, 2-cycle vector operations) and
 /// the tail pass's independent work fills the gaps, where as a pass of its own it was a
-/// third of a bf16 decode. `U_CODES`: the lanes store `u` of joint symbols (the `--fast`
-/// lanes), else per-element codes (the neighbor form's). Stops where [`group16`] does; the
-/// caller finishes from `done` and `bits` with [`finish_u16`].
-pub(in crate::backend::cpu) struct Fused16<'a, const U_CODES: bool> {
+/// third of a bf16 decode. Reads `u` of joint symbols, what both the `--fast` and the
+/// neighbor-form lanes store. Stops where [`group16`] does; the caller finishes from `done`
+/// and `bits` with [`finish_u16`].
+pub(in crate::backend::cpu) struct Fused16<'a> {
     tb: Tails16,
     fold: &'a mut Fold,
     reference: &'a [u8],
@@ -488,7 +488,7 @@ pub(in crate::backend::cpu) struct Fused16<'a, const U_CODES: bool> {
     signed: bool,
 }
 
-impl<'a, const U_CODES: bool> Fused16<'a, U_CODES> {
+impl<'a> Fused16<'a> {
     /// # Safety
     /// AVX2 (inlined into code built for it).
     #[inline(always)]
@@ -514,7 +514,7 @@ impl<'a, const U_CODES: bool> Fused16<'a, U_CODES> {
     }
 }
 
-impl<const U_CODES: bool> AfterStep for Fused16<'_, U_CODES> {
+impl AfterStep for Fused16<'_> {
     fn progress(&self) -> (usize, u64) {
         (self.done, self.bits)
     }
@@ -532,7 +532,7 @@ impl<const U_CODES: bool> AfterStep for Fused16<'_, U_CODES> {
             self.live = group16(
                 &self.tb,
                 codes.add(j),
-                U_CODES,
+                true,
                 self.reference.as_ptr().add(2 * j),
                 self.out.as_mut_ptr().add(2 * j).cast(),
                 self.tail,
@@ -833,10 +833,9 @@ unsafe fn finish_u32_as<const J_CODES: bool, const SIGNED: bool>(
 }
 
 /// [`finish_u32`] run inside the lanes' loop, as [`Fused16`]: four groups per step, a step
-/// behind the lanes, from joint symbols where `J_CODES` (the `--fast` lanes), else from
-/// per-element codes (the neighbor form's). Does nothing where the tail is shorter than a
-/// group's 32 bytes.
-pub(in crate::backend::cpu) struct Fused32<'a, const J_CODES: bool, const SIGNED: bool> {
+/// behind the lanes, from joint symbols (what both the `--fast` and the neighbor-form lanes
+/// store for 32-bit floats). Does nothing where the tail is shorter than a group's 32 bytes.
+pub(in crate::backend::cpu) struct Fused32<'a, const SIGNED: bool> {
     k: Option<Tails32>,
     fold: &'a mut Fold,
     reference: &'a [u8],
@@ -847,7 +846,7 @@ pub(in crate::backend::cpu) struct Fused32<'a, const J_CODES: bool, const SIGNED
     pub bits: u64,
 }
 
-impl<'a, const J_CODES: bool, const SIGNED: bool> Fused32<'a, J_CODES, SIGNED> {
+impl<'a, const SIGNED: bool> Fused32<'a, SIGNED> {
     /// # Safety
     /// AVX2 (inlined into code built for it).
     #[inline(always)]
@@ -870,7 +869,7 @@ impl<'a, const J_CODES: bool, const SIGNED: bool> Fused32<'a, J_CODES, SIGNED> {
     }
 }
 
-impl<const J_CODES: bool, const SIGNED: bool> AfterStep for Fused32<'_, J_CODES, SIGNED> {
+impl<const SIGNED: bool> AfterStep for Fused32<'_, SIGNED> {
     fn progress(&self) -> (usize, u64) {
         (self.done, self.bits)
     }
@@ -892,13 +891,13 @@ impl<const J_CODES: bool, const SIGNED: bool> AfterStep for Fused32<'_, J_CODES,
             let groups = ((upto - self.done) / 8).min(4);
             let mut lens = [0u64; 4];
             for (g, l) in lens.iter_mut().enumerate().take(groups) {
-                *l = lens8::<J_CODES>(k, codes.add(self.done + 8 * g));
+                *l = lens8::<true>(k, codes.add(self.done + 8 * g));
             }
             for &l in &lens[..groups] {
                 let j = self.done;
                 // In bounds: `j + 8 <= upto`, within the codes stored, the reference and
                 // the output.
-                if !group8::<J_CODES, SIGNED>(
+                if !group8::<true, SIGNED>(
                     k,
                     l,
                     codes.add(j),
