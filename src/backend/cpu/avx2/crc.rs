@@ -21,7 +21,7 @@
 //! Where the CPU has VPCLMULQDQ (AMD from Zen 3, Intel from Ice Lake), the accumulator is
 //! 32 bytes and a piece folds by two 256-bit `vpclmulqdq` and two xors instead of an
 //! extract, four 128-bit multiplies and four xors: on a Zen 3, decode +2.4–4.5% and
-//! encode +4–5% at the AVX2 level. Zen 2 keeps the 128-bit form.
+//! encode +1–5% at the AVX2 level. Zen 2 keeps the 128-bit form.
 
 #![cfg(target_arch = "x86_64")]
 
