@@ -51,7 +51,7 @@ pub(in crate::backend::cpu) struct Fold {
     keys: __m256i,
     /// Fold 32 bytes by two 256-bit `vpclmulqdq` (the CPU has VPCLMULQDQ: Zen 3 on, Intel
     /// from Ice Lake) instead of four 128-bit ones: four vector operations a piece instead
-    /// of nine, on a pass that is bound by them.
+    /// of nine ([`clmul256`]).
     wide: bool,
     bytes: u64,
 }
@@ -112,7 +112,8 @@ impl Fold {
         if self.wide {
             // Each half of the accumulator moved on by the 32 bytes, the piece added.
             let (a, k) = (self.acc, self.keys);
-            self.acc = _mm256_xor_si256(_mm256_xor_si256(clmul256_lo(a, k), clmul256_hi(a, k)), v);
+            let folded = _mm256_xor_si256(clmul256::<0x00>(a, k), clmul256::<0x11>(a, k));
+            self.acc = _mm256_xor_si256(folded, v);
         } else {
             let keys = _mm256_castsi256_si128(self.keys);
             let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
@@ -171,36 +172,22 @@ fn wide_clmul() -> bool {
     is_x86_feature_detected!("vpclmulqdq") && is_x86_feature_detected!("avx2")
 }
 
-/// `vpclmulqdq` of the low quadwords of each 128-bit half of `a` and `b` (imm 0x00), and
-/// of the high ones (0x11), by inline assembly: as an intrinsic it would need VPCLMULQDQ
+/// `vpclmulqdq` of `a` and `b` with immediate `IMM` (0x00: the low quadwords of each 128-bit
+/// half, 0x11: the high ones), by inline assembly: as an intrinsic it would need VPCLMULQDQ
 /// enabled in every pass that folds, which the AVX2 level does not assume (Zen 2 has no
-/// VPCLMULQDQ); the passes pick the form at run time ([`Fold::wide`]).
+/// VPCLMULQDQ); the passes pick the form at run time ([`Fold::wide`]). One instruction per
+/// block, the xors left to the compiler: the whole fold as one block read 0.960 and 0.967
+/// against this (`--fast` fp32 decode on a Zen 3, a noisy window; docs/BENCHMARKS.md).
 ///
 /// # Safety
 /// The CPU has VPCLMULQDQ and AVX2.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn clmul256_lo(a: __m256i, b: __m256i) -> __m256i {
+unsafe fn clmul256<const IMM: u8>(a: __m256i, b: __m256i) -> __m256i {
     let r: __m256i;
     core::arch::asm!(
-        "vpclmulqdq {r}, {a}, {b}, 0x00",
-        r = lateout(ymm_reg) r, a = in(ymm_reg) a, b = in(ymm_reg) b,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    r
-}
-
-/// See [`clmul256_lo`].
-///
-/// # Safety
-/// As [`clmul256_lo`].
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn clmul256_hi(a: __m256i, b: __m256i) -> __m256i {
-    let r: __m256i;
-    core::arch::asm!(
-        "vpclmulqdq {r}, {a}, {b}, 0x11",
-        r = lateout(ymm_reg) r, a = in(ymm_reg) a, b = in(ymm_reg) b,
+        "vpclmulqdq {r}, {a}, {b}, {imm}",
+        r = lateout(ymm_reg) r, a = in(ymm_reg) a, b = in(ymm_reg) b, imm = const IMM,
         options(pure, nomem, nostack, preserves_flags)
     );
     r
