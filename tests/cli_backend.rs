@@ -157,3 +157,67 @@ fn cpu_level_this_cpu_lacks_or_beside_a_gpu_backend_is_refused() {
         );
     }
 }
+
+/// `-T N` sizes the CPU's thread pool (the device line says so, whatever RAYON_NUM_THREADS
+/// says) and never changes the bytes written; `-T 0` is one thread per logical CPU.
+#[test]
+fn threads_option_sizes_the_pool_and_keeps_the_bytes() {
+    let device_line = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(args)
+            .arg("backends")
+            .env("XDG_RUNTIME_DIR", "/tmp")
+            .env("RAYON_NUM_THREADS", "5")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.lines()
+            .find(|l| l.starts_with("cpu "))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string()
+    };
+    assert!(device_line(&["-T", "1"]).contains("CPU, 1 thread, "));
+    assert!(device_line(&["--threads", "3"]).contains("CPU, 3 threads, "));
+    assert!(device_line(&[]).contains("CPU, 5 threads, "));
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let phrase = lockstep::backend::threads_phrase(cores);
+    assert!(device_line(&["-T", "0"]).contains(&format!("CPU, {phrase}, ")));
+
+    let dir = tempfile::tempdir().unwrap();
+    let a = format!("{DEMO}/step0600_blocks_bf16.safetensors");
+    let b = format!("{DEMO}/step0800_blocks_bf16.safetensors");
+    let t = dir.path().join("notes.txt");
+    std::fs::write(&t, "One thread or three: the same bytes.\n").unwrap();
+    let run = |threads: &str| {
+        let (lsd, lst) = (
+            dir.path().join(format!("{threads}.lsd")),
+            dir.path().join(format!("{threads}.lst")),
+        );
+        let (ok, out, err) = lockstep(&[
+            "-T",
+            threads,
+            "delta",
+            "encode",
+            "--reference",
+            &a,
+            "--target",
+            &b,
+            "-o",
+            lsd.to_str().unwrap(),
+        ]);
+        assert!(ok, "-T {threads}: {out}\n{err}");
+        let (ok, out, err) = lockstep(&[
+            "-T",
+            threads,
+            "text",
+            "compress",
+            t.to_str().unwrap(),
+            "-o",
+            lst.to_str().unwrap(),
+        ]);
+        assert!(ok, "-T {threads}: {out}\n{err}");
+        (std::fs::read(lsd).unwrap(), std::fs::read(lst).unwrap())
+    };
+    assert!(run("1") == run("3"), "-T 1 and -T 3 wrote other bytes");
+}

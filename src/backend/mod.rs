@@ -42,6 +42,11 @@ pub use cpu::Isa;
 pub use device::Device;
 pub use select::{available, select, BackendChoice, Found};
 
+/// "1 thread", "2 threads": how the CPU devices name their pool in `device()`.
+pub fn threads_phrase(n: usize) -> String {
+    format!("{n} thread{}", if n == 1 { "" } else { "s" })
+}
+
 /// One float tensor pair to encode. `reference` and `target` hold the same number of
 /// `width / 8`-byte little-endian elements (checked by the caller).
 #[derive(Clone, Copy, Debug)]

@@ -167,8 +167,8 @@ impl Backend for ReferenceBackend {
 
     fn device(&self) -> String {
         format!(
-            "CPU, readable reference codec, {} threads",
-            rayon::current_num_threads()
+            "CPU, readable reference codec, {}",
+            super::threads_phrase(rayon::current_num_threads())
         )
     }
 

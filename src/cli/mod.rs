@@ -26,6 +26,10 @@ pub struct Cli {
     /// fault. Implies the CPU device. The bytes never depend on it.
     #[arg(long, value_enum, global = true, value_name = "LEVEL")]
     pub cpu_level: Option<backend::CpuLevel>,
+    /// Worker threads for the work done on the CPU (0: one per logical CPU). Without it, one
+    /// per logical CPU, or `RAYON_NUM_THREADS` where set. The bytes never depend on it.
+    #[arg(short = 'T', long, global = true, value_name = "N")]
+    pub threads: Option<usize>,
     /// Print nothing on stderr but errors: no summary lines, notes or progress bars.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
@@ -86,6 +90,9 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    if let Some(n) = cli.threads {
+        use_threads(n)?;
+    }
     // Only the commands that compute choose a device: listing and inspecting never probe one.
     let device = || backend::choose(cli.backend, cli.cpu_level);
     let text_device = || backend::choose_for_text(cli.backend, cli.cpu_level);
@@ -105,6 +112,21 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         Command::Stats(a) => archive::stats(a),
         Command::Repair(a) => archive::repair(a, &device()?),
     }
+}
+
+/// Size the process's thread pool (rayon's global one, which every CPU path and the
+/// pools made from it use) before anything runs on it. 0 is one per logical CPU, as
+/// `zstd -T0` and `xz -T0` read it; RAYON_NUM_THREADS is then ignored, as any setting is
+/// under an explicit `-T`.
+fn use_threads(n: usize) -> lockstep::Result<()> {
+    let n = match n {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| lockstep::Error::Invalid(format!("--threads {n}: {e}")))
 }
 
 #[cfg(test)]

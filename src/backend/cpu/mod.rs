@@ -905,8 +905,8 @@ impl Backend for CpuAt {
 
     fn device(&self) -> String {
         format!(
-            "CPU, {} threads, {}",
-            rayon::current_num_threads(),
+            "CPU, {}, {}",
+            crate::backend::threads_phrase(rayon::current_num_threads()),
             self.0.name()
         )
     }

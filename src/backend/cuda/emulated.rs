@@ -66,7 +66,8 @@ struct Ptrs<const N: usize>([*mut u32; N]);
 // of the launch touches, exactly as on a GPU.
 unsafe impl<const N: usize> Sync for Ptrs<N> {}
 
-/// The emulated device's own threads (one per core, or `RAYON_NUM_THREADS`). A launch runs
+/// The emulated device's own threads, as many as the process's pool has (one per core,
+/// `RAYON_NUM_THREADS`, or the CLI's `--threads`). A launch runs
 /// its blocks here, never on the caller's rayon pool: a rayon worker that waits for its own
 /// pool steals that pool's other jobs, such as another tensor's whole operation, which would
 /// then run nested inside this launch. (When the backend ran one operation at a time under a
@@ -76,6 +77,7 @@ fn device_threads() -> Result<&'static rayon::ThreadPool> {
     static POOL: OnceLock<std::result::Result<rayon::ThreadPool, String>> = OnceLock::new();
     POOL.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
             .thread_name(|i| format!("cuda-emulation-{i}"))
             .build()
             .map_err(|e| e.to_string())
