@@ -183,6 +183,9 @@ fn threads_option_sizes_the_pool_and_keeps_the_bytes() {
     let cores = std::thread::available_parallelism().unwrap().get();
     let phrase = lockstep::backend::threads_phrase(cores);
     assert!(device_line(&["-T", "0"]).contains(&format!("CPU, {phrase}, ")));
+    // Past the bound: a usage error before any thread starts.
+    let (ok, _, err) = lockstep(&["-T", "70000", "backends"]);
+    assert!(!ok && err.contains("0..=1024"), "{err}");
 
     let dir = tempfile::tempdir().unwrap();
     let a = format!("{DEMO}/step0600_blocks_bf16.safetensors");

@@ -26,10 +26,14 @@ pub struct Cli {
     /// fault. Implies the CPU device. The bytes never depend on it.
     #[arg(long, value_enum, global = true, value_name = "LEVEL")]
     pub cpu_level: Option<backend::CpuLevel>,
-    /// Worker threads for the work done on the CPU (0: one per logical CPU). Without it, one
-    /// per logical CPU, or `RAYON_NUM_THREADS` where set. The bytes never depend on it.
-    #[arg(short = 'T', long, global = true, value_name = "N")]
-    pub threads: Option<usize>,
+    /// Worker threads for the work done on the CPU, at most 1024 (0: one per logical CPU).
+    /// Without it, one per logical CPU, or `RAYON_NUM_THREADS` where set. The bytes never
+    /// depend on it.
+    // Bounded: each thread is created up front, and tens of thousands failed inside the
+    // thread pool's start (a panic, then a hang) instead of giving an error.
+    #[arg(short = 'T', long, global = true, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub threads: Option<u16>,
     /// Print nothing on stderr but errors: no summary lines, notes or progress bars.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
@@ -91,7 +95,7 @@ pub fn run(cli: Cli) -> lockstep::Result<()> {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     if let Some(n) = cli.threads {
-        use_threads(n)?;
+        use_threads(n.into())?;
     }
     // Only the commands that compute choose a device: listing and inspecting never probe one.
     let device = || backend::choose(cli.backend, cli.cpu_level);
