@@ -5,6 +5,10 @@
 //! writer therefore holds an exclusive lock (`flock`) on its temporary file while it lives;
 //! the next writer to the same destination removes the temporary files nobody holds
 //! ([`remove_stale_temps`]), so remains of dead runs do not pile up.
+//!
+//! A destination that is not a file ([`Special`]) is never renamed over: a rename would put
+//! a file in place of `/dev/null` or of a named pipe. Character devices and FIFOs are written
+//! in place, as a stream (as standard output is); other kinds are refused.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -12,9 +16,51 @@ use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
 
+/// What an existing destination is when it is neither a regular file nor a directory
+/// (symbolic links followed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Special {
+    /// A character device (`/dev/null`, a terminal) or a FIFO: written in place.
+    Stream,
+    /// A block device or a socket: refused ("block device", "socket").
+    Refused(&'static str),
+}
+
+/// [`Special`] of `dest`, or None where it is a path for a file: absent, a regular file, a
+/// directory (which the callers refuse themselves), or a link to one of those.
+pub fn special(dest: &Path) -> Option<Special> {
+    let t = std::fs::metadata(dest).ok()?.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_char_device() || t.is_fifo() {
+            return Some(Special::Stream);
+        }
+        if t.is_block_device() {
+            return Some(Special::Refused("block device"));
+        }
+        if t.is_socket() {
+            return Some(Special::Refused("socket"));
+        }
+    }
+    let _ = t;
+    None
+}
+
+/// The error for writing to a destination of kind `what`.
+pub fn refused(dest: &Path, what: &str) -> Error {
+    Error::Invalid(format!(
+        "{}: is a {what}, not a file; write to a file, a character device such as /dev/null, \
+         a named pipe or standard output",
+        dest.display()
+    ))
+}
+
 pub struct AtomicFile {
     dest: PathBuf,
-    tmp: PathBuf,
+    /// The temporary file renamed onto `dest` at the end; None where `dest` is a
+    /// [`Special::Stream`], written in place.
+    tmp: Option<PathBuf>,
     file: Option<BufWriter<File>>,
     /// Set once the temporary file has been renamed into place; until then, dropping this
     /// removes it (also when a flush, fsync or rename fails).
@@ -44,6 +90,18 @@ fn parent_dir(dest: &Path) -> PathBuf {
 /// Create a temporary file for `dest` and lock it (see the module comment); removes stale
 /// temporary files of `dest` first. Returns the file and its path.
 pub fn create_temp(dest: &Path) -> Result<(File, PathBuf)> {
+    // Whatever is written here is renamed onto `dest` at the end: never onto a device,
+    // pipe or socket.
+    match special(dest) {
+        Some(Special::Stream) => {
+            return Err(Error::Invalid(format!(
+                "{}: is a character device or a named pipe; this output must be a file",
+                dest.display()
+            )))
+        }
+        Some(Special::Refused(what)) => return Err(refused(dest, what)),
+        None => {}
+    }
     remove_stale_temps(dest);
     let tmp = temp_path(dest)?;
     let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -88,8 +146,23 @@ pub fn remove_stale_temps(dest: &Path) -> Vec<PathBuf> {
 }
 
 impl AtomicFile {
+    /// A crash-safe file for `dest`; where `dest` is a character device or a FIFO, that
+    /// device or pipe itself, written in place (nothing there to replace or to keep whole).
     pub fn create(dest: &Path) -> Result<AtomicFile> {
-        let (file, tmp) = create_temp(dest)?;
+        let (file, tmp) = match special(dest) {
+            Some(Special::Stream) => {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dest)
+                    .map_err(|e| Error::io(dest, e))?;
+                (f, None)
+            }
+            Some(Special::Refused(what)) => return Err(refused(dest, what)),
+            None => {
+                let (f, tmp) = create_temp(dest)?;
+                (f, Some(tmp))
+            }
+        };
         Ok(AtomicFile {
             dest: dest.to_path_buf(),
             tmp,
@@ -120,6 +193,12 @@ impl AtomicFile {
         let file = f
             .into_inner()
             .map_err(|e| Error::io(&self.dest, e.into_error()))?;
+        let Some(tmp) = self.tmp.clone() else {
+            // A device or pipe written in place: all written; its mode, times and
+            // durability are not this file's to set.
+            self.committed = true;
+            return Ok(());
+        };
         #[cfg(unix)]
         if let Some(mode) = permissions {
             use std::os::unix::fs::PermissionsExt;
@@ -132,7 +211,7 @@ impl AtomicFile {
             file.set_modified(t).map_err(|e| Error::io(&self.dest, e))?;
         }
         file.sync_all().map_err(|e| Error::io(&self.dest, e))?;
-        std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
+        std::fs::rename(&tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
         self.committed = true;
         // The lock goes with the file, after the rename: a concurrent cleaner never sees an
         // unlocked temporary file of a live writer.
@@ -160,7 +239,9 @@ impl Drop for AtomicFile {
                 let (file, _) = w.into_parts();
                 drop(file);
             }
-            let _ = std::fs::remove_file(&self.tmp);
+            if let Some(tmp) = &self.tmp {
+                let _ = std::fs::remove_file(tmp);
+            }
         }
     }
 }

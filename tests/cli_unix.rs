@@ -549,3 +549,203 @@ fn model_convert_reads_a_sharded_checkpoint() {
     );
     assert_eq!(o.status.code(), Some(1));
 }
+
+/// Whether `p` is still what it was made as: a named pipe, a character device, a socket.
+fn kind_of(p: &Path) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::symlink_metadata(p).unwrap().file_type();
+    match () {
+        _ if t.is_fifo() => "fifo",
+        _ if t.is_char_device() => "char device",
+        _ if t.is_socket() => "socket",
+        _ if t.is_dir() => "directory",
+        _ => "file",
+    }
+}
+
+/// Run `lockstep ARGS` in `dir` while a thread reads the named pipe `fifo` to its end;
+/// returns the run and the bytes that came through the pipe.
+fn through_fifo(dir: &Path, args: &[&str], fifo: &Path) -> (Output, Vec<u8>) {
+    let f = fifo.to_path_buf();
+    // Opening a pipe for reading waits for its writer: on a thread, before the run.
+    let reader = std::thread::spawn(move || std::fs::read(f).unwrap());
+    let o = run_in(dir, args, None);
+    if !o.status.success() {
+        // Unblock the reader so the test reports the run's failure, not a hang.
+        let _ = std::fs::OpenOptions::new().write(true).open(fifo);
+    }
+    (o, reader.join().unwrap())
+}
+
+/// A named pipe given as `-o` is written in place, without `-f`: the bytes come through
+/// it and it is still a pipe afterwards (a rename would have put a file in its place).
+#[test]
+fn output_to_a_named_pipe_streams_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("notes.txt"), TEXT).unwrap();
+    let (r, t) = checkpoints(d);
+    let fifo = d.join("pipe");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+
+    ok(&run_in(
+        d,
+        &["text", "compress", "notes.txt", "-o", "notes.lst"],
+        None,
+    ));
+    let (o, got) = through_fifo(d, &["text", "compress", "notes.txt", "-o", "pipe"], &fifo);
+    ok(&o);
+    assert_eq!(got, std::fs::read(d.join("notes.lst")).unwrap());
+    assert_eq!(kind_of(&fifo), "fifo");
+
+    let (r, t) = (r.to_str().unwrap(), t.to_str().unwrap());
+    ok(&run_in(
+        d,
+        &[
+            "delta",
+            "encode",
+            "--reference",
+            r,
+            "--target",
+            t,
+            "-o",
+            "s.lsd",
+        ],
+        None,
+    ));
+    let (o, got) = through_fifo(
+        d,
+        &["delta", "decode", "--reference", r, "s.lsd", "-o", "pipe"],
+        &fifo,
+    );
+    ok(&o);
+    assert!(
+        got == std::fs::read(t).unwrap(),
+        "the decode through the pipe"
+    );
+    assert_eq!(kind_of(&fifo), "fifo");
+}
+
+/// `-o /dev/null` as root users type it: a character device is written in place, by every
+/// command that writes one file, and nothing puts a file or a directory in its place (a
+/// rename did, and `extract --force` of a directory checkpoint then deleted the device). A
+/// private device node (the same major/minor as /dev/null) stands in for /dev/null, so a
+/// defect cannot break the machine's; making one needs root.
+#[test]
+fn output_to_a_character_device_is_written_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let dev = d.join("null");
+    let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; makedev(1, 3) is /dev/null's number.
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } != 0 {
+        eprintln!(
+            "SKIP: cannot make a character device here ({}): needs root",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    std::fs::write(d.join("notes.txt"), TEXT).unwrap();
+    let (r, t) = checkpoints(d);
+    let (r, t) = (r.to_str().unwrap(), t.to_str().unwrap());
+    let null = dev.to_str().unwrap();
+    // Without -f: nothing is replaced.
+    ok(&run_in(
+        d,
+        &["text", "compress", "notes.txt", "-o", null],
+        None,
+    ));
+    ok(&run_in(
+        d,
+        &["text", "compress", "-f", "notes.txt", "-o", null],
+        None,
+    ));
+    ok(&run_in(
+        d,
+        &[
+            "delta",
+            "encode",
+            "--reference",
+            r,
+            "--target",
+            t,
+            "-o",
+            "s.lsd",
+        ],
+        None,
+    ));
+    ok(&run_in(
+        d,
+        &["delta", "decode", "--reference", r, "s.lsd", "-o", null],
+        None,
+    ));
+    assert_eq!(kind_of(&dev), "char device");
+
+    // Archives: a single-file step and a tensor extract in place; a directory checkpoint
+    // and the archive itself are refused, the device left alone.
+    ok(&run_in(d, &["pack", r, t, "-o", "run.lstp"], None));
+    ok(&run_in(
+        d,
+        &["extract", "run.lstp", "--step", "800", "-o", null],
+        None,
+    ));
+    ok(&run_in(
+        d,
+        &[
+            "extract",
+            "run.lstp",
+            "--step",
+            "800",
+            "--tensor",
+            "transformer.h.0.attn.c_attn.weight",
+            "-o",
+            null,
+        ],
+        None,
+    ));
+    let run = d.join("run");
+    for (step, src) in [("step100", r), ("step200", t)] {
+        std::fs::create_dir_all(run.join(step)).unwrap();
+        std::fs::copy(src, run.join(step).join("model.safetensors")).unwrap();
+        std::fs::write(run.join(step).join("config.json"), "{}").unwrap();
+    }
+    ok(&run_in(d, &["pack", "run", "-o", "dirs.lstp"], None));
+    for force in [false, true] {
+        let mut args = vec!["extract", "dirs.lstp", "--step", "200", "-o", null];
+        if force {
+            args.push("--force");
+        }
+        let o = run_in(d, &args, None);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(
+            stderr(&o).contains("directory checkpoint"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(kind_of(&dev), "char device", "{args:?}");
+    }
+    let o = run_in(d, &["pack", r, t, "-f", "-o", null], None);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("must be a file"), "{}", stderr(&o));
+    assert_eq!(kind_of(&dev), "char device");
+}
+
+/// A socket (or a block device) as `-o` is refused with what it is, even with `-f`, and left.
+#[test]
+fn output_to_a_socket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("notes.txt"), TEXT).unwrap();
+    let sock = d.join("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let o = run_in(
+        d,
+        &["text", "compress", "-f", "notes.txt", "-o", "sock"],
+        None,
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("is a socket"), "{}", stderr(&o));
+    assert_eq!(kind_of(&sock), "socket");
+}

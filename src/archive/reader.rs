@@ -11,7 +11,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 
 use super::format::*;
-use crate::output::AtomicFile;
+use crate::output::{AtomicFile, Special};
 use crate::{anchor, delta, Error, Result};
 
 /// Where one checkpoint's commit lives and which blobs it added.
@@ -659,8 +659,14 @@ pub struct ExtractOptions {
     pub force: bool,
 }
 
-/// An existing file at `dest` is replaced only with `force`; a directory never.
+/// An existing file at `dest` is replaced only with `force`; a directory never. A character
+/// device or named pipe (`-o /dev/null`) is written in place, so nothing is replaced.
 pub(crate) fn check_target_file(dest: &Path, force: bool) -> Result<()> {
+    match crate::output::special(dest) {
+        Some(Special::Stream) => return Ok(()),
+        Some(Special::Refused(what)) => return Err(crate::output::refused(dest, what)),
+        None => {}
+    }
     match std::fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => Err(Error::Invalid(format!(
             "{} is a directory (name the file to write)",
@@ -880,6 +886,15 @@ impl Archive {
         let name = out.file_name().ok_or_else(bad_name)?.to_string_lossy();
         if name == ".." {
             return Err(bad_name());
+        }
+        // The directory is renamed into place, moving away (and, with --force, deleting)
+        // whatever is there: never `/dev/null` or a pipe.
+        if crate::output::special(out).is_some() {
+            return Err(Error::Invalid(format!(
+                "{}: is not a directory or a file; step {step} is a directory checkpoint, \
+                 extracted into a directory (`lockstep verify` checks it without writing)",
+                out.display()
+            )));
         }
         let parent = match out.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

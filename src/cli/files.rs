@@ -3,7 +3,8 @@
 //! or output, `-c` writes to standard output, without `-o` the output is named after the input
 //! (`f` -> `f.lst`, `f.lst` -> `f`), an existing file is replaced only with `-f`, and missing
 //! output folders are created. Files are written through `output::AtomicFile` (temporary file,
-//! fsync, rename), standard output directly.
+//! fsync, rename); standard output, character devices (`-o /dev/null`) and named pipes
+//! directly, with no `-f` needed (nothing is replaced).
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
@@ -145,6 +146,14 @@ pub fn prepare(dest: &Dest, force: bool, binary: bool, json: bool) -> Result<()>
             Ok(())
         }
         Dest::File(p) => {
+            match lockstep::output::special(p) {
+                // `-o /dev/null`, a named pipe: written in place, nothing replaced.
+                Some(lockstep::output::Special::Stream) => return Ok(()),
+                Some(lockstep::output::Special::Refused(what)) => {
+                    return Err(lockstep::output::refused(p, what))
+                }
+                None => {}
+            }
             if p.is_dir() {
                 return Err(Error::Invalid(format!(
                     "{}: is a directory; name the output file with -o",
