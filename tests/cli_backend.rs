@@ -5,9 +5,15 @@ use std::process::Command;
 const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/demo");
 
 fn lockstep(args: &[&str]) -> (bool, String, String) {
+    lockstep_with(args, &[])
+}
+
+/// [`lockstep`] with these environment variables set too.
+fn lockstep_with(args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
         .args(args)
         .env("XDG_RUNTIME_DIR", "/tmp")
+        .envs(envs.iter().copied())
         .output()
         .unwrap();
     (
@@ -163,15 +169,9 @@ fn cpu_level_this_cpu_lacks_or_beside_a_gpu_backend_is_refused() {
 #[test]
 fn threads_option_sizes_the_pool_and_keeps_the_bytes() {
     let device_line = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
-            .args(args)
-            .arg("backends")
-            .env("XDG_RUNTIME_DIR", "/tmp")
-            .env("RAYON_NUM_THREADS", "5")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{args:?}");
-        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        let args = [args, &["backends"]].concat();
+        let (ok, out, err) = lockstep_with(&args, &[("RAYON_NUM_THREADS", "5")]);
+        assert!(ok, "{args:?}: {err}");
         out.lines()
             .find(|l| l.starts_with("cpu "))
             .unwrap_or_else(|| panic!("{out}"))

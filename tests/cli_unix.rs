@@ -563,6 +563,24 @@ fn kind_of(p: &Path) -> &'static str {
     }
 }
 
+/// `lockstep delta encode` of `target` against `reference` into `out`, in `dir`.
+fn encode_to(dir: &Path, reference: &str, target: &str, out: &str) {
+    ok(&run_in(
+        dir,
+        &[
+            "delta",
+            "encode",
+            "--reference",
+            reference,
+            "--target",
+            target,
+            "-o",
+            out,
+        ],
+        None,
+    ));
+}
+
 /// Run `lockstep ARGS` in `dir` while a thread reads the named pipe `fifo` to its end;
 /// returns the run and the bytes that came through the pipe.
 fn through_fifo(dir: &Path, args: &[&str], fifo: &Path) -> (Output, Vec<u8>) {
@@ -601,20 +619,7 @@ fn output_to_a_named_pipe_streams_through_it() {
     assert_eq!(kind_of(&fifo), "fifo");
 
     let (r, t) = (r.to_str().unwrap(), t.to_str().unwrap());
-    ok(&run_in(
-        d,
-        &[
-            "delta",
-            "encode",
-            "--reference",
-            r,
-            "--target",
-            t,
-            "-o",
-            "s.lsd",
-        ],
-        None,
-    ));
+    encode_to(d, r, t, "s.lsd");
     let (o, got) = through_fifo(
         d,
         &["delta", "decode", "--reference", r, "s.lsd", "-o", "pipe"],
@@ -662,20 +667,7 @@ fn output_to_a_character_device_is_written_in_place() {
         &["text", "compress", "-f", "notes.txt", "-o", null],
         None,
     ));
-    ok(&run_in(
-        d,
-        &[
-            "delta",
-            "encode",
-            "--reference",
-            r,
-            "--target",
-            t,
-            "-o",
-            "s.lsd",
-        ],
-        None,
-    ));
+    encode_to(d, r, t, "s.lsd");
     ok(&run_in(
         d,
         &["delta", "decode", "--reference", r, "s.lsd", "-o", null],
