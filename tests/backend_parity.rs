@@ -906,6 +906,25 @@ fn fast_neighbor_avx2_both_lookups() {
     }
 }
 
+/// The AVX-512 level decodes the Joint layout with its own lanes or with the AVX2 ones,
+/// chosen per CPU (`Avx512JointDecode`): both, whichever this machine would pick, on the
+/// checks whose blobs use that layout (`--fast`, the neighbor form, damaged streams, pieces).
+#[test]
+fn avx512_joint_decode_both_lanes() {
+    use lockstep::backend::cpu::{set_avx512_joint_decode, Avx512JointDecode};
+    if let Some(d) = devices::device("avx512") {
+        for l in [Avx512JointDecode::Avx512Lanes, Avx512JointDecode::Avx2Lanes] {
+            set_avx512_joint_decode(l);
+            let b = d.delta().unwrap();
+            large_fast(b, usize::MAX);
+            fast_neighbor(b, usize::MAX);
+            corrupt_streams_error(b);
+            pieces(b, usize::MAX);
+        }
+        set_avx512_joint_decode(Avx512JointDecode::Auto);
+    }
+}
+
 macro_rules! parity_tests {
     ($name:ident, $max_len:expr, $batch_elems:expr) => {
         parity_tests!($name, $max_len, $batch_elems, usize::MAX);

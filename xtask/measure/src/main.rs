@@ -21,7 +21,9 @@ mod table;
 
 use std::time::Instant;
 
-use lockstep::backend::cpu::{set_avx2_lookups, Avx2Lookups, CpuAt, Isa};
+use lockstep::backend::cpu::{
+    set_avx2_lookups, set_avx512_joint_decode, Avx2Lookups, Avx512JointDecode, CpuAt, Isa,
+};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::{LayoutChoice, TensorPair};
 
@@ -53,6 +55,9 @@ options:
   --lookups L     auto, scalar or gather: how the AVX2 neighbor form (decode, encode) looks up
                   (default auto: gathers on an Intel CPU not affected by GDS and on AMD
                   from Zen 3 on)
+  --joint-decode L  auto, avx512 or avx2: which lanes decode the Joint layout (`--fast`, the
+                  default's neighbor form) at the AVX-512 level (default auto: AVX2's on an
+                  Intel CPU)
   --rounds N      repetitions (default per command)
 ";
 
@@ -124,6 +129,12 @@ impl Opts {
                     "scalar" => Avx2Lookups::ScalarLoads,
                     "gather" => Avx2Lookups::Gathers,
                     v => return Err(format!("unknown lookups {v} (auto, scalar, gather)")),
+                }),
+                "--joint-decode" => set_avx512_joint_decode(match value()?.as_str() {
+                    "auto" => Avx512JointDecode::Auto,
+                    "avx512" => Avx512JointDecode::Avx512Lanes,
+                    "avx2" => Avx512JointDecode::Avx2Lanes,
+                    v => return Err(format!("unknown joint decode {v} (auto, avx512, avx2)")),
                 }),
                 "--rounds" => o.rounds = Some(number(&value()?)?),
                 "--quick" => o.quick = true,
