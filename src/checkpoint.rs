@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use crate::memory::FileBytes;
 
 use crate::dtype::DType;
 use crate::{Error, Result};
@@ -25,26 +25,10 @@ pub struct TensorEntry {
     pub end: usize,
 }
 
-/// A checkpoint's bytes: a mapping of its file, or bytes read from a stream (standard input).
-enum Bytes {
-    Map(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Map(m) => m,
-            Bytes::Owned(v) => v,
-        }
-    }
-}
-
 /// A memory-mapped safetensors file.
 pub struct Checkpoint {
     pub path: PathBuf,
-    map: Bytes,
+    map: FileBytes,
     header_end: usize,
     /// Tensors in file (data offset) order.
     pub tensors: Vec<TensorEntry>,
@@ -56,19 +40,17 @@ impl Checkpoint {
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-        // SAFETY: the mapping is read-only; a file truncated underneath us is the one hazard
-        // memory-mapping accepts, as every mmap-based safetensors reader does.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
-        Self::parse(path, Bytes::Map(map))
+        let bytes = FileBytes::of(&path, &file)?;
+        Self::parse(path, bytes)
     }
 
     /// A checkpoint held in memory (read from standard input); `name` stands for its path
     /// in messages.
     pub fn from_bytes(name: impl AsRef<Path>, bytes: Vec<u8>) -> Result<Checkpoint> {
-        Self::parse(name.as_ref().to_path_buf(), Bytes::Owned(bytes))
+        Self::parse(name.as_ref().to_path_buf(), FileBytes::Owned(bytes))
     }
 
-    fn parse(path: PathBuf, map: Bytes) -> Result<Checkpoint> {
+    fn parse(path: PathBuf, map: FileBytes) -> Result<Checkpoint> {
         let (n, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| {
             Error::format(
                 format!("safetensors file {}", path.display()),

@@ -1,5 +1,6 @@
 //! Memory for a codec that allocates megabyte buffers per tensor: one process-wide allocator
-//! setting, zeroed pages mapped on demand, and tables read at random backed by huge pages.
+//! setting, zeroed pages mapped on demand, tables read at random backed by huge pages, and
+//! input files' bytes (mapped, or read whole from a pipe).
 
 use std::ops::{Deref, DerefMut};
 
@@ -170,6 +171,53 @@ impl<T: Pod> DerefMut for HugeTable<T> {
                 bytemuck::cast_slice_mut(&mut map[*at..*at + *len * std::mem::size_of::<T>()])
             }
         }
+    }
+}
+
+/// An input file's bytes: a regular file mapped (read in place, never copied), or what a
+/// pipe carried (a named pipe, `<(...)` process substitution, standard input), read whole as
+/// standard input is.
+pub enum FileBytes {
+    Map(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Map(m) => m,
+            FileBytes::Owned(v) => v,
+        }
+    }
+}
+
+impl FileBytes {
+    /// The bytes of `file`, opened from `path`. Anything else that is not a file (a device,
+    /// a socket, a directory) is refused by name: mapping one failed with "No such device",
+    /// and reading `/dev/zero` would never end.
+    pub fn of(path: &std::path::Path, file: &std::fs::File) -> crate::Result<FileBytes> {
+        use std::io::Read;
+        let io = |e| crate::Error::io(path, e);
+        let t = file.metadata().map_err(io)?.file_type();
+        if t.is_file() {
+            // SAFETY: read-only mapping; a file truncated underneath us is the one hazard
+            // memory-mapping accepts, as every mmap-based reader does (writers of archives
+            // only ever append past the committed length).
+            return Ok(FileBytes::Map(
+                unsafe { memmap2::Mmap::map(file) }.map_err(io)?,
+            ));
+        }
+        if crate::output::is_fifo(&t) {
+            let mut v = Vec::new();
+            (&*file).read_to_end(&mut v).map_err(io)?;
+            return Ok(FileBytes::Owned(v));
+        }
+        Err(crate::Error::Invalid(format!(
+            "{}: {}, not a file",
+            path.display(),
+            crate::output::kind_of(&t)
+        )))
     }
 }
 

@@ -47,6 +47,46 @@ pub fn special(dest: &Path) -> Option<Special> {
     None
 }
 
+/// Whether `t` is a named pipe (always false off Unix).
+pub fn is_fifo(t: &std::fs::FileType) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        t.is_fifo()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = t;
+        false
+    }
+}
+
+/// What `t` is, for messages: "a directory", "a character device", ...
+pub fn kind_of(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else if is_fifo(t) {
+        "a named pipe"
+    } else if t.is_file() {
+        "a file"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// The error for writing to a destination of kind `what`.
 pub fn refused(dest: &Path, what: &str) -> Error {
     Error::Invalid(format!(

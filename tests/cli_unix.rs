@@ -741,3 +741,149 @@ fn output_to_a_socket_is_refused() {
     assert!(stderr(&o).contains("is a socket"), "{}", stderr(&o));
     assert_eq!(kind_of(&sock), "socket");
 }
+
+/// Make the named pipe `p`.
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+/// Run `lockstep ARGS` in `dir` while a thread writes `bytes` into the named pipe `fifo`
+/// (what `<(cat file)` gives a command).
+fn from_fifo(dir: &Path, args: &[&str], fifo: &Path, bytes: Vec<u8>) -> Output {
+    let f = fifo.to_path_buf();
+    // Opening a pipe for writing waits for its reader: on a thread, before the run.
+    let writer = std::thread::spawn(move || {
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .open(f)
+            .and_then(|mut w| w.write_all(&bytes));
+    });
+    let o = run_in(dir, args, None);
+    if !writer.is_finished() {
+        // The run never read the pipe: open it for reading so the writer ends.
+        let _ = std::fs::read(fifo);
+    }
+    writer.join().unwrap();
+    o
+}
+
+/// `lockstep ARGS` in `dir`, killed (and the test failed) if it runs for a minute: a
+/// command that waits on a pipe forever must fail this test, not hang the suite.
+fn within_a_minute(dir: &Path, args: &[&str]) -> Output {
+    let mut child = bin()
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("{args:?} still running after a minute");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Inputs given as named pipes (`<(ssh host cat run.lsa)`, `<(zstd -dc x.zst)`) are read
+/// whole, as standard input is: mapping one failed with "No such device (os error 19)".
+#[test]
+fn inputs_from_named_pipes_are_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (r, t) = checkpoints(d);
+    let (r, t) = (r.to_str().unwrap(), t.to_str().unwrap());
+    let fifo = d.join("pipe");
+    mkfifo(&fifo);
+    ok(&run_in(d, &["pack", "-o", "a.lsa", r, t], None));
+    let archive = std::fs::read(d.join("a.lsa")).unwrap();
+    let o = from_fifo(d, &["list", "pipe"], &fifo, archive.clone());
+    assert!(String::from_utf8_lossy(&ok(&o).stdout).contains("step800"));
+    let o = from_fifo(d, &["verify", "pipe"], &fifo, archive.clone());
+    let out = String::from_utf8_lossy(&ok(&o).stdout).into_owned();
+    assert!(out.contains("all hashes match"), "{out}");
+    // The file's length is the bytes read, not the pipe's 0 on disk.
+    let len = archive.len();
+    assert!(
+        out.contains(&format!("({len} of {len} B of the file)")),
+        "{out}"
+    );
+    let args = ["extract", "pipe", "--step", "800", "-o", "x.safetensors"];
+    ok(&from_fifo(d, &args, &fifo, archive));
+    assert!(std::fs::read(d.join("x.safetensors")).unwrap() == std::fs::read(t).unwrap());
+
+    encode_to(d, r, t, "s.lsd");
+    let lsd = std::fs::read(d.join("s.lsd")).unwrap();
+    let args = [
+        "delta",
+        "decode",
+        "--reference",
+        r,
+        "pipe",
+        "-o",
+        "y.safetensors",
+    ];
+    ok(&from_fifo(d, &args, &fifo, lsd.clone()));
+    assert!(std::fs::read(d.join("y.safetensors")).unwrap() == std::fs::read(t).unwrap());
+    let args = [
+        "delta",
+        "encode",
+        "--reference",
+        "pipe",
+        "--target",
+        t,
+        "-o",
+        "p.lsd",
+    ];
+    ok(&from_fifo(d, &args, &fifo, std::fs::read(r).unwrap()));
+    assert!(std::fs::read(d.join("p.lsd")).unwrap() == lsd);
+    assert_eq!(kind_of(&fifo), "fifo");
+}
+
+/// An archive argument that is a directory, a character device or (for the commands that
+/// change it in place) a named pipe is refused by name, promptly and with nothing changed:
+/// mapping them said "No such device (os error 19)", and `append` to a pipe would have
+/// waited on itself.
+#[test]
+fn archives_that_are_not_files_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_, t) = checkpoints(d);
+    let t = t.to_str().unwrap();
+    std::fs::create_dir(d.join("folder")).unwrap();
+    let fifo = d.join("pipe");
+    mkfifo(&fifo);
+    for (archive, what) in [
+        ("folder", "a directory, not a file"),
+        ("/dev/null", "a character device, not a file"),
+    ] {
+        for args in [
+            vec!["list", archive],
+            vec!["verify", archive],
+            vec!["stats", archive],
+            vec!["repair", archive],
+            vec!["append", archive, t],
+        ] {
+            let o = run_in(d, &args, None);
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+            assert!(stderr(&o).contains(what), "{args:?}: {}", stderr(&o));
+        }
+    }
+    assert_eq!(kind_of(Path::new("/dev/null")), "char device");
+    for args in [vec!["append", "pipe", t], vec!["repair", "pipe"]] {
+        let o = within_a_minute(d, &args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("a named pipe, not a file"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(kind_of(&fifo), "fifo");
+}

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
+use crate::memory::FileBytes;
 use rayon::prelude::*;
 
 use super::format::*;
@@ -26,7 +26,7 @@ pub struct CommitSpan {
 /// An open, read-only trajectory archive.
 pub struct Archive {
     pub path: PathBuf,
-    map: Mmap,
+    map: FileBytes,
     pub header: Header,
     pub keyframe_interval: u32,
     pub blobs: Vec<BlobRecord>,
@@ -83,8 +83,7 @@ impl Archive {
     }
 
     pub(crate) fn from_file(path: &Path, file: &File) -> Result<Archive> {
-        // SAFETY: read-only mapping; writers only ever append after the committed length.
-        let map = unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
+        let map = FileBytes::of(path, file)?;
         let named = |e: Error| e.context(format!("archive {}", path.display()));
         let header = read_header(&map).map_err(named)?;
         let keyframe_interval = header.keyframe_interval;
@@ -352,6 +351,11 @@ impl Archive {
             path: self.path.clone(),
             detail,
         })
+    }
+
+    /// The archive's length in bytes, as read (a pipe's too, which has no length on disk).
+    pub fn read_len(&self) -> u64 {
+        self.map.len() as u64
     }
 
     /// Bytes after the last valid commit (left by an interrupted append).

@@ -770,6 +770,17 @@ fn check_previous(archive: &Archive, p: &CheckpointSource, o: &Opened) -> Result
 /// Open an existing archive for writing under an exclusive lock (one writer at a time;
 /// readers need none), and read it.
 fn open_for_writing(path: &Path) -> Result<(File, Archive)> {
+    // Before opening: a named pipe opened for reading and writing would wait on itself.
+    let t = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .file_type();
+    if !t.is_file() {
+        return Err(Error::Invalid(format!(
+            "{}: {}, not a file; an archive is changed in place, so it must be one",
+            path.display(),
+            crate::output::kind_of(&t)
+        )));
+    }
     let file = OpenOptions::new()
         .read(true)
         .write(true)

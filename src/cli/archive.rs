@@ -851,7 +851,7 @@ fn verify_with(a: VerifyArgs, repair: Option<serde_json::Value>, device: &Device
                 "last complete checkpoint: step {} ({} of {} B of the file)",
                 c.step,
                 ar.valid_end,
-                file_len(&a.archive)
+                ar.read_len()
             );
         }
     }

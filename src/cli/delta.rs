@@ -7,6 +7,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use lockstep::checkpoint::Checkpoint;
 use lockstep::delta::file::{decode_to, decoded_len, encode_to};
 use lockstep::delta::{EncodeOptions, LayoutChoice, DEFAULT_BATCH_BYTES};
+use lockstep::memory::FileBytes;
 use lockstep::Result;
 use serde_json::json;
 
@@ -239,15 +240,11 @@ pub fn run(cmd: DeltaCmd, device: &Device) -> Result<()> {
             files::prepare(&dest, out.force, false, json)?;
             let r = open_checkpoint(&reference)?;
             let bytes = if files::is_stdio(&delta) {
-                DeltaBytes::Owned(files::read_input(&delta)?)
+                FileBytes::Owned(files::read_input(&delta)?)
             } else {
                 let file =
                     std::fs::File::open(&delta).map_err(|e| lockstep::Error::io(&delta, e))?;
-                // SAFETY: read-only mapping; the .lsd file is not modified while we decode it.
-                DeltaBytes::Map(
-                    unsafe { memmap2::Mmap::map(&file) }
-                        .map_err(|e| lockstep::Error::io(&delta, e))?,
-                )
+                FileBytes::of(&delta, &file)?
             };
             let start = std::time::Instant::now();
             let pb = ui::bar(decoded_len(&bytes).unwrap_or(0), json, "decode");
@@ -292,22 +289,6 @@ pub fn run(cmd: DeltaCmd, device: &Device) -> Result<()> {
                 report::print_pair_stats(&table, per_tensor);
             }
             Ok(())
-        }
-    }
-}
-
-/// The bytes of a `.lsd` file: mapped, or read from standard input.
-enum DeltaBytes {
-    Map(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for DeltaBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            DeltaBytes::Map(m) => m,
-            DeltaBytes::Owned(v) => v,
         }
     }
 }
