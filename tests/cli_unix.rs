@@ -843,11 +843,25 @@ fn inputs_from_named_pipes_are_read_whole() {
     ];
     ok(&from_fifo(d, &args, &fifo, std::fs::read(r).unwrap()));
     assert!(std::fs::read(d.join("p.lsd")).unwrap() == lsd);
+
+    std::fs::write(d.join("notes.txt"), TEXT).unwrap();
+    ok(&run_in(
+        d,
+        &["text", "compress", "notes.txt", "-o", "f.lst"],
+        None,
+    ));
+    let args = ["text", "compress", "pipe", "-o", "p.lst"];
+    ok(&from_fifo(d, &args, &fifo, TEXT.to_vec()));
+    assert_eq!(
+        std::fs::read(d.join("p.lst")).unwrap(),
+        std::fs::read(d.join("f.lst")).unwrap()
+    );
     assert_eq!(kind_of(&fifo), "fifo");
 }
 
 /// An archive argument that is a directory, a character device or (for the commands that
-/// change it in place) a named pipe is refused by name, promptly and with nothing changed:
+/// change it in place) a named pipe is refused by name, promptly and with nothing changed,
+/// and so is a device as the text to compress (`/dev/zero` was read until memory ran out):
 /// mapping them said "No such device (os error 19)", and `append` to a pipe would have
 /// waited on itself.
 #[test]
@@ -876,6 +890,11 @@ fn archives_that_are_not_files_are_refused_by_name() {
         }
     }
     assert_eq!(kind_of(Path::new("/dev/null")), "char device");
+    // A device as the input to compress: refused, not read until memory runs out.
+    let o = within_a_minute(d, &["text", "compress", "/dev/zero", "-o", "z.lst"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("/dev/zero: a character device, not a file"));
+    assert!(!d.join("z.lst").exists());
     for args in [vec!["append", "pipe", t], vec!["repair", "pipe"]] {
         let o = within_a_minute(d, &args);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));

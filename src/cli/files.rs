@@ -32,7 +32,8 @@ pub fn is_stdio(p: &Path) -> bool {
     p.as_os_str() == "-"
 }
 
-/// The whole of an input file, or of standard input for `-`.
+/// The whole of an input file (a named pipe read to its end; a device, which might never
+/// end, refused), or of standard input for `-`.
 pub fn read_input(p: &Path) -> Result<Vec<u8>> {
     if is_stdio(p) {
         let mut v = Vec::new();
@@ -42,7 +43,11 @@ pub fn read_input(p: &Path) -> Result<Vec<u8>> {
             .map_err(|e| Error::io("(standard input)", e))?;
         Ok(v)
     } else {
-        std::fs::read(p).map_err(|e| Error::io(p, e))
+        let file = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+        Ok(match lockstep::memory::FileBytes::of(p, &file)? {
+            lockstep::memory::FileBytes::Owned(v) => v,
+            mapped => mapped.to_vec(),
+        })
     }
 }
 
