@@ -861,7 +861,7 @@ fn inputs_from_named_pipes_are_read_whole() {
 
 /// An archive argument that is a directory, a character device or (for the commands that
 /// change it in place) a named pipe is refused by name, promptly and with nothing changed,
-/// and so is a device as the text to compress (`/dev/zero` was read until memory ran out):
+/// and so is a device as the text to compress (`/dev/zero` would have been read until memory ran out):
 /// mapping them said "No such device (os error 19)", and `append` to a pipe would have
 /// waited on itself.
 #[test]
