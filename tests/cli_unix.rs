@@ -860,10 +860,10 @@ fn inputs_from_named_pipes_are_read_whole() {
 }
 
 /// An archive argument that is a directory, a character device or (for the commands that
-/// change it in place) a named pipe is refused by name, promptly and with nothing changed,
-/// and so is a device as the text to compress (`/dev/zero` would have been read until memory ran out):
+/// change it in place) a named pipe is refused by name, promptly and with nothing changed:
 /// mapping them said "No such device (os error 19)", and `append` to a pipe would have
-/// waited on itself.
+/// waited on itself. So is a device as the text to compress (`/dev/zero` would have been
+/// read until memory ran out).
 #[test]
 fn archives_that_are_not_files_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
