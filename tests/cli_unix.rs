@@ -895,6 +895,17 @@ fn archives_that_are_not_files_are_refused_by_name() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("/dev/zero: a character device, not a file"));
     assert!(!d.join("z.lst").exists());
+    // A checkpoint to pack or append that is not a file or a directory: refused by name
+    // (it was "Not a directory (os error 20)"), no archive made.
+    for args in [
+        vec!["pack", "-o", "new.lsa", "pipe"],
+        vec!["pack", "-o", "new.lsa", "/dev/null"],
+    ] {
+        let o = within_a_minute(d, &args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("not a file; pack and append read checkpoints"));
+        assert!(!d.join("new.lsa").exists());
+    }
     for args in [vec!["append", "pipe", t], vec!["repair", "pipe"]] {
         let o = within_a_minute(d, &args);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));

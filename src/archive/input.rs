@@ -209,6 +209,15 @@ pub fn resolve(path: &Path) -> Result<CheckpointSource> {
             }],
         });
     }
+    if !meta.is_dir() {
+        // (The delta codec's commands read a pipe whole; an archive stores a checkpoint
+        // under its file's name, mode and time, which a pipe does not have.)
+        return Err(Error::Invalid(format!(
+            "{}: {}, not a file; pack and append read checkpoints from files or directories",
+            path.display(),
+            crate::output::kind_of(&meta.file_type())
+        )));
+    }
     if !is_checkpoint_dir(path)? {
         return Err(Error::Invalid(format!(
             "{}: holds no checkpoint (no *.safetensors.index.json, and not one .safetensors file or a set of shards){}",
