@@ -193,9 +193,9 @@ impl Deref for FileBytes {
 }
 
 impl FileBytes {
-    /// The bytes of `file`, opened from `path`. Anything else that is not a file (a device,
-    /// a socket, a directory) is refused by name: mapping one failed with "No such device",
-    /// and reading `/dev/zero` would never end.
+    /// The bytes of `file`, opened from `path`: a regular file mapped, a named pipe read to
+    /// its end. Anything else (a device, a socket, a directory) is refused by name: mapping
+    /// one failed with "No such device", and reading `/dev/zero` would never end.
     pub fn of(path: &std::path::Path, file: &std::fs::File) -> crate::Result<FileBytes> {
         use std::io::Read;
         let io = |e| crate::Error::io(path, e);
