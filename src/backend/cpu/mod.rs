@@ -69,25 +69,50 @@ pub enum Avx2Lookups {
     Gathers,
 }
 
-static AVX2_LOOKUPS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// A yes-or-no choice of code path made per CPU (`detect`, asked once), which tests and
+/// measurements may pin either way: every choice gives the same bytes.
+struct CpuChoice {
+    /// 0: `detect`'s answer; 1: no; 2: yes (the `Auto`, first, second variants of the
+    /// public enums that set it).
+    pinned: std::sync::atomic::AtomicU8,
+    auto: std::sync::OnceLock<bool>,
+    detect: fn() -> bool,
+}
+
+impl CpuChoice {
+    const fn new(detect: fn() -> bool) -> Self {
+        CpuChoice {
+            pinned: std::sync::atomic::AtomicU8::new(0),
+            auto: std::sync::OnceLock::new(),
+            detect,
+        }
+    }
+
+    fn pin(&self, v: u8) {
+        self.pinned.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn yes(&self) -> bool {
+        match self.pinned.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => false,
+            2 => true,
+            _ => *self.auto.get_or_init(self.detect),
+        }
+    }
+}
+
+static AVX2_LOOKUPS: CpuChoice = CpuChoice::new(fast_gathers);
 
 /// Pin how the AVX2 neighbor form looks up (for tests and measurements: every choice gives
 /// the same bytes).
 pub fn set_avx2_lookups(l: Avx2Lookups) {
-    AVX2_LOOKUPS.store(l as u8, std::sync::atomic::Ordering::Relaxed);
+    AVX2_LOOKUPS.pin(l as u8);
 }
 
 /// Whether the AVX2 neighbor form looks up by gathers ([`Avx2Lookups`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn avx2_gathers() -> bool {
-    match AVX2_LOOKUPS.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            static AUTO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *AUTO.get_or_init(fast_gathers)
-        }
-    }
+    AVX2_LOOKUPS.yes()
 }
 
 /// An Intel CPU that Linux reports not affected by Gather Data Sampling, or an AMD CPU of
@@ -116,9 +141,11 @@ fn vendor() -> (u32, u32, u32) {
 }
 
 /// "GenuineIntel".
-#[cfg(target_arch = "x86_64")]
 fn intel() -> bool {
-    vendor() == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+    #[cfg(target_arch = "x86_64")]
+    return vendor() == (0x756e_6547, 0x4965_6e69, 0x6c65_746e);
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// "AuthenticAMD".
@@ -144,12 +171,13 @@ pub enum Avx512JointDecode {
     Avx2Lanes,
 }
 
-static AVX512_JOINT_DECODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// Whether the AVX-512 level decodes the Joint layout with the AVX2 lanes.
+static AVX512_JOINT_BY_AVX2: CpuChoice = CpuChoice::new(intel);
 
 /// Pin which lanes the AVX-512 level decodes the Joint layout with (for tests and
 /// measurements: every choice gives the same bytes).
 pub fn set_avx512_joint_decode(l: Avx512JointDecode) {
-    AVX512_JOINT_DECODE.store(l as u8, std::sync::atomic::Ordering::Relaxed);
+    AVX512_JOINT_BY_AVX2.pin(l as u8);
 }
 
 /// The level whose code decodes a tensor of `layout` at `isa`: `isa`, except the Joint
@@ -158,20 +186,7 @@ fn decode_level(isa: Isa, layout: Layout) -> Isa {
     if isa != Isa::Avx512 || layout != Layout::Joint {
         return isa;
     }
-    let avx2 = match AVX512_JOINT_DECODE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            #[cfg(target_arch = "x86_64")]
-            {
-                static AUTO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                *AUTO.get_or_init(intel)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            false
-        }
-    };
-    if avx2 {
+    if AVX512_JOINT_BY_AVX2.yes() {
         Isa::Avx2
     } else {
         isa
