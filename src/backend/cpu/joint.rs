@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use super::decode::{no_row, Stream};
 use super::encode::{codes, Scratch};
+use super::residuals::Residuals;
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY, PACKED_IDENTITY};
 use super::word::{rs, InfoFn, Word};
 use super::Isa;
@@ -91,8 +92,7 @@ pub fn context(info: u16) -> usize {
 #[inline(always)]
 pub fn histogram<T: Word>(
     isa: Isa,
-    d: &[T],
-    info: &[u16],
+    res: &impl Residuals<T>,
     (lo, hi): (usize, usize),
     width: u32,
 ) -> Hist {
@@ -111,15 +111,19 @@ pub fn histogram<T: Word>(
                 sub.resize(4 * size, 0);
             }
             let sub = &mut sub[..4 * size];
-            super::hist::simd(
-                isa,
-                #[inline(always)]
-                || count_chunk(&d[r.clone()], &info[r], lo2, size, &mut acc, idx, sub),
-            );
+            // (The level's code inside the chunk's closure: `chunk` itself is not compiled
+            // for it.)
+            res.chunk(r, |d, info| {
+                super::hist::simd(
+                    isa,
+                    #[inline(always)]
+                    || count_chunk(d, info, lo2, size, &mut acc, idx, sub),
+                )
+            });
         });
         acc
     };
-    let acc = chunk_ranges(d.len())
+    let acc = chunk_ranges(res.elements())
         .into_par_iter()
         .fold(|| vec![0u64; size], count)
         .reduce_with(add_counts)
@@ -254,35 +258,31 @@ fn drain_part(sub: &mut [u32], stride: usize, from: usize, acc: &mut [u64]) {
     }
 }
 
-/// The residual pass and [`histogram`] in one pass over the tensor, where the level has a
-/// kernel for it (AVX2, also at the AVX-512 level; 16- and 32-bit floats, tensors of at least twice as many elements
-/// as counting slots): each piece of a chunk has its displacements and facts written to
-/// `d` and `info` and its slots counted while it is in L1, so neither is read back from
-/// memory, and the exponent range is found on the way (counted by absolute context, the
-/// chunk's classes drained); the pieces are hashed there too,
-/// so the blob's CRC-32s of the reference and the target (returned with the histogram and the
-/// exponent range) need no pass of their own. `None` where not taken, with nothing written (the caller runs the
-/// two passes).
-#[allow(clippy::too_many_arguments)]
+/// [`histogram`] straight from the inputs, where the level has a kernel for it (AVX2, also
+/// at the AVX-512 level; 16- and 32-bit floats, tensors of at least twice as many elements
+/// as counting slots): each piece of a chunk has its displacements and facts computed and
+/// its slots counted while it is in L1, and the exponent range is found on the way
+/// (counted by absolute context, the chunk's classes drained); the pieces are hashed there
+/// too, so the blob's CRC-32s of the reference and the target (returned with the histogram
+/// and the exponent range) need no pass of their own. `None` where not taken (the caller
+/// finds the range, then counts).
 pub fn residual_histogram<T: Word>(
     isa: Isa,
     reference: &[u8],
     target: &[u8],
     info_fn: InfoFn,
     width: u32,
-    d: &mut [std::mem::MaybeUninit<T>],
-    info: &mut [std::mem::MaybeUninit<u16>],
 ) -> Option<(Hist, [u32; 2], (usize, usize))> {
     #[cfg(target_arch = "x86_64")]
     {
         use super::avx2::crc::Running;
         use super::avx2::hist::{er_range_of, residual_count};
-        let n = d.len();
+        use super::residuals::with_room;
+        let n = reference.len() / T::SIZE;
         // The AVX-512 level takes the AVX2 kernel too (it implies AVX2: `Isa::available`).
         if isa < Isa::Avx2
             || !(T::BITS == 16 || T::BITS == 32)
             || info_fn.wide()
-            || info.len() != n
             // Whole elements only, so the CRC-32s cover the whole inputs.
             || reference.len() != n * T::SIZE
             || target.len() != n * T::SIZE
@@ -305,15 +305,13 @@ pub fn residual_histogram<T: Word>(
             }
         }
         type Acc = (ClassCounts, Vec<(usize, [crc32fast::Hasher; 2])>);
-        let (acc, mut hashes) = d
-            .par_chunks_mut(CHUNK_ELEMS)
-            .zip(info.par_chunks_mut(CHUNK_ELEMS))
-            .zip(reference.par_chunks(CHUNK_ELEMS * T::SIZE))
+        let (acc, mut hashes) = reference
+            .par_chunks(CHUNK_ELEMS * T::SIZE)
             .zip(target.par_chunks(CHUNK_ELEMS * T::SIZE))
             .enumerate()
             .fold(
                 || -> Acc { (ClassCounts::default(), Vec::new()) },
-                |(mut acc, mut hashes), (c, (((d, i), r), x))| {
+                |(mut acc, mut hashes), (c, (r, x))| {
                     // Counted by absolute context (every class's rows, only those of
                     // the chunk's classes touched), its exponent classes found on the way
                     // and only their rows drained: no pass over the reference first.
@@ -329,21 +327,21 @@ pub fn residual_histogram<T: Word>(
                         }
                         let (mut lo, mut hi) = (u8::MAX, 0u8);
                         let b = FUSED_BLOCK;
-                        for (((d, i), r), x) in d
-                            .chunks_mut(b)
-                            .zip(i.chunks_mut(b))
-                            .zip(r.chunks(b * T::SIZE))
-                            .zip(x.chunks(b * T::SIZE))
-                        {
-                            // SAFETY: AVX2 as above; contexts are below 512, so every
-                            // one of them is inside the tables from context 0.
-                            // The inputs' CRC-32s too (folded from the loaded vectors).
-                            let (l, h_) = unsafe {
-                                let sub = &mut sub[..4 * size];
-                                residual_count::<T>(r, x, d, i, info_fn, 0, sub, &mut h)
-                            };
-                            (lo, hi) = (lo.min(l), hi.max(h_));
-                        }
+                        // A piece's residuals are only counted: room for one piece.
+                        with_room::<T, _>(b, |d, i| {
+                            for (r, x) in r.chunks(b * T::SIZE).zip(x.chunks(b * T::SIZE)) {
+                                let m = r.len() / T::SIZE;
+                                // SAFETY: AVX2 as above; contexts are below 512, so every
+                                // one of them is inside the tables from context 0.
+                                // The inputs' CRC-32s too (folded from the loaded vectors).
+                                let (l, h_) = unsafe {
+                                    let sub = &mut sub[..4 * size];
+                                    let (d, i) = (&mut d[..m], &mut i[..m]);
+                                    residual_count::<T>(r, x, d, i, info_fn, 0, sub, &mut h)
+                                };
+                                (lo, hi) = (lo.min(l), hi.max(h_));
+                            }
+                        });
                         // Chunks are never empty: `lo <= hi`.
                         let (lo, hi) = (lo as usize, hi as usize);
                         drain_part(sub, size, lo * CLASS_SLOTS, acc.classes(lo, hi));
@@ -378,7 +376,7 @@ pub fn residual_histogram<T: Word>(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, reference, target, info_fn, width, d, info);
+        let _ = (isa, reference, target, info_fn, width);
         None
     }
 }
@@ -439,7 +437,8 @@ impl ClassCounts {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const FUSED_BLOCK: usize = 4096;
 
-/// The exponent classes `info` spans, `(0, 0)` when empty.
+/// The exponent classes `info` spans, `(0, 0)` when empty (the AVX2 kernels' tests).
+#[cfg(all(test, target_arch = "x86_64"))]
 pub fn er_range(info: &[u16]) -> (usize, usize) {
     // Chunk by chunk on the pool: one serial pass over a large tensor's facts was a few
     // percent of its encode, and serial work is what keeps a second thread from helping.

@@ -15,6 +15,7 @@ use super::encode::{codes, Scratch};
 #[cfg(target_arch = "x86_64")]
 use super::joint::joint_of_code_wide;
 use super::joint::{code_of_joint, joint_of_code, JointDec};
+use super::residuals::Residuals;
 use super::tables::{put_lanes, EncStage, EncSym, IDENTITY};
 use super::word::Word;
 use super::Isa;
@@ -81,8 +82,7 @@ fn map_index(info: &[u16], codes: &[u32], j: usize, d: usize, w1: usize, window:
 #[inline(always)]
 pub fn histogram<T: Word>(
     isa: Isa,
-    d: &[T],
-    info: &[u16],
+    res: &impl Residuals<T>,
     (lo, hi): (usize, usize),
     width: u32,
     distance: usize,
@@ -90,15 +90,28 @@ pub fn histogram<T: Word>(
     // Counts are 32-bit: tensors of 2^31 elements or more are counted in such pieces
     // (chunk-aligned) and their histograms added.
     const PIECE: usize = 1 << 31;
-    if d.len() > PIECE {
-        let mut h = Hist::new(Space::new(Stage::J, width, true));
-        for at in (0..d.len()).step_by(PIECE) {
-            let end = (at + PIECE).min(d.len());
-            let (d, info) = (&d[at..end], &info[at..end]);
-            h.add(&histogram(isa, d, info, (lo, hi), width, distance));
-        }
-        return h;
+    let n = res.elements();
+    if n <= PIECE {
+        return piece_histogram(isa, res, 0..n, (lo, hi), width, distance);
     }
+    let mut h = Hist::new(Space::new(Stage::J, width, true));
+    for at in (0..n).step_by(PIECE) {
+        let piece = at..(at + PIECE).min(n);
+        h.add(&piece_histogram(isa, res, piece, (lo, hi), width, distance));
+    }
+    h
+}
+
+/// [`histogram`] of the elements in `piece` (fewer than 2^32, chunk-aligned).
+#[inline(always)]
+fn piece_histogram<T: Word>(
+    isa: Isa,
+    res: &impl Residuals<T>,
+    piece: std::ops::Range<usize>,
+    (lo, hi): (usize, usize),
+    width: u32,
+    distance: usize,
+) -> Hist {
     debug_assert!(T::BITS <= 32);
     let space = Space::new(Stage::J, width, true);
     let (w1, a) = (width as usize + 1, space.alphabet());
@@ -113,108 +126,114 @@ pub fn histogram<T: Word>(
     // merged): unbounded, two threads split the embedding's 25 chunks into 10-11 folds,
     // and more threads into more. About two pieces per thread keep the stealing (two
     // threads' encode 1.01-1.04x faster on a Zen 3, docs/BENCHMARKS.md).
-    let ranges = chunk_ranges(d.len());
+    let ranges: Vec<_> = chunk_ranges(piece.len())
+        .into_iter()
+        .map(|r| piece.start + r.start..piece.start + r.end)
+        .collect();
     let min_len = (ranges.len() / (2 * rayon::current_num_threads())).max(1);
     let counts = ranges
         .into_par_iter()
         .with_min_len(min_len)
         .fold(new, |mut acc, r| {
-            let (d, info) = (&d[r.clone()], &info[r]);
-            super::hist::simd(
-                isa,
-                #[inline(always)]
-                || {
-                    // The codes in 32-bit arithmetic (`encode::codes` works in 64: half the
-                    // vector lanes).
-                    // Written in place, not zeroed first (the zeroing was 2% of a bf16
-                    // encode's samples at AVX2).
-                    acc.codes.clear();
-                    acc.codes.reserve(d.len());
-                    let spare = &mut acc.codes.spare_capacity_mut()[..d.len()];
-                    for (o, &x) in spare.iter_mut().zip(d) {
-                        o.write(super::hist::code_of(x, true));
-                    }
-                    // SAFETY: the loop wrote all `d.len()`.
-                    unsafe { acc.codes.set_len(d.len()) };
-                    let lut = joint_of_code();
-                    // (Out of `acc` while its rows grow.)
-                    let all = std::mem::take(&mut acc.codes);
-                    const BLOCK: usize = 1024;
-                    let mut at = [0u32; BLOCK];
-                    for b in (0..d.len()).step_by(BLOCK) {
-                        let m = BLOCK.min(d.len() - b);
-                        // At AVX-512 each element's counter (its row's start plus its
-                        // symbol) in the vector, map lookups by gathers; a context without
-                        // a row yet sends the block to the loops below.
-                        #[cfg(target_arch = "x86_64")]
-                        if isa >= Isa::Avx512 && b >= distance {
-                            // SAFETY: the level's features (`hist::simd` runs this closure
-                            // with them); every element of the block has its neighbor.
-                            let found = unsafe {
-                                super::avx512::joint_near::counters(
-                                    &info[b..b + m],
-                                    &all[b - distance..b - distance + m],
-                                    &all[b..b + m],
-                                    (w1, window),
-                                    &acc.slot,
-                                    joint_of_code_wide(),
-                                    &mut at[..m],
-                                )
-                            };
-                            if found {
-                                increment(&mut acc.rows, &at[..m]);
-                                continue;
-                            }
+            // (The level's code inside the chunk's closure: `chunk` itself is not compiled
+            // for it.)
+            res.chunk(r, |d, info| {
+                super::hist::simd(
+                    isa,
+                    #[inline(always)]
+                    || {
+                        // The codes in 32-bit arithmetic (`encode::codes` works in 64: half the
+                        // vector lanes).
+                        // Written in place, not zeroed first (the zeroing was 2% of a bf16
+                        // encode's samples at AVX2).
+                        acc.codes.clear();
+                        acc.codes.reserve(d.len());
+                        let spare = &mut acc.codes.spare_capacity_mut()[..d.len()];
+                        for (o, &x) in spare.iter_mut().zip(d) {
+                            o.write(super::hist::code_of(x, true));
                         }
-                        // Map indices: a branch-free loop (it vectorizes) where every element
-                        // of the block has its neighbor. Every class is in the window.
-                        if b >= distance {
-                            let (info, nbs) = (&info[b..b + m], &all[b - distance..]);
-                            for ((o, &i), &c) in at[..m].iter_mut().zip(info).zip(nbs) {
-                                // (No outside check: the window is the data's classes.)
-                                let nr = near_of(i as u32, c, w1 as u32);
-                                *o = nr * 2 * window.n + class_of(i as u32, window);
-                            }
-                        } else {
-                            for (o, j) in at[..m].iter_mut().zip(b..) {
-                                *o = map_index(info, &all, j, distance, w1, window);
-                            }
-                        }
-                        // Then the counts: one loop, the row's start straight from the map,
-                        // the block's halves interleaved: neighbors often share a counter,
-                        // and an increment waits for the one before it to the same counter
-                        // (bf16 +5-10%). The tables are held as slices (in registers, not
-                        // reloaded after every increment) until a pair meets a context
-                        // without a row, which the cold path makes before going on.
-                        let h = m / 2;
-                        let (a0, a1) = at[..m].split_at(h);
-                        let (c0, c1) = all[b..b + m].split_at(h);
-                        let mut p = 0;
-                        while p < h {
-                            let (slot, rows) = (&acc.slot[..], &mut acc.rows[..]);
-                            while p < h {
-                                let (s0, s1) = (slot[a0[p] as usize], slot[a1[p] as usize]);
-                                if s0 == u32::MAX || s1 == u32::MAX {
-                                    break;
+                        // SAFETY: the loop wrote all `d.len()`.
+                        unsafe { acc.codes.set_len(d.len()) };
+                        let lut = joint_of_code();
+                        // (Out of `acc` while its rows grow.)
+                        let all = std::mem::take(&mut acc.codes);
+                        const BLOCK: usize = 1024;
+                        let mut at = [0u32; BLOCK];
+                        for b in (0..d.len()).step_by(BLOCK) {
+                            let m = BLOCK.min(d.len() - b);
+                            // At AVX-512 each element's counter (its row's start plus its
+                            // symbol) in the vector, map lookups by gathers; a context without
+                            // a row yet sends the block to the loops below.
+                            #[cfg(target_arch = "x86_64")]
+                            if isa >= Isa::Avx512 && b >= distance {
+                                // SAFETY: the level's features (`hist::simd` runs this closure
+                                // with them); every element of the block has its neighbor.
+                                let found = unsafe {
+                                    super::avx512::joint_near::counters(
+                                        &info[b..b + m],
+                                        &all[b - distance..b - distance + m],
+                                        &all[b..b + m],
+                                        (w1, window),
+                                        &acc.slot,
+                                        joint_of_code_wide(),
+                                        &mut at[..m],
+                                    )
+                                };
+                                if found {
+                                    increment(&mut acc.rows, &at[..m]);
+                                    continue;
                                 }
-                                rows[s0 as usize + lut[c0[p] as usize & 1023] as usize] += 1;
-                                rows[s1 as usize + lut[c1[p] as usize & 1023] as usize] += 1;
-                                p += 1;
                             }
-                            if p < h {
-                                acc.make_rows(&[a0[p], a1[p]], a, per_near, lo);
+                            // Map indices: a branch-free loop (it vectorizes) where every element
+                            // of the block has its neighbor. Every class is in the window.
+                            if b >= distance {
+                                let (info, nbs) = (&info[b..b + m], &all[b - distance..]);
+                                for ((o, &i), &c) in at[..m].iter_mut().zip(info).zip(nbs) {
+                                    // (No outside check: the window is the data's classes.)
+                                    let nr = near_of(i as u32, c, w1 as u32);
+                                    *o = nr * 2 * window.n + class_of(i as u32, window);
+                                }
+                            } else {
+                                for (o, j) in at[..m].iter_mut().zip(b..) {
+                                    *o = map_index(info, &all, j, distance, w1, window);
+                                }
+                            }
+                            // Then the counts: one loop, the row's start straight from the map,
+                            // the block's halves interleaved: neighbors often share a counter,
+                            // and an increment waits for the one before it to the same counter
+                            // (bf16 +5-10%). The tables are held as slices (in registers, not
+                            // reloaded after every increment) until a pair meets a context
+                            // without a row, which the cold path makes before going on.
+                            let h = m / 2;
+                            let (a0, a1) = at[..m].split_at(h);
+                            let (c0, c1) = all[b..b + m].split_at(h);
+                            let mut p = 0;
+                            while p < h {
+                                let (slot, rows) = (&acc.slot[..], &mut acc.rows[..]);
+                                while p < h {
+                                    let (s0, s1) = (slot[a0[p] as usize], slot[a1[p] as usize]);
+                                    if s0 == u32::MAX || s1 == u32::MAX {
+                                        break;
+                                    }
+                                    rows[s0 as usize + lut[c0[p] as usize & 1023] as usize] += 1;
+                                    rows[s1 as usize + lut[c1[p] as usize & 1023] as usize] += 1;
+                                    p += 1;
+                                }
+                                if p < h {
+                                    acc.make_rows(&[a0[p], a1[p]], a, per_near, lo);
+                                }
+                            }
+                            if m % 2 == 1 {
+                                let k = at[m - 1];
+                                acc.make_rows(&[k], a, per_near, lo);
+                                let start = acc.slot[k as usize] as usize;
+                                acc.rows[start + lut[all[b + m - 1] as usize & 1023] as usize] += 1;
                             }
                         }
-                        if m % 2 == 1 {
-                            let k = at[m - 1];
-                            acc.make_rows(&[k], a, per_near, lo);
-                            let start = acc.slot[k as usize] as usize;
-                            acc.rows[start + lut[all[b + m - 1] as usize & 1023] as usize] += 1;
-                        }
-                    }
-                    acc.codes = all;
-                },
-            );
+                        acc.codes = all;
+                    },
+                )
+            });
             acc
         })
         .reduce_with(|mut x, y| {

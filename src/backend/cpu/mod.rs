@@ -12,10 +12,12 @@ mod joint;
 mod joint_near;
 pub mod lm;
 mod neon;
+mod residuals;
 mod tables;
 mod word;
 
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -27,6 +29,7 @@ use crate::format::symbols::Layout;
 use crate::format::tables::{Hist, Tables};
 use crate::format::{check_layout, layout_spaces};
 use crate::{Error, Result};
+use residuals::Residuals as _;
 use tables::{DecStage, EncStage};
 use word::{InfoFn, Word};
 
@@ -302,22 +305,27 @@ impl Isa {
     }
 }
 
-/// Residuals of one tensor: the w-bit displacement per element, and the reference facts
-/// (exponent class, sign, top two mantissa bits) the contexts need, two bytes per element.
-/// Computed on first use: the `--fast` histogram at AVX2 computes them in its own pass
-/// (`joint::residual_histogram`), every other use by the plain residual pass.
+/// One tensor pair on the CPU. Its residuals (`residuals::Residuals`) are computed per
+/// chunk where each pass uses them, not kept whole; a first pass over the reference finds
+/// its exponent classes, or the `--fast` histogram's own pass does
+/// (`joint::residual_histogram`). At AVX2 the inputs' CRC-32s are folded from the vectors
+/// the residuals are computed from (`avx2::crc`), the first time each chunk's are, which
+/// saves the encoder a `crc32fast` pass over both inputs from memory.
 struct CpuResident<'a, T: Word> {
     isa: Isa,
     fl: FloatLayout,
     info_fn: InfoFn,
     reference: &'a [u8],
     target: &'a [u8],
-    res: std::sync::OnceLock<(Vec<T>, Vec<u16>)>,
-    /// CRC-32s of the reference and the target, where the pass that wrote `res` hashed them.
+    /// CRC-32s of the reference and the target, where a pass hashed them whole.
     crcs: std::sync::OnceLock<[u32; 2]>,
+    /// Per chunk, both inputs' running CRC-32s, where computing its residuals hashed them
+    /// (empty where the level does not).
+    hashes: Vec<std::sync::OnceLock<[crc32fast::Hasher; 2]>>,
     /// The lowest and highest exponent class of the facts (the Joint layout's histogram and
     /// flat table both need it: one pass, not two).
     er: std::sync::OnceLock<(usize, usize)>,
+    _word: std::marker::PhantomData<T>,
 }
 
 /// Run `f` compiled for AVX2 (and BMI, LZCNT, POPCNT) when `isa` allows it, else as built.
@@ -352,28 +360,29 @@ fn check_tables(layout: Layout, tables: &Tables) -> Result<()> {
     Ok(())
 }
 
-/// Buffers for `n` elements' displacements and facts, to be written in full before use.
-fn uninit<T: Word>(n: usize) -> (Vec<T>, Vec<u16>) {
-    (Vec::with_capacity(n), Vec::with_capacity(n))
-}
-
 impl<'a, T: Word> CpuResident<'a, T> {
     fn new(isa: Isa, job: &EncodeJob<'a>) -> Self {
-        CpuResident {
+        let mut cpu = CpuResident {
             isa,
             fl: job.fl,
             info_fn: InfoFn::new(job.fl, job.condition),
             reference: job.reference,
             target: job.target,
-            res: std::sync::OnceLock::new(),
             crcs: std::sync::OnceLock::new(),
+            hashes: Vec::new(),
             er: std::sync::OnceLock::new(),
+            _word: std::marker::PhantomData,
+        };
+        if cpu.avx2_residuals() {
+            let chunks = cpu.n().div_ceil(CHUNK_ELEMS);
+            cpu.hashes = (0..chunks).map(|_| std::sync::OnceLock::new()).collect();
         }
+        cpu
     }
 
     /// The exponent classes the facts span.
     fn er_range(&self) -> (usize, usize) {
-        *self.er.get_or_init(|| joint::er_range(self.res().1))
+        *self.er.get_or_init(|| self.first_pass())
     }
 
     /// Both sides have `n` whole elements (the callers check the lengths are equal; the
@@ -382,129 +391,93 @@ impl<'a, T: Word> CpuResident<'a, T> {
         self.reference.len().min(self.target.len()) / T::SIZE
     }
 
-    /// Displacements and facts, from the plain residual pass if nothing computed them yet.
-    fn res(&self) -> (&[T], &[u16]) {
-        let (d, info) = self.res.get_or_init(|| self.residual_pass());
-        (d, info)
+    /// The bytes of elements `r` of the reference and of the target.
+    fn bytes(&self, r: &Range<usize>) -> (&'a [u8], &'a [u8]) {
+        let b = r.start * T::SIZE..r.end * T::SIZE;
+        (&self.reference[b.clone()], &self.target[b])
     }
 
-    fn residual_pass(&self) -> (Vec<T>, Vec<u16>) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(res) = self.residual_pass_avx2() {
-            return res;
-        }
-        let (isa, info_fn, size) = (self.isa, self.info_fn, T::SIZE);
+    /// Whether the AVX2 residual kernel applies (also at the AVX-512 level): 16- and
+    /// 32-bit floats, inputs of whole elements (so its CRC-32s cover them).
+    fn avx2_residuals(&self) -> bool {
         let n = self.n();
-        // Written once, chunk by chunk on the rayon pool, without zeroing first (a zeroed
-        // `vec!` was a one-thread memset, 5% of a two-thread encode; zeroing on every thread
-        // still cost a pass over both buffers).
-        let (mut d, mut info) = uninit::<T>(n);
-        let parts = d.spare_capacity_mut()[..n]
-            .par_chunks_mut(CHUNK_ELEMS)
-            .zip(info.spare_capacity_mut()[..n].par_chunks_mut(CHUNK_ELEMS))
-            .zip(self.reference.par_chunks(CHUNK_ELEMS * size))
-            .zip(self.target.par_chunks(CHUNK_ELEMS * size))
-            .map(|(((d, info), r), x)| {
-                hist::simd(
-                    isa,
-                    #[inline(always)]
-                    || match (info_fn.condition(), info_fn.wide()) {
-                        (false, _) => residual_chunk::<T, false, false>(d, info, r, x, info_fn),
-                        (true, false) => residual_chunk::<T, true, false>(d, info, r, x, info_fn),
-                        (true, true) => residual_chunk::<T, true, true>(d, info, r, x, info_fn),
-                    },
-                );
-                // The chunk's exponent classes while its facts are in cache (a pass of
-                // their own later, from memory, was 2% of a default-layout encode).
-                // SAFETY: `residual_chunk` wrote every element of the chunk.
-                joint::byte_range(unsafe { &*(info as *const [MaybeUninit<u16>] as *const [u16]) })
-            });
-        let _ = self.er.set(joint::merge_ranges(parts));
-        // SAFETY: the chunks cover `..n` of both buffers, `reference` and `target` hold at
-        // least `n` elements, and `residual_chunk` writes every element of its chunk.
-        unsafe {
-            d.set_len(n);
-            info.set_len(n);
-        }
-        (d, info)
+        cfg!(target_arch = "x86_64")
+            && self.isa >= Isa::Avx2
+            && matches!(T::BITS, 16 | 32)
+            && !self.info_fn.wide()
+            && self.reference.len() == n * T::SIZE
+            && self.target.len() == n * T::SIZE
     }
 
-    /// The residual pass at AVX2 (and AVX-512) for 16- and 32-bit floats: the same
-    /// displacements and facts, and the inputs' CRC-32s folded from the vectors it loads
-    /// (`avx2::crc`), which saves the encoder a `crc32fast` pass over both inputs from
-    /// memory. None where it does not apply.
-    #[cfg(target_arch = "x86_64")]
-    fn residual_pass_avx2(&self) -> Option<(Vec<T>, Vec<u16>)> {
-        let n = self.n();
-        let whole = self.reference.len() == n * T::SIZE && self.target.len() == n * T::SIZE;
-        if self.isa < Isa::Avx2 || !matches!(T::BITS, 16 | 32) || self.info_fn.wide() || !whole {
-            return None;
-        }
-        let (mut d, mut info) = uninit::<T>(n);
+    /// Chunk `r`'s displacements and facts, written to `d` and `info` (`r.len()` each).
+    #[inline(always)]
+    fn residuals_into(&self, r: &Range<usize>, d: &mut [T], info: &mut [u16]) {
+        let (rb, xb) = self.bytes(r);
         let info_fn = self.info_fn;
-        let parts: Vec<([crc32fast::Hasher; 2], (u8, u8))> = d.spare_capacity_mut()[..n]
-            .par_chunks_mut(CHUNK_ELEMS)
-            .zip(info.spare_capacity_mut()[..n].par_chunks_mut(CHUNK_ELEMS))
-            .zip(self.reference.par_chunks(CHUNK_ELEMS * T::SIZE))
-            .zip(self.target.par_chunks(CHUNK_ELEMS * T::SIZE))
-            .map(|(((d, info), r), x)| {
-                // SAFETY: `isa` is AVX2 or AVX-512 (which implies AVX2's features), a level
-                // `Isa::available` confirmed; `T` is u16 or u32 and `info_fn` not wide.
-                unsafe {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(hash) = self.hashes.get(r.start / CHUNK_ELEMS) {
+            // SAFETY (both): `hashes` is only filled where `avx2_residuals` holds: `isa` is
+            // AVX2 or AVX-512 (which implies AVX2's features), a level `Isa::available`
+            // confirmed; `T` is u16 or u32 and `info_fn` not wide.
+            if hash.get().is_none() {
+                let h = unsafe {
                     let mut h = [avx2::crc::Running::new(), avx2::crc::Running::new()];
-                    let range = avx2::hist::residuals::<T>(r, x, d, info, info_fn, &mut h);
-                    (h.map(|h| h.finish()), range)
-                }
+                    avx2::hist::residuals::<T>(rb, xb, d, info, info_fn, &mut h);
+                    h.map(|h| h.finish())
+                };
+                let _ = hash.set(h);
+            } else {
+                unsafe { avx2::hist::displacements::<T>(rb, xb, d, info, info_fn) };
+            }
+            return;
+        }
+        hist::simd(
+            self.isa,
+            #[inline(always)]
+            || match (info_fn.condition(), info_fn.wide()) {
+                (false, _) => residual_chunk::<T, false, false>(d, info, rb, xb, info_fn),
+                (true, false) => residual_chunk::<T, true, false>(d, info, rb, xb, info_fn),
+                (true, true) => residual_chunk::<T, true, true>(d, info, rb, xb, info_fn),
+            },
+        );
+    }
+
+    /// The first pass: the exponent classes the reference's facts span, chunk by chunk on
+    /// the pool (at AVX2 from the reference alone; elsewhere from the facts, computed into
+    /// scratch and dropped).
+    fn first_pass(&self) -> (usize, usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2_residuals() {
+            let params = self.info_fn.joint_params();
+            let (lo, hi) = chunk_ranges(self.n())
+                .into_par_iter()
+                // SAFETY: `avx2_residuals`: AVX2 (or AVX-512, which implies it), a level
+                // `Isa::available` confirmed on this CPU.
+                .map(|r| unsafe { avx2::hist::er_range_of::<T>(self.bytes(&r).0, params) })
+                .reduce(|| (usize::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+            return if lo > hi { (0, 0) } else { (lo, hi) };
+        }
+        joint::merge_ranges(chunk_ranges(self.n()).into_par_iter().map(|r| {
+            residuals::with_room::<T, _>(r.len(), |d, info| {
+                self.residuals_into(&r, d, info);
+                joint::byte_range(info)
             })
-            .collect();
-        // SAFETY: the chunks cover `..n` of both buffers and `residuals` writes every
-        // element of its chunk (both inputs hold exactly `n` elements).
-        unsafe {
-            d.set_len(n);
-            info.set_len(n);
-        }
-        let mut crcs = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
-        for ([r, x], _) in &parts {
-            crcs[0].combine(r);
-            crcs[1].combine(x);
-        }
-        let _ = self.crcs.set(crcs.map(|h| h.finalize()));
-        let _ = self.er.set(joint::merge_ranges(
-            parts.par_iter().map(|&(_, range)| range),
-        ));
-        Some((d, info))
+        }))
     }
 
     /// The Joint histogram, with the residuals in the same pass where the level has a kernel
     /// for it and they are not computed yet.
     fn joint_histogram(&self) -> Hist {
-        if self.res.get().is_none() {
-            let n = self.n();
-            let (mut d, mut info) = uninit::<T>(n);
+        if self.er.get().is_none() {
             let (r, x) = (self.reference, self.target);
-            let fused = joint::residual_histogram::<T>(
-                self.isa,
-                r,
-                x,
-                self.info_fn,
-                self.fl.width,
-                &mut d.spare_capacity_mut()[..n],
-                &mut info.spare_capacity_mut()[..n],
-            );
+            let fused = joint::residual_histogram::<T>(self.isa, r, x, self.info_fn, self.fl.width);
             if let Some((h, crcs, er)) = fused {
-                // SAFETY: `residual_histogram` wrote every element of both when it counted.
-                unsafe {
-                    d.set_len(n);
-                    info.set_len(n);
-                }
-                let _ = self.res.set((d, info));
                 let _ = self.crcs.set(crcs);
                 let _ = self.er.set(er);
                 return h;
             }
         }
-        let (d, info) = self.res();
-        joint::histogram(self.isa, d, info, self.er_range(), self.fl.width)
+        joint::histogram(self.isa, self, self.er_range(), self.fl.width)
     }
 
     fn w1(&self) -> usize {
@@ -521,8 +494,7 @@ impl<'a, T: Word> CpuResident<'a, T> {
     ) -> Result<(Vec<Hist>, Option<Vec<Hist>>)> {
         check_layout(layout, self.fl.width)?;
         if let (Layout::Joint, Some(d)) = (layout, distance) {
-            let (d_res, info) = self.res();
-            let h = joint_near::histogram(self.isa, d_res, info, self.er_range(), self.fl.width, d);
+            let h = joint_near::histogram(self.isa, self, self.er_range(), self.fl.width, d);
             return Ok((vec![h], None));
         }
         if layout == Layout::Joint {
@@ -542,11 +514,10 @@ impl<'a, T: Word> CpuResident<'a, T> {
                 hist::Acc::new(shape)
             }
         };
-        let (d, info) = self.res();
-        let acc = chunk_ranges(d.len())
+        let acc = chunk_ranges(self.n())
             .into_par_iter()
             .fold(new, |mut acc, r| {
-                hist::count(self.isa, &d[r.clone()], &info[r], &mut acc);
+                self.chunk(r, |d, info| hist::count(self.isa, d, info, &mut acc));
                 acc
             })
             .reduce_with(hist::Acc::merge)
@@ -559,8 +530,8 @@ impl<'a, T: Word> CpuResident<'a, T> {
 /// Displacements and reference facts of one chunk's elements (`r`, `x`: their bytes).
 #[inline(always)]
 fn residual_chunk<T: Word, const COND: bool, const WIDE: bool>(
-    d: &mut [MaybeUninit<T>],
-    info: &mut [MaybeUninit<u16>],
+    d: &mut [T],
+    info: &mut [u16],
     r: &[u8],
     x: &[u8],
     info_fn: InfoFn,
@@ -569,21 +540,50 @@ fn residual_chunk<T: Word, const COND: bool, const WIDE: bool>(
     for ((d, i), (r, x)) in d.iter_mut().zip(info.iter_mut()).zip(elems) {
         let (r, x) = (T::read(r), T::read(x));
         let k = word::key::<T>(x).wrapping_sub(word::key::<T>(r)) & word::mask::<T>();
-        d.write(T::from_u64(k));
-        i.write(info_fn.info_as::<T, COND, WIDE>(r) as u16);
+        *d = T::from_u64(k);
+        *i = info_fn.info_as::<T, COND, WIDE>(r) as u16;
+    }
+}
+
+impl<T: Word> residuals::Residuals<T> for CpuResident<'_, T> {
+    fn elements(&self) -> usize {
+        self.n()
+    }
+    fn chunk<R>(&self, r: Range<usize>, f: impl FnOnce(&[T], &[u16]) -> R) -> R {
+        residuals::with_room::<T, _>(r.len(), |d, info| {
+            self.residuals_into(&r, d, info);
+            f(d, info)
+        })
     }
 }
 
 impl<T: Word> Resident for CpuResident<'_, T> {
     fn input_crcs(&self) -> Option<[u32; 2]> {
-        self.crcs.get().copied()
+        if let Some(&crcs) = self.crcs.get() {
+            return Some(crcs);
+        }
+        // The chunks' hashes combined in order, where every chunk was hashed.
+        if self.hashes.is_empty() && self.n() > 0 {
+            return None;
+        }
+        let mut crcs = [crc32fast::Hasher::new(), crc32fast::Hasher::new()];
+        for h in &self.hashes {
+            let [r, x] = h.get()?;
+            crcs[0].combine(r);
+            crcs[1].combine(x);
+        }
+        Some(crcs.map(|h| h.finalize()))
     }
 
     fn residual_bytes(&self) -> Result<Vec<u8>> {
-        let (d, _) = self.res();
-        let mut out = vec![0u8; d.len() * T::SIZE];
-        for (o, &d) in out.chunks_exact_mut(T::SIZE).zip(d) {
-            T::write(d.get(), o);
+        let mut out = vec![0u8; self.n() * T::SIZE];
+        for r in chunk_ranges(self.n()) {
+            let o = &mut out[r.start * T::SIZE..r.end * T::SIZE];
+            self.chunk(r, |d, _| {
+                for (o, &d) in o.chunks_exact_mut(T::SIZE).zip(d) {
+                    T::write(d.get(), o);
+                }
+            });
         }
         Ok(out)
     }
@@ -617,49 +617,54 @@ impl<T: Word> Resident for CpuResident<'_, T> {
         check_tables(layout, tables)?;
         let signed = layout == Layout::Signed;
         let stages: Vec<EncStage> = tables.stages.iter().map(EncStage::new).collect();
-        let (all_d, all_info) = self.res();
+        let n = self.n();
         if layout == Layout::Joint && stages[0].neighbor {
             let d = distance.ok_or_else(|| {
                 Error::Invalid("the joint stage's neighbor form without a distance".into())
             })?;
             let w1 = self.w1();
-            return Ok(chunk_ranges(all_d.len())
+            return Ok(chunk_ranges(n)
                 .into_par_iter()
                 .map(|r| {
-                    encode::with_scratch(|scratch| {
-                        let (dr, info) = (&all_d[r.clone()], &all_info[r]);
-                        #[cfg(target_arch = "x86_64")]
-                        if self.isa >= Isa::Avx2 {
-                            let t = &stages[0];
-                            // SAFETY: `isa` is only ever a level `Isa::available` confirmed
-                            // on this CPU; AVX-512 implies AVX2.
-                            return unsafe {
-                                if self.isa == Isa::Avx512 {
-                                    avx512::joint_near::encode_chunk(dr, info, t, d, w1, scratch)
-                                } else if avx2_gathers() {
-                                    avx2::joint_near::encode_chunk::<_, true>(
-                                        dr, info, t, d, w1, scratch,
+                    self.chunk(r, |dr, info| {
+                        encode::with_scratch(|scratch| {
+                            #[cfg(target_arch = "x86_64")]
+                            if self.isa >= Isa::Avx2 {
+                                let t = &stages[0];
+                                // SAFETY: `isa` is only ever a level `Isa::available` confirmed
+                                // on this CPU; AVX-512 implies AVX2.
+                                return unsafe {
+                                    if self.isa == Isa::Avx512 {
+                                        avx512::joint_near::encode_chunk(
+                                            dr, info, t, d, w1, scratch,
+                                        )
+                                    } else if avx2_gathers() {
+                                        avx2::joint_near::encode_chunk::<_, true>(
+                                            dr, info, t, d, w1, scratch,
+                                        )
+                                    } else {
+                                        avx2::joint_near::encode_chunk::<_, false>(
+                                            dr, info, t, d, w1, scratch,
+                                        )
+                                    }
+                                };
+                            }
+                            #[cfg(target_arch = "aarch64")]
+                            if self.isa == Isa::Neon {
+                                // SAFETY: `isa` is only ever a level `Isa::available` confirmed
+                                // on this CPU.
+                                return unsafe {
+                                    neon::joint::encode_near_chunk(
+                                        dr, info, &stages[0], d, w1, scratch,
                                     )
-                                } else {
-                                    avx2::joint_near::encode_chunk::<_, false>(
-                                        dr, info, t, d, w1, scratch,
-                                    )
-                                }
-                            };
-                        }
-                        #[cfg(target_arch = "aarch64")]
-                        if self.isa == Isa::Neon {
-                            // SAFETY: `isa` is only ever a level `Isa::available` confirmed
-                            // on this CPU.
-                            return unsafe {
-                                neon::joint::encode_near_chunk(dr, info, &stages[0], d, w1, scratch)
-                            };
-                        }
-                        fast(
-                            self.isa,
-                            #[inline(always)]
-                            || joint_near::encode_chunk(dr, info, &stages[0], d, w1, scratch),
-                        )
+                                };
+                            }
+                            fast(
+                                self.isa,
+                                #[inline(always)]
+                                || joint_near::encode_chunk(dr, info, &stages[0], d, w1, scratch),
+                            )
+                        })
                     })
                 })
                 .collect());
@@ -668,95 +673,108 @@ impl<T: Word> Resident for CpuResident<'_, T> {
             // The flat table serves every vector encoder (small tensors: the portable lanes).
             #[cfg(target_arch = "x86_64")]
             let flat = (self.isa >= Isa::Avx2)
-                .then(|| joint::JointFlat::new(&stages[0], all_info.len(), self.er_range()))
+                .then(|| joint::JointFlat::new(&stages[0], n, self.er_range()))
                 .flatten();
             #[cfg(target_arch = "aarch64")]
             let flat = (self.isa == Isa::Neon)
-                .then(|| joint::JointFlat::new(&stages[0], all_info.len(), self.er_range()))
+                .then(|| joint::JointFlat::new(&stages[0], n, self.er_range()))
                 .flatten();
-            return Ok(chunk_ranges(all_d.len())
+            return Ok(chunk_ranges(n)
                 .into_par_iter()
                 .map(|r| {
-                    encode::with_scratch(|scratch| {
-                        let (d, info) = (&all_d[r.clone()], &all_info[r]);
-                        #[cfg(target_arch = "x86_64")]
-                        if let Some(flat) = &flat {
-                            // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever
-                            // a level `Isa::available` confirmed on this CPU; `Avx512` and `Avx2`
-                            // require the features the two `encode_chunk`s are compiled for.
-                            return unsafe {
-                                if self.isa == Isa::Avx512 {
-                                    avx512::joint::encode_chunk(d, info, flat, scratch)
-                                } else {
-                                    avx2::joint::encode_chunk(d, info, flat, scratch)
-                                }
-                            };
-                        }
-                        #[cfg(target_arch = "aarch64")]
-                        if let Some(flat) = &flat {
-                            // SAFETY: `flat` exists only at `isa == Neon`, and `isa` is only ever
-                            // a level `Isa::available` confirmed on this CPU.
-                            return unsafe { neon::joint::encode_chunk(d, info, flat, scratch) };
-                        }
-                        fast(
-                            self.isa,
-                            #[inline(always)]
-                            || joint::encode_chunk(d, info, &stages[0], scratch),
-                        )
+                    self.chunk(r, |d, info| {
+                        encode::with_scratch(|scratch| {
+                            #[cfg(target_arch = "x86_64")]
+                            if let Some(flat) = &flat {
+                                // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever
+                                // a level `Isa::available` confirmed on this CPU; `Avx512` and `Avx2`
+                                // require the features the two `encode_chunk`s are compiled for.
+                                return unsafe {
+                                    if self.isa == Isa::Avx512 {
+                                        avx512::joint::encode_chunk(d, info, flat, scratch)
+                                    } else {
+                                        avx2::joint::encode_chunk(d, info, flat, scratch)
+                                    }
+                                };
+                            }
+                            #[cfg(target_arch = "aarch64")]
+                            if let Some(flat) = &flat {
+                                // SAFETY: `flat` exists only at `isa == Neon`, and `isa` is only ever
+                                // a level `Isa::available` confirmed on this CPU.
+                                return unsafe {
+                                    neon::joint::encode_chunk(d, info, flat, scratch)
+                                };
+                            }
+                            fast(
+                                self.isa,
+                                #[inline(always)]
+                                || joint::encode_chunk(d, info, &stages[0], scratch),
+                            )
+                        })
                     })
                 })
                 .collect());
         }
         // The flat tables serve both vector encoders.
         #[cfg(target_arch = "x86_64")]
-        let flat = (self.isa >= Isa::Avx2).then(|| {
-            avx512::encode::Flat::new(&stages, self.w1(), all_info.len(), self.er_range())
-        });
-        Ok(chunk_ranges(all_d.len())
+        let flat = (self.isa >= Isa::Avx2)
+            .then(|| avx512::encode::Flat::new(&stages, self.w1(), n, self.er_range()));
+        Ok(chunk_ranges(n)
             .into_par_iter()
             .map(|r| {
-                encode::with_scratch(|scratch| {
-                    let (d, info) = (&all_d[r.clone()], &all_info[r]);
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(flat) = &flat {
-                        let w1 = self.w1();
-                        // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever a
-                        // level `Isa::available` confirmed on this CPU (`CpuAt` checks it on
-                        // construction); `Avx512` and `Avx2` require the features
-                        // `avx512::encode::chunk` and `avx2::encode::chunk` are compiled for.
-                        return unsafe {
-                            if self.isa == Isa::Avx512 {
-                                avx512::encode::chunk(
-                                    d, info, signed, w1, &stages, flat, distance, scratch,
+                self.chunk(r, |d, info| {
+                    encode::with_scratch(|scratch| {
+                        #[cfg(target_arch = "x86_64")]
+                        if let Some(flat) = &flat {
+                            let w1 = self.w1();
+                            // SAFETY: `flat` exists only at `isa >= Avx2`, and `isa` is only ever a
+                            // level `Isa::available` confirmed on this CPU (`CpuAt` checks it on
+                            // construction); `Avx512` and `Avx2` require the features
+                            // `avx512::encode::chunk` and `avx2::encode::chunk` are compiled for.
+                            return unsafe {
+                                if self.isa == Isa::Avx512 {
+                                    avx512::encode::chunk(
+                                        d, info, signed, w1, &stages, flat, distance, scratch,
+                                    )
+                                } else {
+                                    avx2::encode::chunk(
+                                        d, info, signed, w1, &stages, flat, distance, scratch,
+                                    )
+                                }
+                            };
+                        }
+                        #[cfg(target_arch = "aarch64")]
+                        if self.isa == Isa::Neon {
+                            // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this
+                            // CPU.
+                            return unsafe {
+                                neon::encode::chunk(
+                                    d,
+                                    info,
+                                    signed,
+                                    self.w1(),
+                                    &stages,
+                                    distance,
+                                    scratch,
                                 )
-                            } else {
-                                avx2::encode::chunk(
-                                    d, info, signed, w1, &stages, flat, distance, scratch,
+                            };
+                        }
+                        fast(
+                            self.isa,
+                            #[inline(always)]
+                            || {
+                                encode::chunk(
+                                    d,
+                                    info,
+                                    signed,
+                                    self.w1(),
+                                    &stages,
+                                    distance,
+                                    scratch,
                                 )
-                            }
-                        };
-                    }
-                    #[cfg(target_arch = "aarch64")]
-                    if self.isa == Isa::Neon {
-                        // SAFETY: `isa` is only ever a level `Isa::available` confirmed on this
-                        // CPU.
-                        return unsafe {
-                            neon::encode::chunk(
-                                d,
-                                info,
-                                signed,
-                                self.w1(),
-                                &stages,
-                                distance,
-                                scratch,
-                            )
-                        };
-                    }
-                    fast(
-                        self.isa,
-                        #[inline(always)]
-                        || encode::chunk(d, info, signed, self.w1(), &stages, distance, scratch),
-                    )
+                            },
+                        )
+                    })
                 })
             })
             .collect())

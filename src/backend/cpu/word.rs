@@ -3,7 +3,7 @@
 
 use crate::dtype::FloatLayout;
 
-pub trait Word: Copy + Default + Send + Sync + 'static {
+pub trait Word: bytemuck::Pod + Default + Send + Sync + 'static {
     const BITS: u32;
     const SIZE: usize = (Self::BITS / 8) as usize;
     /// Element from `SIZE` little-endian bytes.

@@ -1,7 +1,8 @@
 //! CRC-32s folded inside the AVX2 passes, 32 bytes at a time while they are in registers,
 //! instead of a `crc32fast` pass over each block after the pass: the decode's output in its
-//! tail passes, and the encode's two inputs (reference and target) in its residual pass
-//! (`hist::residual_count`, fused with the Joint histogram, or `hist::residuals`).
+//! tail passes, and the encode's two inputs (reference and target) where their residuals
+//! are first computed (`hist::residual_count`, fused with the Joint histogram, or
+//! `hist::residuals`, chunk by chunk in the first histogram pass).
 //!
 //! Same CRC-32 (IEEE, reflected) as `crc32fast`, by the same carry-less folding
 //! (`crc32fast`'s `pclmulqdq` path; Intel, "Fast CRC Computation for Generic Polynomials

@@ -1,4 +1,5 @@
-//! The `--fast` encoder's first pass at AVX2 (`super::super::joint::residual_histogram`):
+//! The encoder's residuals at AVX2 (`residuals`, `displacements`: a chunk's where a pass
+//! uses them), and the `--fast` encoder's first pass (`super::super::joint::residual_histogram`):
 //! displacements, reference facts and the Joint histogram's counts in one pass, 16 elements
 //! a step for 16-bit floats, 8 for 32-bit ones. Before, the residual pass (compiled from the
 //! portable loop, it ran in 64-bit lanes) wrote both buffers and the count read them back,
@@ -15,7 +16,6 @@
 
 use core::arch::x86_64::*;
 use std::any::TypeId;
-use std::mem::MaybeUninit;
 
 use super::super::joint::{flat_index, FLAT_STRIDE};
 use super::super::word::{self, InfoFn, Word};
@@ -98,14 +98,14 @@ pub unsafe fn er_range_of<T: Word>(reference: &[u8], (mant, emask): (u32, u32)) 
 pub unsafe fn residual_count<T: Word>(
     r: &[u8],
     x: &[u8],
-    d: &mut [MaybeUninit<T>],
-    info: &mut [MaybeUninit<u16>],
+    d: &mut [T],
+    info: &mut [u16],
     info_fn: InfoFn,
     lo2: u32,
     sub: &mut [u32],
     crcs: &mut [Running; 2],
 ) -> (u8, u8) {
-    residual_pass::<T, true>(r, x, d, info, info_fn, lo2, sub, crcs)
+    residual_pass::<T, true, true>(r, x, d, info, info_fn, lo2, sub, crcs)
 }
 
 /// [`residual_count`] without the counting: the displacements, facts, exponent-class range
@@ -117,21 +117,38 @@ pub unsafe fn residual_count<T: Word>(
 pub unsafe fn residuals<T: Word>(
     r: &[u8],
     x: &[u8],
-    d: &mut [MaybeUninit<T>],
-    info: &mut [MaybeUninit<u16>],
+    d: &mut [T],
+    info: &mut [u16],
     info_fn: InfoFn,
     crcs: &mut [Running; 2],
 ) -> (u8, u8) {
-    residual_pass::<T, false>(r, x, d, info, info_fn, 0, &mut [], crcs)
+    residual_pass::<T, false, true>(r, x, d, info, info_fn, 0, &mut [], crcs)
+}
+
+/// [`residuals`] without the CRC-32s: a chunk's displacements and facts where a pass uses
+/// them (the encoder computes them again per chunk rather than keep a whole tensor's).
+///
+/// # Safety
+/// As [`residual_count`].
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
+pub unsafe fn displacements<T: Word>(
+    r: &[u8],
+    x: &[u8],
+    d: &mut [T],
+    info: &mut [u16],
+    info_fn: InfoFn,
+) {
+    let mut unused = [Running::new(), Running::new()];
+    residual_pass::<T, false, false>(r, x, d, info, info_fn, 0, &mut [], &mut unused);
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn residual_pass<T: Word, const COUNT: bool>(
+unsafe fn residual_pass<T: Word, const COUNT: bool, const CRC: bool>(
     r: &[u8],
     x: &[u8],
-    d: &mut [MaybeUninit<T>],
-    info: &mut [MaybeUninit<u16>],
+    d: &mut [T],
+    info: &mut [u16],
     info_fn: InfoFn,
     lo2: u32,
     sub: &mut [u32],
@@ -144,25 +161,29 @@ unsafe fn residual_pass<T: Word, const COUNT: bool>(
         .min(x.len() / T::SIZE);
     let size = sub.len() / 4;
     if (COUNT && size == 0) || !matches!(T::BITS, 16 | 32) {
-        crcs[0].update(r);
-        crcs[1].update(x);
+        if CRC {
+            crcs[0].update(r);
+            crcs[1].update(x);
+        }
         return (u8::MAX, 0);
     }
     let s = sub.as_mut_ptr();
     let tables = [s, s.add(size), s.add(2 * size), s.add(3 * size)];
-    let (dp, ip) = (d.as_mut_ptr(), info.as_mut_ptr().cast::<u16>());
+    let (dp, ip) = (d.as_mut_ptr(), info.as_mut_ptr());
     // SAFETY (both): `n` elements of every buffer; `T` checked to be the width used.
     let (done, mut lo, mut hi) = if TypeId::of::<T>() == TypeId::of::<u16>() {
-        unsafe { step16::<COUNT>(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
+        unsafe { step16::<COUNT, CRC>(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
     } else if TypeId::of::<T>() == TypeId::of::<u32>() {
-        unsafe { step32::<COUNT>(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
+        unsafe { step32::<COUNT, CRC>(r, x, dp.cast(), ip, n, info_fn, lo2, size, tables, crcs) }
     } else {
         return (u8::MAX, 0);
     };
     // The inputs' CRC-32s: the steps folded theirs, the rest (and anything past the last
     // whole element) hashed here.
-    crcs[0].update(&r[done * T::SIZE..]);
-    crcs[1].update(&x[done * T::SIZE..]);
+    if CRC {
+        crcs[0].update(&r[done * T::SIZE..]);
+        crcs[1].update(&x[done * T::SIZE..]);
+    }
     // The last partial step, as the portable passes do it.
     let cond = info_fn.condition();
     for j in done..n {
@@ -176,8 +197,8 @@ unsafe fn residual_pass<T: Word, const COUNT: bool>(
         } else {
             info_fn.info_as::<T, false, false>(rv)
         } as u16;
-        d[j].write(T::from_u64(k));
-        info[j].write(i);
+        d[j] = T::from_u64(k);
+        info[j] = i;
         (lo, hi) = (lo.min(i as u8), hi.max(i as u8));
         if COUNT {
             let slot = (flat_index(T::from_u64(k), i, lo2) as usize).min(size - 1);
@@ -264,7 +285,7 @@ pub(super) fn slot_of(t: __m256i, neg: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn step16<const COUNT: bool>(
+unsafe fn step16<const COUNT: bool, const CRC: bool>(
     r: &[u8],
     x: &[u8],
     d: *mut u16,
@@ -291,8 +312,10 @@ unsafe fn step16<const COUNT: bool>(
     while j < full {
         let rv = _mm256_loadu_si256(rp.add(2 * j).cast());
         let xv = _mm256_loadu_si256(xp.add(2 * j).cast());
-        crcs[0].add32(rv);
-        crcs[1].add32(xv);
+        if CRC {
+            crcs[0].add32(rv);
+            crcs[1].add32(xv);
+        }
         let dv = _mm256_sub_epi16(key16(xv), key16(rv));
         _mm256_storeu_si256(d.add(j).cast(), dv);
         let er = _mm256_and_si256(_mm256_srl_epi16(rv, mant_v), emask_v);
@@ -328,7 +351,7 @@ unsafe fn step16<const COUNT: bool>(
 #[inline]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn step32<const COUNT: bool>(
+unsafe fn step32<const COUNT: bool, const CRC: bool>(
     r: &[u8],
     x: &[u8],
     d: *mut u32,
@@ -352,7 +375,7 @@ unsafe fn step32<const COUNT: bool>(
     let full = n / 16 * 16;
     let mut j = 0;
     while j < full {
-        for k in 0..2 {
+        for k in (0..2).filter(|_| CRC) {
             crcs[0].add32(_mm256_loadu_si256(rp.add(4 * j + 32 * k).cast()));
             crcs[1].add32(_mm256_loadu_si256(xp.add(4 * j + 32 * k).cast()));
         }
@@ -463,8 +486,6 @@ unsafe fn vec32(rp: *const u8, xp: *const u8, d: *mut u32, c: &Consts32) -> (__m
 
 #[cfg(test)]
 mod tests {
-    use std::mem::MaybeUninit;
-
     use super::super::super::word::{InfoFn, Word};
     use super::super::super::{joint, residual_chunk, Isa};
     use super::Running;
@@ -501,65 +522,29 @@ mod tests {
 
     fn check<T: Word>(r: &[u8], x: &[u8], info_fn: InfoFn, width: u32, what: &str) {
         let n = r.len() / T::SIZE;
-        let (mut d, mut info) = (
-            vec![MaybeUninit::<T>::uninit(); n],
-            vec![MaybeUninit::uninit(); n],
-        );
-        let (got, crcs, er) =
-            joint::residual_histogram::<T>(Isa::Avx2, r, x, info_fn, width, &mut d, &mut info)
-                .unwrap_or_else(|| panic!("{what}: fused pass not taken"));
+        let (got, crcs, er) = joint::residual_histogram::<T>(Isa::Avx2, r, x, info_fn, width)
+            .unwrap_or_else(|| panic!("{what}: fused pass not taken"));
         assert_eq!(
             crcs,
             [crc32fast::hash(r), crc32fast::hash(x)],
             "{what}: CRC-32s"
         );
-        // SAFETY: `residual_histogram` wrote every element when it returned a histogram.
-        let (d, info): (Vec<T>, Vec<u16>) = unsafe {
-            (
-                d.iter().map(|v| v.assume_init()).collect(),
-                info.iter().map(|v| v.assume_init()).collect(),
-            )
-        };
-        let (mut wd, mut wi) = (
-            vec![MaybeUninit::<T>::uninit(); n],
-            vec![MaybeUninit::uninit(); n],
-        );
+        let (mut wd, mut wi) = (vec![T::default(); n], vec![0u16; n]);
         residual_chunk::<T, true, false>(&mut wd, &mut wi, r, x, info_fn);
-        // SAFETY: `residual_chunk` writes every element.
-        let (wd, wi): (Vec<T>, Vec<u16>) = unsafe {
-            (
-                wd.iter().map(|v| v.assume_init()).collect(),
-                wi.iter().map(|v| v.assume_init()).collect(),
-            )
-        };
         let wi: Vec<u16> = if info_fn.condition() {
             wi
         } else {
             wi.iter().map(|&i| i & !255).collect()
         };
-        assert!(
-            d.iter().zip(&wd).all(|(a, b)| a.get() == b.get()),
-            "{what}: displacements"
-        );
-        assert_eq!(info, wi, "{what}: facts");
         assert_eq!(er, joint::er_range(&wi), "{what}: exponent range");
-        // The same without the counting (`residuals`), in one call.
-        let (mut rd, mut ri) = (
-            vec![MaybeUninit::<T>::uninit(); n],
-            vec![MaybeUninit::uninit(); n],
-        );
+        // The same without the counting (`residuals`), in one call, and without the
+        // CRC-32s (`displacements`).
+        let (mut rd, mut ri) = (vec![T::default(); n], vec![0u16; n]);
         // SAFETY: AVX2 checked by the caller; `T` is u16 or u32, `info_fn` not wide.
         let (lo, hi, rcrcs) = unsafe {
             let mut h = [Running::new(), Running::new()];
             let (lo, hi) = super::residuals::<T>(r, x, &mut rd, &mut ri, info_fn, &mut h);
             (lo, hi, h.map(|h| h.finish().finalize()))
-        };
-        // SAFETY: `residuals` writes every element.
-        let (rd, ri): (Vec<T>, Vec<u16>) = unsafe {
-            (
-                rd.iter().map(|v| v.assume_init()).collect(),
-                ri.iter().map(|v| v.assume_init()).collect(),
-            )
         };
         assert!(
             rd.iter().zip(&wd).all(|(a, b)| a.get() == b.get()),
@@ -568,7 +553,15 @@ mod tests {
         assert_eq!(ri, wi, "{what}: residuals' facts");
         assert_eq!((lo as usize, hi as usize), er, "{what}: residuals' range");
         assert_eq!(rcrcs, crcs, "{what}: residuals' CRC-32s");
-        let want = joint::histogram::<T>(Isa::Portable, &wd, &wi, er, width);
+        let (mut pd, mut pi) = (vec![T::default(); n], vec![0u16; n]);
+        // SAFETY: as above.
+        unsafe { super::displacements::<T>(r, x, &mut pd, &mut pi, info_fn) };
+        assert!(
+            pd.iter().zip(&wd).all(|(a, b)| a.get() == b.get()),
+            "{what}: displacements"
+        );
+        assert_eq!(pi, wi, "{what}: displacements' facts");
+        let want = joint::histogram::<T>(Isa::Portable, &(&wd[..], &wi[..]), er, width);
         assert_eq!(got.dense(), want.dense(), "{what}: histogram");
     }
 
