@@ -416,10 +416,12 @@ impl<'a, T: Word> CpuResident<'a, T> {
         let info_fn = self.info_fn;
         #[cfg(target_arch = "x86_64")]
         if let Some(hash) = self.hashes.get(r.start / CHUNK_ELEMS) {
+            // Hashed the first time (not where the `--fast` histogram's pass hashed the
+            // inputs whole).
             // SAFETY (both): `hashes` is only filled where `avx2_residuals` holds: `isa` is
             // AVX2 or AVX-512 (which implies AVX2's features), a level `Isa::available`
             // confirmed; `T` is u16 or u32 and `info_fn` not wide.
-            if hash.get().is_none() {
+            if hash.get().is_none() && self.crcs.get().is_none() {
                 let h = unsafe {
                     let mut h = [avx2::crc::Running::new(), avx2::crc::Running::new()];
                     avx2::hist::residuals::<T>(rb, xb, d, info, info_fn, &mut h);
