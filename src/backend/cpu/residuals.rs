@@ -1,10 +1,11 @@
 //! Where the encoder's passes find each chunk's residuals: the w-bit displacement of every
 //! element and its reference facts (exponent class, sign, top two mantissa bits), two
 //! bytes. The CPU encoder keeps no whole tensor's: each pass (histogram, lanes) computes a
-//! chunk's into its thread's scratch as it comes to it. Two whole-tensor buffers (28 MB for
-//! the bf16 GPT-2 embedding, 38 MB for fp32) were new memory in every one-shot encode: 37%
-//! of its page faults, paid again to read them back; computing a chunk costs a few vector
-//! operations per element over inputs the pass reads anyway (docs/BENCHMARKS.md).
+//! chunk's into its thread's scratch as it comes to it. Two whole-tensor buffers (26 MB for
+//! the bf16 GPT-2 embedding, 39 MB for fp32) were new memory in every one-shot encode (37%
+//! of its page faults), written once and read twice; computing a chunk's again costs a few
+//! vector operations per element over the two inputs, read in their place
+//! (docs/BENCHMARKS.md).
 
 use std::cell::RefCell;
 use std::ops::Range;
