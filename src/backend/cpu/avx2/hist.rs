@@ -491,8 +491,10 @@ mod tests {
     use super::Running;
     use crate::dtype::DType;
 
-    /// The fused pass against the residual pass and the two-pass count, on tensors of two
-    /// and a half chunks: displacements, facts and histogram equal, for each 16- and 32-bit
+    /// The fused pass (histogram, CRC-32s, exponent range) and the residual kernels with and
+    /// without their CRC-32s (`residuals`, `displacements`) against the portable residual
+    /// pass and the two-pass count, on tensors of two and a half chunks: displacements,
+    /// facts, ranges, CRC-32s and histogram equal, for each 16- and 32-bit
     /// float type, conditioned or not, near references (the real case), random pairs (every
     /// exponent class, so the widest tables) and the extremes (the most negative
     /// displacement, zeros, infinities).
